@@ -1,0 +1,126 @@
+//! Builds the pinned llama.cpp and links it: find the source, find cmake,
+//! configure and build, compile the exception shim, print the link lines.
+//! Each step lives in its own module under build/.
+
+#[path = "build/bindings.rs"]
+mod bindings;
+#[path = "build/cmake_tool.rs"]
+mod cmake_tool;
+#[path = "build/env.rs"]
+mod env;
+#[path = "build/features.rs"]
+mod features;
+#[path = "build/native.rs"]
+mod native;
+#[path = "build/source.rs"]
+mod source;
+
+use std::path::{Path, PathBuf};
+
+use features::{Features, Lib, Target};
+
+fn main() {
+    for path in ["build.rs", "build", "shim", "src/bindings.rs"] {
+        println!("cargo:rerun-if-changed={path}");
+    }
+    let manifest_dir = env::cargo_path("CARGO_MANIFEST_DIR");
+    let out_dir = env::cargo_path("OUT_DIR");
+
+    if env::var("DOCS_RS").is_some() {
+        // docs.rs has no network and no need for the native library.
+        write_paths(&out_dir, Path::new(""));
+        return;
+    }
+
+    let shared = shared_dir(&out_dir);
+    let src = source::locate(&vendor_dir(&manifest_dir, &shared), &shared.join("download"));
+    write_paths(&out_dir, &src.root);
+    println!("cargo:root={}", src.root.display());
+
+    let features = Features::from_enabled(env::feature);
+    let target = target();
+    let cmake = cmake_tool::find(&shared.join("cmake-wheel"));
+    let install = native::build(&src, &features, &target, &cmake, &shared);
+
+    println!("cargo:include={}", install.prefix.join("include").display());
+    println!("cargo:lib={}", install.prefix.join("lib").display());
+    println!("cargo:ggml_cmake_dir={}", install.prefix.join("lib").join("cmake").join("ggml").display());
+    println!("cargo:llama_cmake_dir={}", install.prefix.join("lib").join("cmake").join("llama").display());
+    println!("cargo:commit={}", source::PINNED_COMMIT);
+
+    // The shim references libllama, so it goes first on the link line.
+    compile_shim(&src.root);
+    link(&features, &target, &install.prefix.join("lib"));
+
+    #[cfg(feature = "bindgen")]
+    bindings::generate(&src.root, &out_dir.join("bindings.rs"));
+}
+
+/// Where the fetched source goes: `vendor/llama.cpp` at the workspace root
+/// when llama-sys sits in this repository, otherwise the shared build folder
+/// (a crates.io checkout is read-only).
+fn vendor_dir(manifest_dir: &Path, shared: &Path) -> PathBuf {
+    let root = manifest_dir.parent().unwrap_or(manifest_dir);
+    let in_repo = std::fs::read_to_string(root.join("Cargo.toml")).is_ok_and(|s| s.contains("\"llama-sys\""));
+    if in_repo { root.join("vendor").join("llama.cpp") } else { shared.join("llama.cpp") }
+}
+
+/// A folder shared by every profile: `<target-dir>/llama-sys`, found from
+/// OUT_DIR (`<target-dir>/<profile>/build/llama-sys-<hash>/out`).
+fn shared_dir(out_dir: &Path) -> PathBuf {
+    let mut ancestors = out_dir.ancestors();
+    let build = ancestors.nth(2);
+    match (build, ancestors.nth(1)) {
+        (Some(b), Some(target_dir)) if b.file_name().is_some_and(|n| n == "build") => target_dir.join("llama-sys"),
+        _ => out_dir.join("llama-sys"),
+    }
+}
+
+fn target() -> Target {
+    let cfg = |name: &str| std::env::var(name).unwrap_or_default();
+    Target {
+        os: cfg("CARGO_CFG_TARGET_OS"),
+        arch: cfg("CARGO_CFG_TARGET_ARCH"),
+        env: cfg("CARGO_CFG_TARGET_ENV"),
+        cpu_features: cfg("CARGO_CFG_TARGET_FEATURE").split(',').filter(|s| !s.is_empty()).map(str::to_owned).collect(),
+        clang: cc::Build::new().cargo_metadata(false).get_compiler().is_like_clang(),
+    }
+}
+
+fn compile_shim(llama_root: &Path) {
+    cc::Build::new()
+        .cpp(true)
+        .std("c++17")
+        .opt_level(2)
+        .file("shim/shim.cpp")
+        .include(llama_root.join("include"))
+        .include(llama_root.join("ggml").join("include"))
+        .warnings(true)
+        .compile("llama_rs_shim");
+}
+
+fn link(features: &Features, target: &Target, lib_dir: &Path) {
+    println!("cargo:rustc-link-search=native={}", lib_dir.display());
+    if features.cuda {
+        if let Some(cuda) = env::var("CUDA_PATH") {
+            let cuda = PathBuf::from(cuda);
+            println!("cargo:rustc-link-search=native={}", cuda.join("lib64").display());
+            println!("cargo:rustc-link-search=native={}", cuda.join("lib64").join("stubs").display());
+        }
+    }
+    for lib in features::link_libs(features, target) {
+        match lib {
+            Lib::Static(name) => println!("cargo:rustc-link-lib=static={name}"),
+            Lib::Dylib(name) => println!("cargo:rustc-link-lib=dylib={name}"),
+            Lib::Framework(name) => println!("cargo:rustc-link-lib=framework={name}"),
+        }
+    }
+}
+
+fn write_paths(out_dir: &Path, root: &Path) {
+    let code = format!(
+        "/// The llama.cpp source tree this crate was built from (empty on docs.rs).\npub const SOURCE_DIR: &str = {:?};\n",
+        root.display().to_string()
+    );
+    std::fs::write(out_dir.join("paths.rs"), code).expect("write paths.rs");
+}

@@ -1,0 +1,84 @@
+//! Finding a cmake executable: `CMAKE`, then `cmake` on PATH, then the
+//! `cmake` wheel from PyPI, unpacked once into the shared build folder.
+//! `LLAMA_SYS_FETCH_CMAKE=1` skips the first two, which proves the
+//! fresh-machine path on a machine that has a cmake.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::env;
+use crate::source::{fail, lock, pip_download};
+
+pub fn find(cache_dir: &Path) -> PathBuf {
+    if !env::flag("LLAMA_SYS_FETCH_CMAKE") {
+        if let Some(cmake) = env::var("CMAKE") {
+            return PathBuf::from(cmake);
+        }
+        if runs(Path::new("cmake")) {
+            return PathBuf::from("cmake");
+        }
+    }
+    let binary = cache_dir.join("cmake").join("data").join("bin").join("cmake");
+    if !runs(&binary) {
+        fetch_wheel(cache_dir);
+    }
+    if !runs(&binary) {
+        fail(&format!(
+            "the cmake wheel was unpacked into {}, but {} does not run. Install cmake (>= 3.18) or set CMAKE to its path.",
+            cache_dir.display(),
+            binary.display()
+        ));
+    }
+    println!("cargo:warning=llama-sys: no cmake on PATH; using cmake from the PyPI wheel: {}", binary.display());
+    binary
+}
+
+fn runs(cmake: &Path) -> bool {
+    Command::new(cmake).arg("--version").output().is_ok_and(|o| o.status.success())
+}
+
+fn fetch_wheel(cache_dir: &Path) {
+    let parent = cache_dir.parent().expect("cache dir has a parent");
+    fs::create_dir_all(parent).unwrap_or_else(|e| fail(&format!("cannot create {}: {e}", parent.display())));
+    let _lock = lock(&parent.join("cmake-fetch.lock"));
+    if cache_dir.join("cmake").is_dir() {
+        return;
+    }
+    let download = parent.join(format!(".cmake-wheel-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&download);
+    fs::create_dir_all(&download).unwrap();
+    pip_download(&["--only-binary", ":all:", "cmake"], &download, "cmake");
+    let wheel = fs::read_dir(&download)
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.extension().is_some_and(|x| x == "whl"))
+        .unwrap_or_else(|| fail("pip downloaded no cmake wheel for this platform. Install cmake or set CMAKE."));
+    let staging = download.join("unpacked");
+    let status = Command::new(env::python())
+        .args(["-m", "zipfile", "-e"])
+        .arg(&wheel)
+        .arg(&staging)
+        .status();
+    if !status.is_ok_and(|s| s.success()) {
+        fail(&format!("cannot unzip {}", wheel.display()));
+    }
+    // zipfile drops the executable bits.
+    let bin = staging.join("cmake").join("data").join("bin");
+    for entry in fs::read_dir(&bin).unwrap_or_else(|e| fail(&format!("{} has no cmake binary: {e}", wheel.display()))) {
+        make_executable(&entry.unwrap().path());
+    }
+    if let Err(e) = fs::rename(&staging, cache_dir) {
+        fail(&format!("cannot move cmake into {}: {e}", cache_dir.display()));
+    }
+    let _ = fs::remove_dir_all(&download);
+}
+
+#[cfg(unix)]
+fn make_executable(path: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let _ = fs::set_permissions(path, fs::Permissions::from_mode(0o755));
+}
+
+#[cfg(not(unix))]
+fn make_executable(_path: &Path) {}

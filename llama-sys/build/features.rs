@@ -1,0 +1,210 @@
+//! The pure mapping from cargo features and target to CMake defines and to
+//! the libraries to link. Kept free of I/O so that every feature, including
+//! the GPU ones that cannot be compiled here, has a unit test
+//! (`src/features_tests.rs` includes this file).
+
+/// The cargo features of llama-sys that change the native build.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Features {
+    pub openmp: bool,
+    pub native: bool,
+    pub cuda: bool,
+    pub metal: bool,
+    pub vulkan: bool,
+    pub rpc: bool,
+    pub blas: bool,
+}
+
+impl Features {
+    pub fn from_enabled(enabled: impl Fn(&str) -> bool) -> Features {
+        Features {
+            openmp: enabled("openmp"),
+            native: enabled("native"),
+            cuda: enabled("cuda"),
+            metal: enabled("metal"),
+            vulkan: enabled("vulkan"),
+            rpc: enabled("rpc"),
+            blas: enabled("blas"),
+        }
+    }
+}
+
+/// What the build script knows about the target (from `CARGO_CFG_*`).
+#[derive(Clone, Debug, Default)]
+pub struct Target {
+    /// `CARGO_CFG_TARGET_OS`: linux, macos, windows, …
+    pub os: String,
+    /// `CARGO_CFG_TARGET_ARCH`: x86_64, aarch64, …
+    pub arch: String,
+    /// `CARGO_CFG_TARGET_ENV`: gnu, musl, msvc, …
+    pub env: String,
+    /// `CARGO_CFG_TARGET_FEATURE`, split on commas.
+    pub cpu_features: Vec<String>,
+    /// The C compiler is clang, whose OpenMP runtime is libomp, not libgomp.
+    pub clang: bool,
+}
+
+impl Target {
+    fn apple(&self) -> bool {
+        self.os == "macos" || self.os == "ios"
+    }
+    fn has(&self, feature: &str) -> bool {
+        self.cpu_features.iter().any(|f| f == feature)
+    }
+}
+
+/// Options that do not come from features.
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    /// `CMAKE_BUILD_TYPE`: Release unless the user asks for a debug llama.cpp.
+    pub build_type: String,
+    /// `CMAKE_CUDA_ARCHITECTURES`; `None` means `native`.
+    pub cuda_architectures: Option<String>,
+    /// `GGML_BLAS_VENDOR`; `None` means OpenBLAS (Apple: Accelerate).
+    pub blas_vendor: Option<String>,
+    /// Build number and commit baked into llama.cpp's build info.
+    pub build_number: String,
+    pub build_commit: String,
+}
+
+/// x86 rustc target features and the ggml option each one switches on when
+/// the build is not native.
+const X86_CPU_OPTIONS: &[(&str, &str)] = &[
+    ("sse4.2", "GGML_SSE42"),
+    ("avx", "GGML_AVX"),
+    ("avx2", "GGML_AVX2"),
+    ("bmi2", "GGML_BMI2"),
+    ("fma", "GGML_FMA"),
+    ("f16c", "GGML_F16C"),
+    ("avxvnni", "GGML_AVX_VNNI"),
+    ("avx512f", "GGML_AVX512"),
+    ("avx512vbmi", "GGML_AVX512_VBMI"),
+    ("avx512vnni", "GGML_AVX512_VNNI"),
+    ("avx512bf16", "GGML_AVX512_BF16"),
+    ("amx-tile", "GGML_AMX_TILE"),
+    ("amx-int8", "GGML_AMX_INT8"),
+    ("amx-bf16", "GGML_AMX_BF16"),
+];
+
+fn on(b: bool) -> String {
+    if b { "ON" } else { "OFF" }.to_owned()
+}
+
+/// Every CMake define for one build of llama.cpp, library only, static, PIC.
+pub fn cmake_defines(f: &Features, t: &Target, o: &Options) -> Vec<(&'static str, String)> {
+    let mut d: Vec<(&'static str, String)> = vec![
+        ("CMAKE_BUILD_TYPE", o.build_type.clone()),
+        ("BUILD_SHARED_LIBS", on(false)),
+        ("CMAKE_POSITION_INDEPENDENT_CODE", on(true)),
+        ("CMAKE_INSTALL_LIBDIR", "lib".to_owned()),
+        ("LLAMA_BUILD_COMMON", on(false)),
+        ("LLAMA_BUILD_TESTS", on(false)),
+        ("LLAMA_BUILD_EXAMPLES", on(false)),
+        ("LLAMA_BUILD_TOOLS", on(false)),
+        ("LLAMA_BUILD_SERVER", on(false)),
+        ("LLAMA_BUILD_APP", on(false)),
+        ("LLAMA_OPENSSL", on(false)),
+        ("LLAMA_BUILD_NUMBER", o.build_number.clone()),
+        ("LLAMA_BUILD_COMMIT", o.build_commit.clone()),
+        ("GGML_CCACHE", on(false)),
+        ("GGML_BACKEND_DL", on(false)),
+        // Apple clang ships no OpenMP runtime; ggml's own thread pool is used there.
+        ("GGML_OPENMP", on(f.openmp && !t.apple())),
+        ("GGML_NATIVE", on(f.native)),
+        ("GGML_CUDA", on(f.cuda)),
+        ("GGML_METAL", on(f.metal)),
+        ("GGML_VULKAN", on(f.vulkan)),
+        ("GGML_RPC", on(f.rpc)),
+        ("GGML_BLAS", on(f.blas)),
+    ];
+    if !f.native && t.arch == "x86_64" {
+        for (feature, option) in X86_CPU_OPTIONS {
+            d.push((option, on(t.has(feature))));
+        }
+    }
+    if f.cuda {
+        let archs = o.cuda_architectures.clone().unwrap_or_else(|| "native".to_owned());
+        d.push(("CMAKE_CUDA_ARCHITECTURES", archs));
+        // NCCL is linked only "if found", which makes the link line depend
+        // on the machine: keep it off.
+        d.push(("GGML_CUDA_NCCL", on(false)));
+    }
+    if f.metal {
+        d.push(("GGML_METAL_EMBED_LIBRARY", on(true)));
+    }
+    if f.rpc {
+        // RDMA is switched on when libibverbs happens to be installed; keep
+        // the link line independent of the machine.
+        d.push(("GGML_RPC_RDMA", on(false)));
+    }
+    if f.blas {
+        let default = if t.apple() { "Apple" } else { "OpenBLAS" };
+        d.push(("GGML_BLAS_VENDOR", o.blas_vendor.clone().unwrap_or_else(|| default.to_owned())));
+    }
+    d
+}
+
+/// One `cargo:rustc-link-lib` entry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Lib {
+    Static(&'static str),
+    Dylib(&'static str),
+    Framework(&'static str),
+}
+
+/// The libraries to link, dependents before their dependencies:
+/// llama, ggml, the enabled backends, ggml-cpu, ggml-base, then the system
+/// libraries they need.
+pub fn link_libs(f: &Features, t: &Target) -> Vec<Lib> {
+    let mut libs = vec![Lib::Static("llama"), Lib::Static("ggml")];
+    if f.cuda {
+        libs.push(Lib::Static("ggml-cuda"));
+    }
+    if f.metal {
+        libs.push(Lib::Static("ggml-metal"));
+    }
+    if f.vulkan {
+        libs.push(Lib::Static("ggml-vulkan"));
+    }
+    if f.blas {
+        libs.push(Lib::Static("ggml-blas"));
+    }
+    if f.rpc {
+        libs.push(Lib::Static("ggml-rpc"));
+    }
+    libs.push(Lib::Static("ggml-cpu"));
+    libs.push(Lib::Static("ggml-base"));
+
+    if f.cuda {
+        for lib in ["cudart", "cublas", "cublasLt", "cuda"] {
+            libs.push(Lib::Dylib(lib));
+        }
+    }
+    if f.vulkan {
+        libs.push(Lib::Dylib(if t.os == "windows" { "vulkan-1" } else { "vulkan" }));
+    }
+    if f.blas && !t.apple() {
+        libs.push(Lib::Dylib("openblas"));
+    }
+    if t.apple() {
+        // ggml-cpu uses Accelerate on Apple (GGML_ACCELERATE is on by default).
+        libs.push(Lib::Framework("Accelerate"));
+        libs.push(Lib::Framework("Foundation"));
+        if f.metal {
+            libs.push(Lib::Framework("Metal"));
+            libs.push(Lib::Framework("MetalKit"));
+        }
+        libs.push(Lib::Dylib("c++"));
+    } else if t.env != "msvc" {
+        libs.push(Lib::Dylib("stdc++"));
+    }
+    if f.openmp && !t.apple() && t.env != "msvc" {
+        libs.push(Lib::Dylib(if t.clang { "omp" } else { "gomp" }));
+    }
+    if t.os == "linux" {
+        libs.push(Lib::Dylib("pthread"));
+        libs.push(Lib::Dylib("m"));
+        libs.push(Lib::Dylib("dl"));
+    }
+    libs
+}

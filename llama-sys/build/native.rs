@@ -1,0 +1,91 @@
+//! Configuring and building llama.cpp with the `cmake` crate.
+//!
+//! llama.cpp is always built optimized (Release), whatever the cargo profile,
+//! so the build does not depend on the profile: the dev and release profiles
+//! share one build folder per configuration under the target dir, and a
+//! `cargo test` after a `cargo build --release` does not compile llama.cpp a
+//! second time.
+
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+
+use crate::env;
+use crate::features::{self, Features, Options, Target};
+use crate::source::{self, Source};
+
+pub struct Install {
+    /// The cmake install prefix: lib/, include/, lib/cmake/.
+    pub prefix: PathBuf,
+}
+
+pub fn build(src: &Source, f: &Features, t: &Target, cmake: &Path, build_root: &Path) -> Install {
+    let build_type = match env::var("LLAMA_SYS_BUILD_TYPE") {
+        Some(b) if ["Release", "Debug", "RelWithDebInfo", "MinSizeRel"].contains(&b.as_str()) => b,
+        Some(b) => source::fail(&format!(
+            "LLAMA_SYS_BUILD_TYPE={b} is not one of Release, Debug, RelWithDebInfo, MinSizeRel"
+        )),
+        None => "Release".to_owned(),
+    };
+    let options = Options {
+        build_type,
+        cuda_architectures: env::var("LLAMA_CUDA_ARCHITECTURES"),
+        blas_vendor: env::var("LLAMA_BLAS_VENDOR"),
+        build_number: "0".to_owned(),
+        build_commit: if src.pinned { source::PINNED_COMMIT[..7].to_owned() } else { "unknown".to_owned() },
+    };
+    let mut defines: Vec<(String, String)> =
+        features::cmake_defines(f, t, &options).into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
+    defines.extend(user_defines());
+
+    // Everything that changes the result goes into the folder's name.
+    let mut key = Sha256::new();
+    key.update(src.root.to_string_lossy().as_bytes());
+    key.update(cmake.to_string_lossy().as_bytes());
+    for name in ["CC", "CXX", "CFLAGS", "CXXFLAGS", "CUDACXX", "TARGET"] {
+        key.update(format!("\0{name}={}", std::env::var(name).unwrap_or_default()).as_bytes());
+    }
+    for (k, v) in &defines {
+        key.update(format!("\0{k}={v}").as_bytes());
+    }
+    let key: String = key.finalize().iter().take(8).map(|b| format!("{b:02x}")).collect();
+    let prefix = build_root.join(format!("build-{key}"));
+    std::fs::create_dir_all(&prefix).unwrap();
+    let _lock = source::lock(&build_root.join(format!("build-{key}.lock")));
+
+    if cmake != Path::new("cmake") {
+        // The cmake crate takes its executable from the CMAKE variable only.
+        // SAFETY: a build script is single-threaded here; nothing else reads
+        // or writes the environment concurrently.
+        unsafe { std::env::set_var("CMAKE", cmake) };
+    }
+    let mut config = cmake::Config::new(&src.root);
+    config.out_dir(&prefix).profile(&options.build_type).no_default_flags(true);
+    for (k, v) in &defines {
+        config.define(k, v);
+    }
+    config.build();
+    Install { prefix }
+}
+
+/// `LLAMA_SYS_CMAKE_DEFINES="GGML_AVX512=OFF;CMAKE_CUDA_COMPILER=/opt/cuda/bin/nvcc"`:
+/// extra `CMAKE_*`, `GGML_*` and `LLAMA_*` defines, applied after ours.
+fn user_defines() -> Vec<(String, String)> {
+    let Some(raw) = env::var("LLAMA_SYS_CMAKE_DEFINES") else { return Vec::new() };
+    raw.split([';', '\n'])
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|item| {
+            let item = item.strip_prefix("-D").unwrap_or(item);
+            let Some((k, v)) = item.split_once('=') else {
+                source::fail(&format!("LLAMA_SYS_CMAKE_DEFINES: `{item}` is not KEY=VALUE"))
+            };
+            if !["CMAKE_", "GGML_", "LLAMA_"].iter().any(|p| k.starts_with(p)) {
+                source::fail(&format!(
+                    "LLAMA_SYS_CMAKE_DEFINES: `{k}` does not start with CMAKE_, GGML_ or LLAMA_"
+                ));
+            }
+            (k.to_owned(), v.to_owned())
+        })
+        .collect()
+}

@@ -1,0 +1,144 @@
+// Exception barrier for the llama.cpp entry points that can throw a C++
+// exception through the C ABI. A C++ exception that reaches Rust aborts the
+// process; here it is caught and turned into a return code, and its message
+// is kept per thread for llama_rs_last_exception().
+//
+// Convention: every function returns LLAMA_RS_OK (0) when the wrapped call
+// returned normally (its own result goes to an out-parameter) and
+// LLAMA_RS_EXCEPTION (-1) when it threw.
+
+#include "llama.h"
+
+#include <exception>
+#include <new>
+#include <stdexcept>
+#include <string>
+
+namespace {
+
+thread_local std::string last_message;
+thread_local bool inject_next = false;
+
+constexpr int LLAMA_RS_OK = 0;
+constexpr int LLAMA_RS_EXCEPTION = -1;
+
+template <typename F>
+int guarded(F && f) noexcept {
+    try {
+        if (inject_next) {
+            inject_next = false;
+            throw std::runtime_error("exception injected by llama_rs_shim_inject_exception");
+        }
+        f();
+        return LLAMA_RS_OK;
+    } catch (const std::exception & e) {
+        try { last_message = e.what(); } catch (...) {}
+        return LLAMA_RS_EXCEPTION;
+    } catch (...) {
+        try { last_message = "unknown C++ exception"; } catch (...) {}
+        return LLAMA_RS_EXCEPTION;
+    }
+}
+
+} // namespace
+
+extern "C" {
+
+// The message of the last exception caught on this thread ("" if none).
+const char * llama_rs_last_exception(void) {
+    return last_message.c_str();
+}
+
+// Makes the next guarded call on this thread throw inside its try block,
+// so tests can prove the barrier of calls whose real throw paths need a
+// failing allocator or a broken device.
+void llama_rs_shim_inject_exception(void) {
+    inject_next = true;
+}
+
+int llama_rs_decode(llama_context * ctx, llama_batch batch, int32_t * result) {
+    return guarded([&] { *result = llama_decode(ctx, batch); });
+}
+
+int llama_rs_encode(llama_context * ctx, llama_batch batch, int32_t * result) {
+    return guarded([&] { *result = llama_encode(ctx, batch); });
+}
+
+int llama_rs_tokenize(const llama_vocab * vocab, const char * text, int32_t text_len, llama_token * tokens,
+                      int32_t n_tokens_max, bool add_special, bool parse_special, int32_t * result) {
+    return guarded([&] { *result = llama_tokenize(vocab, text, text_len, tokens, n_tokens_max, add_special, parse_special); });
+}
+
+int llama_rs_token_to_piece(const llama_vocab * vocab, llama_token token, char * buf, int32_t length, int32_t lstrip,
+                            bool special, int32_t * result) {
+    return guarded([&] { *result = llama_token_to_piece(vocab, token, buf, length, lstrip, special); });
+}
+
+int llama_rs_detokenize(const llama_vocab * vocab, const llama_token * tokens, int32_t n_tokens, char * text,
+                        int32_t text_len_max, bool remove_special, bool unparse_special, int32_t * result) {
+    return guarded([&] { *result = llama_detokenize(vocab, tokens, n_tokens, text, text_len_max, remove_special, unparse_special); });
+}
+
+int llama_rs_vocab_get_text(const llama_vocab * vocab, llama_token token, const char ** result) {
+    return guarded([&] { *result = llama_vocab_get_text(vocab, token); });
+}
+
+int llama_rs_vocab_get_score(const llama_vocab * vocab, llama_token token, float * result) {
+    return guarded([&] { *result = llama_vocab_get_score(vocab, token); });
+}
+
+int llama_rs_vocab_get_attr(const llama_vocab * vocab, llama_token token, llama_token_attr * result) {
+    return guarded([&] { *result = llama_vocab_get_attr(vocab, token); });
+}
+
+int llama_rs_chat_apply_template(const char * tmpl, const llama_chat_message * chat, size_t n_msg, bool add_ass,
+                                 char * buf, int32_t length, int32_t * result) {
+    return guarded([&] { *result = llama_chat_apply_template(tmpl, chat, n_msg, add_ass, buf, length); });
+}
+
+int llama_rs_sampler_init_grammar(const llama_vocab * vocab, const char * grammar_str, const char * grammar_root,
+                                  llama_sampler ** result) {
+    return guarded([&] { *result = llama_sampler_init_grammar(vocab, grammar_str, grammar_root); });
+}
+
+int llama_rs_sampler_init_grammar_lazy_patterns(const llama_vocab * vocab, const char * grammar_str,
+                                                const char * grammar_root, const char ** trigger_patterns,
+                                                size_t num_trigger_patterns, const llama_token * trigger_tokens,
+                                                size_t num_trigger_tokens, llama_sampler ** result) {
+    return guarded([&] {
+        *result = llama_sampler_init_grammar_lazy_patterns(vocab, grammar_str, grammar_root, trigger_patterns,
+                                                           num_trigger_patterns, trigger_tokens, num_trigger_tokens);
+    });
+}
+
+int llama_rs_sampler_accept(llama_sampler * smpl, llama_token token) {
+    return guarded([&] { llama_sampler_accept(smpl, token); });
+}
+
+int llama_rs_sampler_apply(llama_sampler * smpl, llama_token_data_array * cur_p) {
+    return guarded([&] { llama_sampler_apply(smpl, cur_p); });
+}
+
+int llama_rs_sampler_sample(llama_sampler * smpl, llama_context * ctx, int32_t idx, llama_token * result) {
+    return guarded([&] { *result = llama_sampler_sample(smpl, ctx, idx); });
+}
+
+int llama_rs_model_save_to_file(const llama_model * model, const char * path_model) {
+    return guarded([&] { llama_model_save_to_file(model, path_model); });
+}
+
+int llama_rs_load_mode_from_str(const char * str, llama_load_mode * result) {
+    return guarded([&] { *result = llama_load_mode_from_str(str); });
+}
+
+int llama_rs_state_seq_set_data_ext(llama_context * ctx, const uint8_t * src, size_t size, llama_seq_id dest_seq_id,
+                                    llama_state_seq_flags flags, size_t * result) {
+    return guarded([&] { *result = llama_state_seq_set_data_ext(ctx, src, size, dest_seq_id, flags); });
+}
+
+int llama_rs_set_adapters_lora(llama_context * ctx, llama_adapter_lora ** adapters, size_t n_adapters, float * scales,
+                               int32_t * result) {
+    return guarded([&] { *result = llama_set_adapters_lora(ctx, adapters, n_adapters, scales); });
+}
+
+} // extern "C"

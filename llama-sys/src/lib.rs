@@ -1,0 +1,30 @@
+//! Raw bindings to llama.cpp, built from a pinned, vendored source tree
+//! (upstream commit `0c1e57098bba43ac29e6e3b677cdceebdd22334f`).
+//!
+//! Everything here is `unsafe` and mirrors `llama.h` (plus the parts of
+//! `ggml.h`, `ggml-backend.h` and `gguf.h` that a safe layer needs). The
+//! safe API is the `llama` crate; use this crate for what it does not wrap.
+//!
+//! Calls that can throw a C++ exception through the C ABI have a twin in
+//! [`shim`] that catches it and returns [`shim::EXCEPTION`] instead: call
+//! those twins, never the raw function, from code that must not abort.
+#![allow(non_upper_case_globals, non_camel_case_types, non_snake_case)]
+#![allow(clippy::all, clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
+#![allow(missing_debug_implementations, rustdoc::broken_intra_doc_links, rustdoc::invalid_html_tags)]
+#![allow(rustdoc::bare_urls)]
+
+#[cfg(feature = "bindgen")]
+include!(concat!(env!("OUT_DIR"), "/bindings.rs"));
+#[cfg(not(feature = "bindgen"))]
+include!("bindings.rs");
+
+include!(concat!(env!("OUT_DIR"), "/paths.rs"));
+
+pub mod shim;
+
+#[cfg(test)]
+#[path = "../build/features.rs"]
+#[allow(dead_code)]
+mod features;
+#[cfg(test)]
+mod features_tests;
