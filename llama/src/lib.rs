@@ -1,1 +1,45 @@
-//! placeholder
+//! Safe, fast Rust API for [llama.cpp](https://github.com/ggml-org/llama.cpp):
+//! local LLM inference on GGUF models.
+//!
+//! ```no_run
+//! use llama::{Batch, ContextParams, Model, ModelParams, Sampler};
+//!
+//! # fn main() -> Result<(), llama::Error> {
+//! let model = Model::load("gemma-3-270m-q4_k_m.gguf", &ModelParams::default())?;
+//! let mut ctx = model.new_context(&ContextParams::default().n_ctx(2048))?;
+//! let prompt = model.vocab().tokenize("The capital of France is", true)?;
+//! ctx.decode(&Batch::from_tokens(&prompt, 0))?;
+//! let mut sampler = Sampler::greedy();
+//! let next = sampler.sample(&mut ctx, -1)?;
+//! println!("{}", String::from_utf8_lossy(&model.vocab().token_to_piece(next, false)?));
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Soundness
+//! No safe call can cause undefined behaviour or abort the process:
+//! arguments llama.cpp would `GGML_ASSERT` on are checked in Rust first and
+//! returned as [`Error`], and every entry point that can throw a C++
+//! exception goes through a C++ shim that catches it. Lifetimes tie each
+//! object that keeps a model pointer (contexts, grammar samplers, LoRA
+//! adapters) to its [`Model`].
+#![warn(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+pub use llama_sys as sys;
+
+mod backend;
+mod batch;
+mod context;
+mod error;
+mod memory;
+mod model;
+mod state;
+mod vocab;
+
+pub use backend::{Device, DeviceKind, devices, init, supports_gpu_offload, supports_mlock, supports_mmap, supports_rpc, system_info, time_us};
+pub use batch::{Batch, Pos, SeqId};
+pub use context::{max_sequences, AbortHandle, Attention, Context, ContextParams, FlashAttention, KvType, PerfCounters, Pooling};
+pub use error::{Error, Result};
+pub use model::{LoadMode, MetadataValue, Model, ModelParams, SplitMode};
+pub use vocab::{Detokenizer, Token, TokenAttrs, Vocab};

@@ -1,0 +1,223 @@
+//! Process-wide setup: backend initialisation, log routing, system facts.
+
+use std::cell::RefCell;
+use std::ffi::{CStr, c_char, c_void};
+use std::sync::{Mutex, Once};
+
+use crate::sys;
+
+static INIT: Once = Once::new();
+
+/// Initialises llama.cpp once per process. Every constructor in this crate
+/// calls it, so users never have to; calling it again does nothing.
+///
+/// Routes llama.cpp's and ggml's log into the [`log`] crate under the target
+/// `llama.cpp` (quiet unless the application installs a logger).
+#[doc(alias = "llama_backend_init")]
+pub fn init() {
+    INIT.call_once(|| {
+        // SAFETY: `call_once` runs this exactly once and before any other
+        // llama.cpp call made through this crate, which is what both
+        // functions require; the log callback is a `'static` function that
+        // never unwinds and needs no user data.
+        unsafe {
+            sys::llama_log_set(Some(log_trampoline), std::ptr::null_mut());
+            sys::llama_backend_init();
+        }
+    });
+}
+
+thread_local! {
+    /// The level of the last log message on this thread, for `CONT` pieces.
+    static LAST_LEVEL: RefCell<log::Level> = const { RefCell::new(log::Level::Debug) };
+    /// The last error-level message on this thread: the best explanation of
+    /// a failure that llama.cpp reports only as NULL.
+    static LAST_ERROR: RefCell<String> = const { RefCell::new(String::new()) };
+}
+
+unsafe extern "C" fn log_trampoline(level: sys::ggml_log_level::Type, text: *const c_char, _user: *mut c_void) {
+    // A panic must not cross into C, and there is nobody to resume it in:
+    // the log can fire on ggml worker threads. Drop it.
+    let _ = std::panic::catch_unwind(|| {
+        if text.is_null() {
+            return;
+        }
+        // SAFETY: llama.cpp passes a NUL-terminated string valid for the
+        // duration of the call.
+        let message = unsafe { CStr::from_ptr(text) }.to_string_lossy();
+        let message = message.trim_end_matches('\n');
+        let level = match level {
+            sys::ggml_log_level::GGML_LOG_LEVEL_ERROR => log::Level::Error,
+            sys::ggml_log_level::GGML_LOG_LEVEL_WARN => log::Level::Warn,
+            sys::ggml_log_level::GGML_LOG_LEVEL_INFO => log::Level::Info,
+            sys::ggml_log_level::GGML_LOG_LEVEL_CONT => LAST_LEVEL.with(|l| *l.borrow()),
+            _ => log::Level::Debug,
+        };
+        LAST_LEVEL.with(|l| *l.borrow_mut() = level);
+        if level == log::Level::Error {
+            LAST_ERROR.with(|e| {
+                let mut e = e.borrow_mut();
+                e.clear();
+                e.push_str(message);
+            });
+        }
+        if !message.is_empty() {
+            log::log!(target: "llama.cpp", level, "{message}");
+        }
+    });
+}
+
+/// Clears the remembered error message of this thread.
+pub(crate) fn clear_last_error() {
+    LAST_ERROR.with(|e| e.borrow_mut().clear());
+}
+
+/// The last error llama.cpp logged on this thread, or `fallback`.
+pub(crate) fn last_error_or(fallback: &str) -> String {
+    LAST_ERROR.with(|e| {
+        let e = e.borrow();
+        if e.is_empty() { fallback.to_owned() } else { e.trim().to_owned() }
+    })
+}
+
+/// The CPU features and backends llama.cpp was built with, e.g.
+/// `CPU : SSE3 = 1 | AVX2 = 1 | …`.
+#[doc(alias = "llama_print_system_info")]
+pub fn system_info() -> String {
+    init();
+    // llama_print_system_info rebuilds a function-static string: serialise
+    // callers and copy the result out before releasing the lock.
+    static LOCK: Mutex<()> = Mutex::new(());
+    let _guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    // SAFETY: the returned pointer is a NUL-terminated static buffer that
+    // only another call rewrites, and the lock keeps other callers out until
+    // the copy is made.
+    unsafe { CStr::from_ptr(sys::llama_print_system_info()) }.to_string_lossy().into_owned()
+}
+
+/// Whether models can be memory-mapped.
+#[doc(alias = "llama_supports_mmap")]
+pub fn supports_mmap() -> bool {
+    init();
+    // SAFETY: a pure query with no preconditions.
+    unsafe { sys::llama_supports_mmap() }
+}
+
+/// Whether model memory can be locked in RAM.
+#[doc(alias = "llama_supports_mlock")]
+pub fn supports_mlock() -> bool {
+    init();
+    // SAFETY: a pure query with no preconditions.
+    unsafe { sys::llama_supports_mlock() }
+}
+
+/// Whether a GPU backend is compiled in and found.
+#[doc(alias = "llama_supports_gpu_offload")]
+pub fn supports_gpu_offload() -> bool {
+    init();
+    // SAFETY: a query; backends are loaded by `init`.
+    unsafe { sys::llama_supports_gpu_offload() }
+}
+
+/// Whether the RPC backend is compiled in.
+#[doc(alias = "llama_supports_rpc")]
+pub fn supports_rpc() -> bool {
+    init();
+    // SAFETY: a query; backends are loaded by `init`.
+    unsafe { sys::llama_supports_rpc() }
+}
+
+/// What kind of compute device a [`Device`] is.
+#[non_exhaustive]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceKind {
+    /// The CPU.
+    Cpu,
+    /// A discrete GPU.
+    Gpu,
+    /// An integrated GPU sharing host memory.
+    IntegratedGpu,
+    /// An accelerator used together with the CPU (e.g. BLAS, AMX).
+    Accelerator,
+    /// Something newer than this crate.
+    Other(u32),
+}
+
+/// One compute device known to ggml's backend registry.
+#[derive(Clone, Debug)]
+pub struct Device {
+    /// Short name, e.g. `CPU` or `CUDA0`.
+    pub name: String,
+    /// Human description, e.g. the CPU or GPU model.
+    pub description: String,
+    /// The device kind.
+    pub kind: DeviceKind,
+    /// Free memory in bytes, as the backend reports it.
+    pub memory_free: usize,
+    /// Total memory in bytes.
+    pub memory_total: usize,
+    pub(crate) raw: sys::ggml_backend_dev_t,
+}
+
+// SAFETY: device handles are static singletons of ggml's backend registry
+// (llama-cpp-c-api.md §1.1: "registry singletons with static lifetime"); the
+// handle is only passed back to llama.cpp, never dereferenced in Rust.
+unsafe impl Send for Device {}
+// SAFETY: as above; `Device` exposes no interior mutability.
+unsafe impl Sync for Device {}
+
+/// The devices ggml can run on, in registry order.
+#[doc(alias = "ggml_backend_dev_count")]
+#[doc(alias = "ggml_backend_dev_get")]
+pub fn devices() -> Vec<Device> {
+    init();
+    let cstr = |p: *const c_char| {
+        if p.is_null() {
+            String::new()
+        } else {
+            // SAFETY: non-null strings from the registry are NUL-terminated
+            // and static.
+            unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+        }
+    };
+    // SAFETY: the registry is initialised by `init`; indexes below the count
+    // are valid and the returned handles are static.
+    let count = unsafe { sys::ggml_backend_dev_count() };
+    (0..count)
+        .filter_map(|i| {
+            // SAFETY: `i < count`.
+            let raw = unsafe { sys::ggml_backend_dev_get(i) };
+            if raw.is_null() {
+                return None;
+            }
+            let (mut free, mut total) = (0usize, 0usize);
+            // SAFETY: `raw` is a valid device handle; the out-pointers are
+            // valid for writes.
+            let (name, description, kind) = unsafe {
+                sys::ggml_backend_dev_memory(raw, &mut free, &mut total);
+                (
+                    cstr(sys::ggml_backend_dev_name(raw)),
+                    cstr(sys::ggml_backend_dev_description(raw)),
+                    sys::ggml_backend_dev_type(raw),
+                )
+            };
+            use sys::ggml_backend_dev_type as t;
+            let kind = match kind {
+                t::GGML_BACKEND_DEVICE_TYPE_CPU => DeviceKind::Cpu,
+                t::GGML_BACKEND_DEVICE_TYPE_GPU => DeviceKind::Gpu,
+                t::GGML_BACKEND_DEVICE_TYPE_IGPU => DeviceKind::IntegratedGpu,
+                t::GGML_BACKEND_DEVICE_TYPE_ACCEL => DeviceKind::Accelerator,
+                other => DeviceKind::Other(other),
+            };
+            Some(Device { name, description, kind, memory_free: free, memory_total: total, raw })
+        })
+        .collect()
+}
+
+/// Microseconds since the backend was initialised.
+#[doc(alias = "llama_time_us")]
+pub fn time_us() -> i64 {
+    init();
+    // SAFETY: a clock read, valid after init.
+    unsafe { sys::llama_time_us() }
+}

@@ -1,0 +1,765 @@
+//! Inference contexts: the KV cache, decoding and outputs.
+
+use std::fmt;
+use std::ptr::NonNull;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use crate::backend;
+use crate::batch::{Batch, SeqId};
+use crate::error::{Error, Result, check_decode, check_shim};
+use crate::model::Model;
+use crate::sys;
+
+/// The element type of the KV cache. Quantized types save memory at some
+/// cost in accuracy; a quantized V cache needs flash attention.
+#[non_exhaustive]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KvType {
+    /// 32-bit float.
+    F32,
+    /// 16-bit float (llama.cpp's default).
+    #[default]
+    F16,
+    /// bfloat16.
+    Bf16,
+    /// 8-bit blocks: about half the memory of F16.
+    Q8_0,
+    /// 4-bit blocks.
+    Q4_0,
+    /// 4-bit blocks with offset.
+    Q4_1,
+    /// 4-bit non-linear.
+    Iq4Nl,
+    /// 5-bit blocks.
+    Q5_0,
+    /// 5-bit blocks with offset.
+    Q5_1,
+}
+
+impl KvType {
+    fn raw(self) -> sys::ggml_type::Type {
+        use sys::ggml_type as t;
+        match self {
+            KvType::F32 => t::GGML_TYPE_F32,
+            KvType::F16 => t::GGML_TYPE_F16,
+            KvType::Bf16 => t::GGML_TYPE_BF16,
+            KvType::Q8_0 => t::GGML_TYPE_Q8_0,
+            KvType::Q4_0 => t::GGML_TYPE_Q4_0,
+            KvType::Q4_1 => t::GGML_TYPE_Q4_1,
+            KvType::Iq4Nl => t::GGML_TYPE_IQ4_NL,
+            KvType::Q5_0 => t::GGML_TYPE_Q5_0,
+            KvType::Q5_1 => t::GGML_TYPE_Q5_1,
+        }
+    }
+}
+
+/// Whether to use flash attention.
+#[non_exhaustive]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum FlashAttention {
+    /// Let llama.cpp decide per device.
+    #[default]
+    Auto,
+    /// Always.
+    On,
+    /// Never (a quantized V cache then fails).
+    Off,
+}
+
+/// How embeddings are pooled per sequence.
+#[non_exhaustive]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Pooling {
+    /// The model's default.
+    #[default]
+    Model,
+    /// No pooling: one embedding per token.
+    None,
+    /// Mean over the sequence.
+    Mean,
+    /// The first (CLS) token.
+    Cls,
+    /// The last token.
+    Last,
+    /// Reranking score.
+    Rank,
+}
+
+/// Causal (generation) or non-causal (embedding) attention.
+#[non_exhaustive]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Attention {
+    /// The model's default.
+    #[default]
+    Model,
+    /// Each token sees only earlier tokens.
+    Causal,
+    /// Each token sees the whole sequence; a batch must fit in one micro-batch.
+    NonCausal,
+}
+
+/// Parameters for [`Context::new`], as a builder.
+///
+/// Defaults: `n_ctx` 4096, `n_batch` 2048, `n_ubatch` 512, one sequence,
+/// as many threads as the machine has (llama.cpp's own default is 4), F16 KV
+/// cache, flash attention auto, no embeddings.
+#[derive(Clone, Debug)]
+pub struct ContextParams {
+    n_ctx: u32,
+    n_batch: u32,
+    n_ubatch: u32,
+    n_seq_max: u32,
+    n_threads: Option<i32>,
+    n_threads_batch: Option<i32>,
+    type_k: KvType,
+    type_v: KvType,
+    flash_attention: FlashAttention,
+    embeddings: bool,
+    pooling: Pooling,
+    attention: Attention,
+    kv_unified: bool,
+    swa_full: bool,
+    offload_kqv: bool,
+    perf: bool,
+}
+
+impl Default for ContextParams {
+    fn default() -> Self {
+        ContextParams {
+            n_ctx: 4096,
+            n_batch: 2048,
+            n_ubatch: 512,
+            n_seq_max: 1,
+            n_threads: None,
+            n_threads_batch: None,
+            type_k: KvType::F16,
+            type_v: KvType::F16,
+            flash_attention: FlashAttention::Auto,
+            embeddings: false,
+            pooling: Pooling::Model,
+            attention: Attention::Model,
+            kv_unified: false,
+            swa_full: true,
+            offload_kqv: true,
+            perf: true,
+        }
+    }
+}
+
+macro_rules! setters {
+    ($($(#[$doc:meta])* $name:ident: $ty:ty => $field:ident $(($conv:expr))?;)*) => {$(
+        $(#[$doc])*
+        #[must_use]
+        pub fn $name(mut self, value: $ty) -> Self {
+            self.$field = setters!(@conv value $(, $conv)?);
+            self
+        }
+    )*};
+    (@conv $v:ident) => { $v };
+    (@conv $v:ident, $conv:expr) => { $conv($v) };
+}
+
+impl ContextParams {
+    setters! {
+        /// Context length in tokens (0: the model's training length).
+        /// llama.cpp pads it up to a multiple of 256; read the effective
+        /// value back with [`Context::n_ctx`].
+        n_ctx: u32 => n_ctx;
+        /// Most tokens per [`Context::decode`] call.
+        n_batch: u32 => n_batch;
+        /// Most tokens per compute pass (micro-batch).
+        n_ubatch: u32 => n_ubatch;
+        /// Number of independent sequences (1..=256).
+        n_seq_max: u32 => n_seq_max;
+        /// Threads for single-token decoding.
+        n_threads: i32 => n_threads (Some);
+        /// Threads for prompt (batch) processing.
+        n_threads_batch: i32 => n_threads_batch (Some);
+        /// Element type of the K cache.
+        type_k: KvType => type_k;
+        /// Element type of the V cache.
+        type_v: KvType => type_v;
+        /// Flash attention.
+        flash_attention: FlashAttention => flash_attention;
+        /// Compute embeddings (every token becomes an output).
+        embeddings: bool => embeddings;
+        /// Pooling of embeddings.
+        pooling: Pooling => pooling;
+        /// Attention type.
+        attention: Attention => attention;
+        /// One KV buffer shared by all sequences: needed for tokens that
+        /// belong to several sequences and for partial copies between them.
+        kv_unified: bool => kv_unified;
+        /// Full-size sliding-window cache (needed to shift or partially
+        /// remove positions in sliding-window models).
+        swa_full: bool => swa_full;
+        /// Keep the KV cache and attention on the GPU.
+        offload_kqv: bool => offload_kqv;
+        /// Record timings for [`Context::perf`].
+        perf: bool => perf;
+    }
+
+    /// Sets both KV cache types.
+    #[must_use]
+    pub fn kv_type(self, kind: KvType) -> Self {
+        self.type_k(kind).type_v(kind)
+    }
+}
+
+/// The most sequences a context can have (256 in this llama.cpp).
+#[doc(alias = "llama_max_parallel_sequences")]
+pub fn max_sequences() -> u32 {
+    // SAFETY: returns a compile-time constant of llama.cpp.
+    unsafe { sys::llama_max_parallel_sequences() as u32 }
+}
+
+/// The machine's available parallelism, llama.cpp's thread-count default
+/// replaced by what the OS reports.
+pub(crate) fn default_threads() -> i32 {
+    std::thread::available_parallelism().map_or(4, |n| n.get().min(512) as i32)
+}
+
+/// Performance counters of a context.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct PerfCounters {
+    /// Milliseconds spent on prompt (multi-token) batches.
+    pub prompt_ms: f64,
+    /// Milliseconds spent on single-token decodes.
+    pub eval_ms: f64,
+    /// Prompt tokens evaluated (llama.cpp reports at least 1).
+    pub prompt_tokens: i32,
+    /// Single-token decodes.
+    pub eval_tokens: i32,
+    /// Compute graphs reused.
+    pub graphs_reused: i32,
+}
+
+/// A handle that stops a running [`Context::decode`] from another thread.
+/// The decode then returns [`Error::Aborted`].
+#[derive(Clone, Debug)]
+pub struct AbortHandle(Arc<AtomicBool>);
+
+impl AbortHandle {
+    /// Asks the current and every later decode to stop, until [`AbortHandle::reset`].
+    pub fn abort(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+    /// Lets decodes run again.
+    pub fn reset(&self) {
+        self.0.store(false, Ordering::Relaxed);
+    }
+    /// Whether an abort is requested.
+    pub fn is_aborted(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+unsafe extern "C" fn abort_trampoline(data: *mut std::ffi::c_void) -> bool {
+    // SAFETY: `data` is the `AtomicBool` inside the `Arc` that the context
+    // keeps alive for as long as the callback is installed.
+    unsafe { &*data.cast::<AtomicBool>() }.load(Ordering::Relaxed)
+}
+
+/// An inference context: a KV cache of `n_ctx` tokens over a borrowed
+/// [`Model`], and the buffers for one batch of outputs.
+///
+/// `Send` but not `Sync`: every llama.cpp call on a context mutates it, so
+/// every method takes `&mut self`. Contexts over the same model can run on
+/// different threads at once.
+pub struct Context<'m> {
+    ptr: NonNull<sys::llama_context>,
+    model: &'m Model,
+    n_ctx: u32,
+    n_batch: u32,
+    n_ubatch: u32,
+    n_seq_max: u32,
+    n_vocab: i32,
+    kv_unified: bool,
+    non_causal: bool,
+    embeddings: bool,
+    /// For each token of the last decoded batch: its output row, or -1.
+    output_rows: Vec<i32>,
+    n_outputs: i32,
+    /// Per-sequence scratch for position checks (no allocation per decode).
+    next_pos: Vec<i32>,
+    abort: Arc<AtomicBool>,
+}
+
+// SAFETY: a llama_context may be moved between threads: it has no thread
+// affinity (llama-cpp-c-api.md §1.17, "a ctx may be moved between threads";
+// the server runs all context work on one thread of its choosing). It is not
+// Sync: all access goes through `&mut self`.
+unsafe impl Send for Context<'_> {}
+
+impl fmt::Debug for Context<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Context")
+            .field("n_ctx", &self.n_ctx)
+            .field("n_batch", &self.n_batch)
+            .field("n_ubatch", &self.n_ubatch)
+            .field("n_seq_max", &self.n_seq_max)
+            .finish()
+    }
+}
+
+impl<'m> Context<'m> {
+    /// Creates a context over `model`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for parameters llama.cpp would abort on
+    /// (`n_seq_max` above 256 or above `n_batch`, zero threads);
+    /// [`Error::ContextCreate`] when llama.cpp refuses them (e.g. a quantized
+    /// V cache without flash attention, a vocab-only model, out of memory).
+    #[doc(alias = "llama_init_from_model")]
+    pub fn new(model: &'m Model, params: &ContextParams) -> Result<Context<'m>> {
+        backend::init();
+        let p = params;
+        if p.n_seq_max == 0 || p.n_seq_max > max_sequences() {
+            return Err(Error::InvalidArgument(format!("n_seq_max must be 1..={}, got {}", max_sequences(), p.n_seq_max)));
+        }
+        if p.n_batch == 0 {
+            return Err(Error::InvalidArgument("n_batch must be at least 1".into()));
+        }
+        let n_ctx = if p.n_ctx == 0 { model.n_ctx_train() } else { p.n_ctx };
+        // llama.cpp clamps n_batch to n_ctx and then aborts when
+        // n_seq_max > n_batch (the output buffer reserve).
+        if p.n_seq_max > p.n_batch.min(n_ctx.max(1)) {
+            return Err(Error::InvalidArgument(format!(
+                "n_seq_max ({}) must not exceed n_batch ({}) or n_ctx ({n_ctx})",
+                p.n_seq_max, p.n_batch
+            )));
+        }
+        let threads = p.n_threads.unwrap_or_else(default_threads);
+        let threads_batch = p.n_threads_batch.unwrap_or(threads);
+        if threads < 1 || threads_batch < 1 {
+            return Err(Error::InvalidArgument("thread counts must be at least 1".into()));
+        }
+
+        // SAFETY: returns a plain struct of defaults.
+        let mut raw = unsafe { sys::llama_context_default_params() };
+        raw.n_ctx = p.n_ctx;
+        raw.n_batch = p.n_batch;
+        raw.n_ubatch = p.n_ubatch;
+        raw.n_seq_max = p.n_seq_max;
+        raw.n_threads = threads;
+        raw.n_threads_batch = threads_batch;
+        raw.type_k = p.type_k.raw();
+        raw.type_v = p.type_v.raw();
+        raw.flash_attn_type = match p.flash_attention {
+            FlashAttention::Auto => sys::llama_flash_attn_type::LLAMA_FLASH_ATTN_TYPE_AUTO,
+            FlashAttention::On => sys::llama_flash_attn_type::LLAMA_FLASH_ATTN_TYPE_ENABLED,
+            FlashAttention::Off => sys::llama_flash_attn_type::LLAMA_FLASH_ATTN_TYPE_DISABLED,
+        };
+        raw.embeddings = p.embeddings;
+        raw.pooling_type = match p.pooling {
+            Pooling::Model => sys::llama_pooling_type::LLAMA_POOLING_TYPE_UNSPECIFIED,
+            Pooling::None => sys::llama_pooling_type::LLAMA_POOLING_TYPE_NONE,
+            Pooling::Mean => sys::llama_pooling_type::LLAMA_POOLING_TYPE_MEAN,
+            Pooling::Cls => sys::llama_pooling_type::LLAMA_POOLING_TYPE_CLS,
+            Pooling::Last => sys::llama_pooling_type::LLAMA_POOLING_TYPE_LAST,
+            Pooling::Rank => sys::llama_pooling_type::LLAMA_POOLING_TYPE_RANK,
+        };
+        raw.attention_type = match p.attention {
+            Attention::Model => sys::llama_attention_type::LLAMA_ATTENTION_TYPE_UNSPECIFIED,
+            Attention::Causal => sys::llama_attention_type::LLAMA_ATTENTION_TYPE_CAUSAL,
+            Attention::NonCausal => sys::llama_attention_type::LLAMA_ATTENTION_TYPE_NON_CAUSAL,
+        };
+        raw.kv_unified = p.kv_unified;
+        raw.swa_full = p.swa_full;
+        raw.offload_kqv = p.offload_kqv;
+        raw.no_perf = !p.perf;
+        let abort = Arc::new(AtomicBool::new(false));
+        raw.abort_callback = Some(abort_trampoline);
+        raw.abort_callback_data = Arc::as_ptr(&abort).cast_mut().cast();
+
+        backend::clear_last_error();
+        // SAFETY: a live model and parameters built from the defaults with
+        // valid enum values; the abort flag lives in `abort`, which the
+        // context keeps. llama_init_from_model catches its exceptions.
+        let ptr = unsafe { sys::llama_init_from_model(model.as_ptr(), raw) };
+        let ptr = NonNull::new(ptr)
+            .ok_or_else(|| Error::ContextCreate(backend::last_error_or("llama_init_from_model returned NULL")))?;
+        // SAFETY: `ptr` is a live context; these are reads of its settings.
+        let (n_ctx, n_batch, n_ubatch, n_seq_max, has_memory) = unsafe {
+            let c = ptr.as_ptr();
+            (
+                sys::llama_n_ctx(c),
+                sys::llama_n_batch(c),
+                sys::llama_n_ubatch(c),
+                sys::llama_n_seq_max(c),
+                !sys::llama_get_memory(c).is_null(),
+            )
+        };
+        let non_causal = p.attention == Attention::NonCausal || !has_memory || model.has_encoder();
+        Ok(Context {
+            ptr,
+            model,
+            n_ctx,
+            n_batch,
+            n_ubatch,
+            n_seq_max,
+            n_vocab: model.vocab().n_tokens() as i32,
+            kv_unified: p.kv_unified || n_seq_max == 1,
+            non_causal,
+            embeddings: p.embeddings,
+            output_rows: Vec::with_capacity(n_batch as usize),
+            n_outputs: 0,
+            next_pos: vec![0; n_seq_max as usize],
+            abort,
+        })
+    }
+
+    /// The raw pointer, for calls this crate does not wrap. Calls through it
+    /// must not free the context or invalidate what this wrapper tracks.
+    pub fn as_ptr(&mut self) -> *mut sys::llama_context {
+        self.ptr.as_ptr()
+    }
+
+    /// The model this context runs.
+    pub fn model(&self) -> &'m Model {
+        self.model
+    }
+
+    /// The effective context length (padded by llama.cpp).
+    #[doc(alias = "llama_n_ctx")]
+    pub fn n_ctx(&self) -> u32 {
+        self.n_ctx
+    }
+
+    /// The context length available to each sequence.
+    #[doc(alias = "llama_n_ctx_seq")]
+    pub fn n_ctx_seq(&self) -> u32 {
+        // SAFETY: a read of a setting fixed at creation.
+        unsafe { sys::llama_n_ctx_seq(self.ptr.as_ptr()) }
+    }
+
+    /// The effective most tokens per decode.
+    #[doc(alias = "llama_n_batch")]
+    pub fn n_batch(&self) -> u32 {
+        self.n_batch
+    }
+
+    /// The effective micro-batch size.
+    #[doc(alias = "llama_n_ubatch")]
+    pub fn n_ubatch(&self) -> u32 {
+        self.n_ubatch
+    }
+
+    /// The number of sequences.
+    #[doc(alias = "llama_n_seq_max")]
+    pub fn n_seq_max(&self) -> u32 {
+        self.n_seq_max
+    }
+
+    /// Threads used for (single-token decode, batch processing).
+    #[doc(alias = "llama_n_threads")]
+    pub fn n_threads(&mut self) -> (i32, i32) {
+        // SAFETY: reads of the live context's settings.
+        unsafe { (sys::llama_n_threads(self.ptr.as_ptr()), sys::llama_n_threads_batch(self.ptr.as_ptr())) }
+    }
+
+    /// Changes the thread counts.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a count below 1.
+    #[doc(alias = "llama_set_n_threads")]
+    pub fn set_n_threads(&mut self, n_threads: i32, n_threads_batch: i32) -> Result<()> {
+        if n_threads < 1 || n_threads_batch < 1 {
+            return Err(Error::InvalidArgument("thread counts must be at least 1".into()));
+        }
+        // SAFETY: valid counts on a live context we hold exclusively.
+        unsafe { sys::llama_set_n_threads(self.ptr.as_ptr(), n_threads, n_threads_batch) };
+        Ok(())
+    }
+
+    /// Turns embedding output on or off (every token becomes an output).
+    #[doc(alias = "llama_set_embeddings")]
+    pub fn set_embeddings(&mut self, on: bool) {
+        // SAFETY: a setting change on a context we hold exclusively.
+        unsafe { sys::llama_set_embeddings(self.ptr.as_ptr(), on) };
+        self.embeddings = on;
+    }
+
+    /// A handle that aborts decoding from any thread.
+    pub fn abort_handle(&self) -> AbortHandle {
+        AbortHandle(Arc::clone(&self.abort))
+    }
+
+    /// Waits for queued work on the device to finish.
+    #[doc(alias = "llama_synchronize")]
+    pub fn synchronize(&mut self) {
+        // SAFETY: a live context we hold exclusively.
+        unsafe { sys::llama_synchronize(self.ptr.as_ptr()) }
+    }
+
+    pub(crate) fn check_seq(&self, seq: SeqId) -> Result<()> {
+        if seq < 0 || seq as u32 >= self.n_seq_max {
+            return Err(Error::InvalidSeqId { seq, n_seq_max: self.n_seq_max });
+        }
+        Ok(())
+    }
+
+    pub(crate) fn memory(&self) -> sys::llama_memory_t {
+        // SAFETY: returns the context's own memory handle (or NULL); no
+        // state changes.
+        unsafe { sys::llama_get_memory(self.ptr.as_ptr()) }
+    }
+
+    pub(crate) fn is_kv_unified(&self) -> bool {
+        self.kv_unified
+    }
+
+    /// Checks everything llama.cpp would abort on, or reject with a less
+    /// helpful message, before it sees the batch.
+    fn validate(&mut self, batch: &Batch) -> Result<()> {
+        let n = batch.len();
+        if n == 0 {
+            return Err(Error::BatchInvalid("the batch is empty".into()));
+        }
+        if n > self.n_batch as usize {
+            return Err(Error::BatchInvalid(format!(
+                "{n} tokens exceed the context's n_batch of {}; split the batch",
+                self.n_batch
+            )));
+        }
+        if (self.non_causal || self.embeddings && self.model.has_encoder()) && n > self.n_ubatch as usize {
+            return Err(Error::BatchInvalid(format!(
+                "a non-causal batch must fit in one micro-batch: {n} tokens > n_ubatch {}",
+                self.n_ubatch
+            )));
+        }
+        let mem = self.memory();
+        const UNSEEN: i32 = i32::MIN;
+        self.next_pos.fill(UNSEEN);
+        let positions = batch.positions();
+        for (i, &token) in batch.tokens().iter().enumerate() {
+            if token.0 < 0 || token.0 >= self.n_vocab {
+                return Err(Error::InvalidToken { token: token.0, n_vocab: self.n_vocab });
+            }
+            let seqs = batch.seq_ids(i);
+            if seqs.len() > 1 && !self.kv_unified {
+                return Err(Error::BatchInvalid(format!(
+                    "token {i} belongs to {} sequences; that needs a context with kv_unified",
+                    seqs.len()
+                )));
+            }
+            let pos = positions[i];
+            for &seq in seqs {
+                self.check_seq(seq)?;
+                let slot = &mut self.next_pos[seq as usize];
+                if *slot == UNSEEN {
+                    // SAFETY: `seq` is below n_seq_max, which is all
+                    // pos_max asserts on; NULL memory is accepted.
+                    let last = unsafe { sys::llama_memory_seq_pos_max(mem, seq) };
+                    if last >= 0 && pos != last + 1 {
+                        return Err(Error::BatchInvalid(format!(
+                            "sequence {seq} ends at position {last} in the cache, so its next token must be at {} (got {pos})",
+                            last + 1
+                        )));
+                    }
+                } else if pos != *slot {
+                    return Err(Error::BatchInvalid(format!(
+                        "positions of sequence {seq} must be consecutive: expected {}, got {pos} at batch index {i}",
+                        *slot
+                    )));
+                }
+                *slot = pos + 1;
+            }
+        }
+        Ok(())
+    }
+
+    fn record_outputs(&mut self, batch: &Batch, ok: bool) {
+        self.output_rows.clear();
+        self.n_outputs = 0;
+        if !ok {
+            return;
+        }
+        let all = self.embeddings;
+        for i in 0..batch.len() {
+            if all || batch.has_logits(i) {
+                self.output_rows.push(self.n_outputs);
+                self.n_outputs += 1;
+            } else {
+                self.output_rows.push(-1);
+            }
+        }
+    }
+
+    /// Runs the model on a batch, adding its tokens to the KV cache and
+    /// computing the outputs it asks for.
+    ///
+    /// # Errors
+    /// Before llama.cpp runs: [`Error::BatchInvalid`] (empty, larger than
+    /// `n_batch`, non-causal and larger than `n_ubatch`, positions that do
+    /// not continue their sequence, several sequences per token without
+    /// `kv_unified`), [`Error::InvalidToken`], [`Error::InvalidSeqId`].
+    /// From llama.cpp's return code: [`Error::NoKvSlot`] (1),
+    /// [`Error::Aborted`] (2), [`Error::InvalidBatch`] (-1),
+    /// [`Error::AllocationFailed`] (-2), [`Error::ComputeFailed`] (-3);
+    /// [`Error::Exception`] if it threw.
+    #[doc(alias = "llama_decode")]
+    pub fn decode(&mut self, batch: &Batch) -> Result<()> {
+        self.validate(batch)?;
+        let mut code = 0;
+        // SAFETY: the batch was validated against this context above (sizes,
+        // token and sequence ids, positions), its arrays hold `len` entries,
+        // and the shim catches exceptions.
+        let shim = unsafe { sys::shim::llama_rs_decode(self.ptr.as_ptr(), batch.raw(), &mut code) };
+        let result = check_shim(shim, "llama_decode").and_then(|()| check_decode(code));
+        self.record_outputs(batch, result.is_ok());
+        result
+    }
+
+    /// Runs the encoder of an encoder-decoder model (or a non-causal
+    /// embedding model) on a batch.
+    ///
+    /// # Errors
+    /// As [`Context::decode`]; the batch must fit in one micro-batch.
+    #[doc(alias = "llama_encode")]
+    pub fn encode(&mut self, batch: &Batch) -> Result<()> {
+        self.validate(batch)?;
+        if batch.len() > self.n_ubatch as usize {
+            return Err(Error::BatchInvalid(format!(
+                "an encoder batch must fit in one micro-batch: {} tokens > n_ubatch {}",
+                batch.len(),
+                self.n_ubatch
+            )));
+        }
+        let mut code = 0;
+        // SAFETY: as in `decode`, plus the micro-batch bound checked above.
+        let shim = unsafe { sys::shim::llama_rs_encode(self.ptr.as_ptr(), batch.raw(), &mut code) };
+        let result = check_shim(shim, "llama_encode").and_then(|()| check_decode(code));
+        // The encoder outputs every token.
+        self.output_rows.clear();
+        self.n_outputs = 0;
+        if result.is_ok() {
+            self.output_rows.extend(0..batch.len() as i32);
+            self.n_outputs = batch.len() as i32;
+        }
+        result
+    }
+
+    /// Maps a batch index (or a negative index counting outputs from the
+    /// end, -1 being the last) to a valid argument for the `_ith` getters.
+    pub(crate) fn output_index(&self, i: i32) -> Result<i32> {
+        let ok = if i >= 0 {
+            self.output_rows.get(i as usize).is_some_and(|&row| row >= 0)
+        } else {
+            -i <= self.n_outputs
+        };
+        if ok { Ok(i) } else { Err(Error::NoOutput(i)) }
+    }
+
+    /// The logits (one per vocabulary token) of batch token `i` of the last
+    /// decode, or of the `-i`-th output from the end for negative `i`.
+    /// The slice borrows the context, so it cannot outlive the next decode.
+    ///
+    /// # Errors
+    /// [`Error::NoOutput`] if that token did not request logits.
+    #[doc(alias = "llama_get_logits_ith")]
+    pub fn logits(&mut self, i: i32) -> Result<&[f32]> {
+        let i = self.output_index(i)?;
+        // SAFETY: `i` names an output of the last decode, so llama.cpp
+        // returns a row of n_vocab floats that stays valid until the next
+        // call that takes `&mut self`, which the returned borrow prevents.
+        let ptr = unsafe { sys::llama_get_logits_ith(self.ptr.as_ptr(), i) };
+        if ptr.is_null() {
+            return Err(Error::NoOutput(i));
+        }
+        // SAFETY: see above.
+        Ok(unsafe { std::slice::from_raw_parts(ptr, self.n_vocab as usize) })
+    }
+
+    /// The embedding of batch token `i` of the last decode (negative: from
+    /// the end), `n_embd_out` floats. Needs `embeddings(true)`.
+    ///
+    /// # Errors
+    /// [`Error::NoOutput`] if there is no such output or embeddings are off.
+    #[doc(alias = "llama_get_embeddings_ith")]
+    pub fn embeddings(&mut self, i: i32) -> Result<&[f32]> {
+        let i = self.output_index(i)?;
+        // SAFETY: as in `logits`; the row has n_embd_out floats.
+        let ptr = unsafe { sys::llama_get_embeddings_ith(self.ptr.as_ptr(), i) };
+        if ptr.is_null() || !self.embeddings {
+            return Err(Error::NoOutput(i));
+        }
+        // SAFETY: see above.
+        Ok(unsafe { std::slice::from_raw_parts(ptr, self.model.n_embd_out()) })
+    }
+
+    /// The pooled embedding of a sequence after the last decode (pooling
+    /// other than `None`): `n_embd_out` floats, or `n_cls_out` for `Rank`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidSeqId`]; [`Error::NoOutput`] without pooled output.
+    #[doc(alias = "llama_get_embeddings_seq")]
+    pub fn sequence_embeddings(&mut self, seq: SeqId) -> Result<&[f32]> {
+        self.check_seq(seq)?;
+        // SAFETY: a valid sequence id; the result is NULL or a row valid
+        // until the next decode, which the borrow prevents.
+        let (ptr, rank) = unsafe {
+            (
+                sys::llama_get_embeddings_seq(self.ptr.as_ptr(), seq),
+                sys::llama_pooling_type(self.ptr.as_ptr()) == sys::llama_pooling_type::LLAMA_POOLING_TYPE_RANK,
+            )
+        };
+        if ptr.is_null() || !self.embeddings {
+            return Err(Error::NoOutput(seq));
+        }
+        let len = if rank {
+            // SAFETY: a pure read; only reached for RANK pooling, i.e. a
+            // classifier model.
+            unsafe { sys::llama_model_n_cls_out(self.model.as_ptr()) as usize }
+        } else {
+            self.model.n_embd_out()
+        };
+        // SAFETY: see above.
+        Ok(unsafe { std::slice::from_raw_parts(ptr, len) })
+    }
+
+    /// Timing and token counters.
+    #[doc(alias = "llama_perf_context")]
+    pub fn perf(&mut self) -> PerfCounters {
+        // SAFETY: a read of the live context's counters.
+        let d = unsafe { sys::llama_perf_context(self.ptr.as_ptr()) };
+        PerfCounters {
+            prompt_ms: d.t_p_eval_ms,
+            eval_ms: d.t_eval_ms,
+            prompt_tokens: d.n_p_eval,
+            eval_tokens: d.n_eval,
+            graphs_reused: d.n_reused,
+        }
+    }
+
+    /// Resets the counters of [`Context::perf`].
+    #[doc(alias = "llama_perf_context_reset")]
+    pub fn reset_perf(&mut self) {
+        // SAFETY: a live context we hold exclusively.
+        unsafe { sys::llama_perf_context_reset(self.ptr.as_ptr()) }
+    }
+
+    pub(crate) fn invalidate_outputs(&mut self) {
+        self.output_rows.clear();
+        self.n_outputs = 0;
+    }
+}
+
+impl Drop for Context<'_> {
+    fn drop(&mut self) {
+        // SAFETY: we own the context; `llama_free` synchronizes first. The
+        // abort flag it points to is still alive (dropped after this).
+        unsafe { sys::llama_free(self.ptr.as_ptr()) }
+    }
+}
+
+impl Model {
+    /// Creates a [`Context`] over this model; see [`Context::new`].
+    ///
+    /// # Errors
+    /// As [`Context::new`].
+    pub fn new_context(&self, params: &ContextParams) -> Result<Context<'_>> {
+        Context::new(self, params)
+    }
+}

@@ -1,0 +1,147 @@
+//! The crate's one error type and the helpers that turn C results into it.
+
+use std::ffi::CStr;
+use std::path::PathBuf;
+
+use crate::sys;
+
+/// Everything that can go wrong in this crate.
+///
+/// Misuse that llama.cpp would answer with an abort (`GGML_ASSERT`) or a C++
+/// exception is caught in Rust first and reported here instead.
+#[non_exhaustive]
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A model file could not be loaded.
+    #[error("cannot load model {path}: {reason}")]
+    ModelLoad {
+        /// The file that failed.
+        path: PathBuf,
+        /// Why, as far as llama.cpp said.
+        reason: String,
+    },
+    /// The progress callback asked to stop loading.
+    #[error("model loading was cancelled by the progress callback")]
+    LoadCancelled,
+    /// `llama_init_from_model` refused the parameters.
+    #[error("cannot create a context: {0}")]
+    ContextCreate(String),
+    /// An argument is outside what llama.cpp accepts.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// A token id outside `0..n_vocab`.
+    #[error("token id {token} is outside the vocabulary (0..{n_vocab})")]
+    InvalidToken {
+        /// The offending id.
+        token: i32,
+        /// The vocabulary size.
+        n_vocab: i32,
+    },
+    /// A sequence id outside `0..n_seq_max`.
+    #[error("sequence id {seq} is outside 0..{n_seq_max}")]
+    InvalidSeqId {
+        /// The offending id.
+        seq: i32,
+        /// The context's number of sequences.
+        n_seq_max: u32,
+    },
+    /// A batch has no room for another token.
+    #[error("the batch is full ({capacity} tokens)")]
+    BatchFull {
+        /// The batch's capacity.
+        capacity: usize,
+    },
+    /// A batch was rejected before reaching llama.cpp.
+    #[error("invalid batch: {0}")]
+    BatchInvalid(String),
+    /// `llama_decode` returned 1: no KV cache slot for the batch. The cache
+    /// is unchanged; free space (`seq_rm`) or decode a smaller batch.
+    #[error("no KV cache slot for the batch (llama_decode returned 1)")]
+    NoKvSlot,
+    /// `llama_decode` returned 2: the abort callback stopped it. Micro-batches
+    /// that were already processed stay in the cache.
+    #[error("decoding was aborted by the abort callback")]
+    Aborted,
+    /// `llama_decode` returned -1: llama.cpp rejected the batch.
+    #[error("llama.cpp rejected the batch (llama_decode returned -1)")]
+    InvalidBatch,
+    /// `llama_decode` returned -2: memory or output buffer allocation failed.
+    #[error("allocation failed while decoding (llama_decode returned -2)")]
+    AllocationFailed,
+    /// `llama_decode` returned -3 (compute failure) or another negative code.
+    #[error("decoding failed (llama_decode returned {0})")]
+    ComputeFailed(i32),
+    /// An output row that was not requested in the last batch.
+    #[error("batch index {0} has no output: set its logits flag when adding it")]
+    NoOutput(i32),
+    /// The KV cache of this context cannot shift positions (`llama_memory_can_shift`).
+    #[error("the KV cache of this context cannot shift positions")]
+    CannotShift,
+    /// A C++ exception was thrown inside llama.cpp and caught by the shim.
+    #[error("llama.cpp threw an exception in {function}: {message}")]
+    Exception {
+        /// The C function that threw.
+        function: &'static str,
+        /// The exception's message.
+        message: String,
+    },
+    /// A GBNF grammar failed to parse, or a token it forbids was accepted.
+    #[error("grammar error: {0}")]
+    Grammar(String),
+    /// A sampler chain that does not end in a token-selecting sampler.
+    #[error("a sampler chain must end with a token-selecting sampler (greedy, dist, mirostat, adaptive-p)")]
+    NoSelector,
+    /// Saving or restoring state failed.
+    #[error("state error: {0}")]
+    State(String),
+    /// A chat template is unknown or failed to apply.
+    #[error("chat template error: {0}")]
+    ChatTemplate(String),
+    /// A LoRA adapter or control vector was rejected.
+    #[error("adapter error: {0}")]
+    Adapter(String),
+    /// A string argument contains a NUL byte.
+    #[error("string contains a NUL byte: {0}")]
+    Nul(#[from] std::ffi::NulError),
+    /// An I/O error, with the path it concerns.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+}
+
+/// This crate's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Error {
+        Error::Io { path: path.into(), source }
+    }
+}
+
+/// Turns a shim return code into a `Result`, fetching the exception message.
+pub(crate) fn check_shim(code: std::os::raw::c_int, function: &'static str) -> Result<()> {
+    if code == sys::shim::OK {
+        return Ok(());
+    }
+    // SAFETY: the shim returns a pointer to a thread-local NUL-terminated
+    // string that stays valid until the next shim call on this thread; we
+    // copy it out at once.
+    let message = unsafe { CStr::from_ptr(sys::shim::llama_rs_last_exception()) }.to_string_lossy().into_owned();
+    Err(Error::Exception { function, message })
+}
+
+/// Maps the documented return codes of `llama_decode`/`llama_encode`.
+pub(crate) fn check_decode(code: i32) -> Result<()> {
+    match code {
+        0 => Ok(()),
+        1 => Err(Error::NoKvSlot),
+        2 => Err(Error::Aborted),
+        -1 => Err(Error::InvalidBatch),
+        -2 => Err(Error::AllocationFailed),
+        other => Err(Error::ComputeFailed(other)),
+    }
+}

@@ -1,0 +1,600 @@
+//! Loading GGUF models and reading what they are.
+
+use std::any::Any;
+use std::ffi::{CStr, CString, c_char, c_void};
+use std::path::{Path, PathBuf};
+use std::ptr::NonNull;
+use std::sync::Mutex;
+
+use crate::backend::{self, Device};
+use crate::error::{Error, Result};
+use crate::sys;
+use crate::vocab::Vocab;
+
+/// How the weights get into memory.
+#[non_exhaustive]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LoadMode {
+    /// llama.cpp decides (memory-maps where it can).
+    #[default]
+    Auto,
+    /// Memory-map the file: fast start, pages shared between processes.
+    Mmap,
+    /// Memory-map and lock the pages in RAM.
+    MmapLocked,
+    /// Read the file into allocated memory.
+    Read,
+    /// Read into memory and lock it.
+    ReadLocked,
+    /// Direct I/O, where the platform has it.
+    DirectIo,
+}
+
+impl LoadMode {
+    fn raw(self) -> sys::llama_load_mode::Type {
+        use sys::llama_load_mode as m;
+        match self {
+            LoadMode::Auto => m::LLAMA_LOAD_MODE_AUTO,
+            LoadMode::Mmap => m::LLAMA_LOAD_MODE_MMAP,
+            LoadMode::MmapLocked => m::LLAMA_LOAD_MODE_MMAP_MLOCK,
+            LoadMode::Read => m::LLAMA_LOAD_MODE_NONE,
+            LoadMode::ReadLocked => m::LLAMA_LOAD_MODE_MLOCK,
+            LoadMode::DirectIo => m::LLAMA_LOAD_MODE_DIRECT_IO,
+        }
+    }
+}
+
+/// How a model is spread over several GPUs.
+#[non_exhaustive]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SplitMode {
+    /// Everything on the main GPU.
+    None,
+    /// Whole layers (and their KV cache) per GPU.
+    #[default]
+    Layer,
+    /// Rows of each tensor across GPUs.
+    Row,
+    /// Tensor parallelism.
+    Tensor,
+}
+
+/// A value that replaces a GGUF metadata entry at load time.
+#[derive(Clone, Debug, PartialEq)]
+pub enum MetadataValue {
+    /// An integer.
+    Int(i64),
+    /// A float.
+    Float(f64),
+    /// A boolean.
+    Bool(bool),
+    /// A string of at most 127 bytes.
+    Str(String),
+}
+
+/// Parameters for [`Model::load`]. Defaults: memory-mapped, CPU only.
+#[derive(Clone, Debug)]
+pub struct ModelParams {
+    /// How the weights get into memory.
+    pub load_mode: LoadMode,
+    /// Layers to offload to the GPU; negative means all. Default 0 (CPU only),
+    /// unlike llama.cpp's default of all.
+    pub n_gpu_layers: i32,
+    /// How the model is split across GPUs.
+    pub split_mode: SplitMode,
+    /// The GPU used with [`SplitMode::None`].
+    pub main_gpu: i32,
+    /// The devices to use; `None` means all that llama.cpp finds.
+    pub devices: Option<Vec<Device>>,
+    /// Load only the vocabulary (for tokenizing): no weights, no contexts.
+    pub vocab_only: bool,
+    /// Validate tensor data while loading.
+    pub check_tensors: bool,
+    /// GGUF metadata entries to override, by key (at most 127 bytes each).
+    pub metadata_overrides: Vec<(String, MetadataValue)>,
+}
+
+impl Default for ModelParams {
+    fn default() -> Self {
+        ModelParams {
+            load_mode: LoadMode::Auto,
+            n_gpu_layers: 0,
+            split_mode: SplitMode::Layer,
+            main_gpu: 0,
+            devices: None,
+            vocab_only: false,
+            check_tensors: false,
+            metadata_overrides: Vec::new(),
+        }
+    }
+}
+
+/// A loaded GGUF model: weights, hyper-parameters and vocabulary.
+///
+/// Immutable once loaded and shareable between threads (`Send + Sync`):
+/// wrap it in an `Arc` or borrow it, and give each thread its own
+/// [`Context`](crate::Context).
+#[derive(Debug)]
+pub struct Model {
+    ptr: NonNull<sys::llama_model>,
+    vocab: Vocab,
+    /// Serialises the calls that mutate the model (LoRA adapter init/free).
+    pub(crate) mutation: Mutex<()>,
+}
+
+// SAFETY: llama.cpp supports one model shared by many threads, each with its
+// own context: that is what upstream tests/test-thread-safety.cpp does
+// (contexts created and decoded concurrently on one model). Every `&self`
+// method here is a read of immutable model data (llama-cpp-c-api.md §1.17:
+// "metadata and vocab getters are pure reads"; tokenization is documented
+// thread-safe); the calls that mutate the model (LoRA init/free) are
+// serialised by `mutation`, and freeing needs ownership.
+unsafe impl Send for Model {}
+// SAFETY: see `Send` above.
+unsafe impl Sync for Model {}
+
+struct Progress<'f> {
+    callback: &'f mut dyn FnMut(f32) -> bool,
+    panic: Option<Box<dyn Any + Send>>,
+    cancelled: bool,
+}
+
+unsafe extern "C" fn progress_trampoline(progress: f32, user_data: *mut c_void) -> bool {
+    // SAFETY: `user_data` is the `Progress` that `load_impl` keeps alive on
+    // its stack for the whole (synchronous) load call.
+    let state = unsafe { &mut *user_data.cast::<Progress<'_>>() };
+    if state.panic.is_some() || state.cancelled {
+        return false;
+    }
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (state.callback)(progress))) {
+        Ok(keep_going) => {
+            state.cancelled = !keep_going;
+            keep_going
+        }
+        Err(payload) => {
+            state.panic = Some(payload);
+            false
+        }
+    }
+}
+
+unsafe extern "C" fn silent_progress(_progress: f32, _user_data: *mut c_void) -> bool {
+    true // replaces llama.cpp's default, which prints dots
+}
+
+pub(crate) fn path_to_cstring(path: &Path) -> Result<CString> {
+    #[cfg(unix)]
+    let bytes = {
+        use std::os::unix::ffi::OsStrExt;
+        path.as_os_str().as_bytes().to_vec()
+    };
+    #[cfg(not(unix))]
+    let bytes = path.to_string_lossy().into_owned().into_bytes();
+    Ok(CString::new(bytes)?)
+}
+
+/// Checks what llama.cpp would otherwise report only as NULL.
+fn check_model_file(path: &Path) -> Result<()> {
+    let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
+    let reason = if meta.is_dir() {
+        "it is a directory, not a GGUF file"
+    } else if meta.len() == 0 {
+        "the file is empty"
+    } else if meta.len() < 8 {
+        "the file is too short to be a GGUF file"
+    } else {
+        return Ok(());
+    };
+    Err(Error::ModelLoad { path: path.to_owned(), reason: reason.to_owned() })
+}
+
+impl Model {
+    /// Loads a GGUF file. A file named `<name>-00001-of-0000N.gguf` pulls in
+    /// the other splits.
+    ///
+    /// # Errors
+    /// [`Error::Io`] if the file cannot be read, [`Error::ModelLoad`] if it is
+    /// a directory, empty, truncated, corrupt or not a model llama.cpp knows.
+    #[doc(alias = "llama_model_load_from_file")]
+    pub fn load(path: impl AsRef<Path>, params: &ModelParams) -> Result<Model> {
+        Self::load_impl(&[path.as_ref()], params, None)
+    }
+
+    /// Like [`Model::load`], calling `progress` with a fraction in 0..=1 as
+    /// loading advances. Returning `false` cancels the load
+    /// ([`Error::LoadCancelled`]). A panic in `progress` cancels the load and
+    /// is resumed once llama.cpp has returned.
+    ///
+    /// # Errors
+    /// As [`Model::load`], plus [`Error::LoadCancelled`].
+    pub fn load_with_progress(
+        path: impl AsRef<Path>,
+        params: &ModelParams,
+        mut progress: impl FnMut(f32) -> bool,
+    ) -> Result<Model> {
+        Self::load_impl(&[path.as_ref()], params, Some(&mut progress))
+    }
+
+    /// Loads a model stored as several split files, given in order.
+    ///
+    /// # Errors
+    /// As [`Model::load`]; [`Error::InvalidArgument`] for an empty list.
+    #[doc(alias = "llama_model_load_from_splits")]
+    pub fn load_splits<P: AsRef<Path>>(paths: &[P], params: &ModelParams) -> Result<Model> {
+        if paths.is_empty() {
+            return Err(Error::InvalidArgument("load_splits needs at least one path".into()));
+        }
+        let paths: Vec<&Path> = paths.iter().map(AsRef::as_ref).collect();
+        Self::load_impl(&paths, params, None)
+    }
+
+    fn load_impl(
+        paths: &[&Path],
+        params: &ModelParams,
+        progress: Option<&mut dyn FnMut(f32) -> bool>,
+    ) -> Result<Model> {
+        backend::init();
+        for path in paths {
+            check_model_file(path)?;
+        }
+        let c_paths = paths.iter().map(|p| path_to_cstring(p)).collect::<Result<Vec<_>>>()?;
+
+        // SAFETY: returns a plain struct of defaults.
+        let mut raw = unsafe { sys::llama_model_default_params() };
+        raw.load_mode = params.load_mode.raw();
+        raw.n_gpu_layers = params.n_gpu_layers;
+        raw.split_mode = match params.split_mode {
+            SplitMode::None => sys::llama_split_mode::LLAMA_SPLIT_MODE_NONE,
+            SplitMode::Layer => sys::llama_split_mode::LLAMA_SPLIT_MODE_LAYER,
+            SplitMode::Row => sys::llama_split_mode::LLAMA_SPLIT_MODE_ROW,
+            SplitMode::Tensor => sys::llama_split_mode::LLAMA_SPLIT_MODE_TENSOR,
+        };
+        raw.main_gpu = params.main_gpu;
+        raw.vocab_only = params.vocab_only;
+        raw.check_tensors = params.check_tensors;
+
+        // Pointer inputs only need to live for the load call (§1.2).
+        let mut devices: Vec<sys::ggml_backend_dev_t> = Vec::new();
+        if let Some(list) = &params.devices {
+            devices.extend(list.iter().map(|d| d.raw));
+            devices.push(std::ptr::null_mut());
+            raw.devices = devices.as_mut_ptr();
+        }
+        let overrides = build_overrides(&params.metadata_overrides)?;
+        if !params.metadata_overrides.is_empty() {
+            raw.kv_overrides = overrides.as_ptr();
+        }
+
+        let mut keep_loading = |_: f32| true;
+        let mut state;
+        match progress {
+            Some(callback) => {
+                state = Progress { callback, panic: None, cancelled: false };
+                raw.progress_callback = Some(progress_trampoline);
+                raw.progress_callback_user_data = (&raw mut state).cast();
+            }
+            None => {
+                raw.progress_callback = Some(silent_progress);
+                state = Progress { callback: &mut keep_loading, panic: None, cancelled: false };
+            }
+        }
+
+        backend::clear_last_error();
+        let ptr = if c_paths.len() == 1 {
+            // SAFETY: the path is NUL-terminated; `raw` came from the
+            // defaults with valid enum values; `devices`, `overrides` and
+            // `state` outlive this synchronous call.
+            unsafe { sys::llama_model_load_from_file(c_paths[0].as_ptr(), raw) }
+        } else {
+            let mut ptrs: Vec<*const c_char> = c_paths.iter().map(|c| c.as_ptr()).collect();
+            // SAFETY: as above; `ptrs` holds `ptrs.len()` valid C strings.
+            unsafe { sys::llama_model_load_from_splits(ptrs.as_mut_ptr(), ptrs.len(), raw) }
+        };
+        if let Some(payload) = state.panic.take() {
+            if let Some(p) = NonNull::new(ptr) {
+                // SAFETY: a model we own and have not shared.
+                unsafe { sys::llama_model_free(p.as_ptr()) };
+            }
+            std::panic::resume_unwind(payload);
+        }
+        let Some(ptr) = NonNull::new(ptr) else {
+            if state.cancelled {
+                return Err(Error::LoadCancelled);
+            }
+            return Err(Error::ModelLoad {
+                path: paths[0].to_owned(),
+                reason: backend::last_error_or("llama.cpp could not load it (see the llama.cpp log)"),
+            });
+        };
+        // SAFETY: `ptr` is a live model; the vocab pointer it returns lives
+        // as long as the model (it points into the model).
+        let vocab = unsafe { Vocab::from_raw(sys::llama_model_get_vocab(ptr.as_ptr())) };
+        Ok(Model { ptr, vocab, mutation: Mutex::new(()) })
+    }
+
+    /// The raw pointer, for calls this crate does not wrap.
+    pub fn as_ptr(&self) -> *mut sys::llama_model {
+        self.ptr.as_ptr()
+    }
+
+    /// The model's vocabulary and tokenizer.
+    #[doc(alias = "llama_model_get_vocab")]
+    pub fn vocab(&self) -> &Vocab {
+        &self.vocab
+    }
+
+    /// The context length the model was trained with.
+    #[doc(alias = "llama_model_n_ctx_train")]
+    pub fn n_ctx_train(&self) -> u32 {
+        // SAFETY: a pure read of a live model.
+        unsafe { sys::llama_model_n_ctx_train(self.as_ptr()) }.max(0) as u32
+    }
+
+    /// The embedding width.
+    #[doc(alias = "llama_model_n_embd")]
+    pub fn n_embd(&self) -> usize {
+        // SAFETY: a pure read of a live model.
+        unsafe { sys::llama_model_n_embd(self.as_ptr()) }.max(0) as usize
+    }
+
+    /// The width of the embeddings the context outputs.
+    #[doc(alias = "llama_model_n_embd_out")]
+    pub fn n_embd_out(&self) -> usize {
+        // SAFETY: a pure read of a live model.
+        unsafe { sys::llama_model_n_embd_out(self.as_ptr()) }.max(0) as usize
+    }
+
+    /// The number of layers.
+    #[doc(alias = "llama_model_n_layer")]
+    pub fn n_layer(&self) -> usize {
+        // SAFETY: a pure read of a live model.
+        unsafe { sys::llama_model_n_layer(self.as_ptr()) }.max(0) as usize
+    }
+
+    /// The number of attention heads.
+    #[doc(alias = "llama_model_n_head")]
+    pub fn n_head(&self) -> usize {
+        // SAFETY: a pure read of a live model.
+        unsafe { sys::llama_model_n_head(self.as_ptr()) }.max(0) as usize
+    }
+
+    /// The number of key/value heads (smaller than [`Model::n_head`] with GQA).
+    #[doc(alias = "llama_model_n_head_kv")]
+    pub fn n_head_kv(&self) -> usize {
+        // SAFETY: a pure read of a live model.
+        unsafe { sys::llama_model_n_head_kv(self.as_ptr()) }.max(0) as usize
+    }
+
+    /// The sliding-window size, 0 if the model has no sliding-window attention.
+    #[doc(alias = "llama_model_n_swa")]
+    pub fn n_swa(&self) -> usize {
+        // SAFETY: a pure read of a live model.
+        unsafe { sys::llama_model_n_swa(self.as_ptr()) }.max(0) as usize
+    }
+
+    /// The number of parameters.
+    #[doc(alias = "llama_model_n_params")]
+    pub fn n_params(&self) -> u64 {
+        // SAFETY: a pure read of a live model.
+        unsafe { sys::llama_model_n_params(self.as_ptr()) }
+    }
+
+    /// The total size of the weights in bytes.
+    #[doc(alias = "llama_model_size")]
+    pub fn size(&self) -> u64 {
+        // SAFETY: a pure read of a live model.
+        unsafe { sys::llama_model_size(self.as_ptr()) }
+    }
+
+    /// A one-line description, e.g. `gemma3 270M Q4_K - Medium`.
+    #[doc(alias = "llama_model_desc")]
+    pub fn description(&self) -> String {
+        read_string(|buf, len| {
+            // SAFETY: `buf` is valid for `len` bytes; the function writes at
+            // most `len` bytes including the NUL.
+            unsafe { sys::llama_model_desc(self.as_ptr(), buf, len) }
+        })
+        .unwrap_or_default()
+    }
+
+    /// One GGUF metadata value, as a string, or `None` if the key is absent.
+    #[doc(alias = "llama_model_meta_val_str")]
+    pub fn metadata(&self, key: &str) -> Option<String> {
+        let key = CString::new(key).ok()?;
+        read_string(|buf, len| {
+            // SAFETY: `key` is NUL-terminated; `buf` is valid for `len` bytes.
+            unsafe { sys::llama_model_meta_val_str(self.as_ptr(), key.as_ptr(), buf, len) }
+        })
+    }
+
+    /// All GGUF metadata as `(key, value)` pairs, values rendered as strings
+    /// (arrays are abbreviated by llama.cpp).
+    #[doc(alias = "llama_model_meta_count")]
+    pub fn metadata_entries(&self) -> Vec<(String, String)> {
+        // SAFETY: a pure read of a live model.
+        let count = unsafe { sys::llama_model_meta_count(self.as_ptr()) };
+        (0..count)
+            .filter_map(|i| {
+                let key = read_string(|buf, len| {
+                    // SAFETY: `i < count`; `buf` is valid for `len` bytes.
+                    unsafe { sys::llama_model_meta_key_by_index(self.as_ptr(), i, buf, len) }
+                })?;
+                let value = read_string(|buf, len| {
+                    // SAFETY: as above.
+                    unsafe { sys::llama_model_meta_val_str_by_index(self.as_ptr(), i, buf, len) }
+                })?;
+                Some((key, value))
+            })
+            .collect()
+    }
+
+    /// The model's chat template (`name` `None` for the default one), as
+    /// stored in its metadata.
+    #[doc(alias = "llama_model_chat_template")]
+    pub fn chat_template(&self, name: Option<&str>) -> Option<&str> {
+        let name = match name {
+            Some(n) => Some(CString::new(n).ok()?),
+            None => None,
+        };
+        let name_ptr = name.as_ref().map_or(std::ptr::null(), |n| n.as_ptr());
+        // SAFETY: `name_ptr` is NULL or NUL-terminated. The result points
+        // into the model's metadata (or a static string) and lives as long
+        // as the model, which `&self` outlives.
+        let ptr = unsafe { sys::llama_model_chat_template(self.as_ptr(), name_ptr) };
+        if ptr.is_null() {
+            return None;
+        }
+        // SAFETY: non-null, NUL-terminated, lives as long as `self`.
+        unsafe { CStr::from_ptr(ptr) }.to_str().ok()
+    }
+
+    /// Whether the model has an encoder (T5-like).
+    #[doc(alias = "llama_model_has_encoder")]
+    pub fn has_encoder(&self) -> bool {
+        // SAFETY: a pure read of a live model.
+        unsafe { sys::llama_model_has_encoder(self.as_ptr()) }
+    }
+
+    /// Whether the model has a decoder.
+    #[doc(alias = "llama_model_has_decoder")]
+    pub fn has_decoder(&self) -> bool {
+        // SAFETY: a pure read of a live model.
+        unsafe { sys::llama_model_has_decoder(self.as_ptr()) }
+    }
+
+    /// The token that starts decoding in encoder-decoder models.
+    #[doc(alias = "llama_model_decoder_start_token")]
+    pub fn decoder_start_token(&self) -> Option<crate::Token> {
+        // SAFETY: a pure read of a live model.
+        let t = unsafe { sys::llama_model_decoder_start_token(self.as_ptr()) };
+        (t >= 0).then_some(crate::Token(t))
+    }
+
+    /// Whether the model is recurrent (Mamba, RWKV, …).
+    #[doc(alias = "llama_model_is_recurrent")]
+    pub fn is_recurrent(&self) -> bool {
+        // SAFETY: a pure read of a live model.
+        unsafe { sys::llama_model_is_recurrent(self.as_ptr()) }
+    }
+
+    /// Whether the model mixes attention and recurrent layers.
+    #[doc(alias = "llama_model_is_hybrid")]
+    pub fn is_hybrid(&self) -> bool {
+        // SAFETY: a pure read of a live model.
+        unsafe { sys::llama_model_is_hybrid(self.as_ptr()) }
+    }
+
+    /// Whether the model is a diffusion model.
+    #[doc(alias = "llama_model_is_diffusion")]
+    pub fn is_diffusion(&self) -> bool {
+        // SAFETY: a pure read of a live model.
+        unsafe { sys::llama_model_is_diffusion(self.as_ptr()) }
+    }
+
+    /// Writes the model to a GGUF file. The file appears under its name only
+    /// once it is complete.
+    ///
+    /// # Errors
+    /// [`Error::Exception`] if llama.cpp throws, [`Error::Io`] if the file
+    /// cannot be moved into place.
+    #[doc(alias = "llama_model_save_to_file")]
+    pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
+        let path = path.as_ref();
+        let temp = temp_sibling(path);
+        let c_temp = path_to_cstring(&temp)?;
+        // SAFETY: a live model and a NUL-terminated path; the shim catches
+        // exceptions.
+        let code = unsafe { sys::shim::llama_rs_model_save_to_file(self.as_ptr(), c_temp.as_ptr()) };
+        if let Err(e) = crate::error::check_shim(code, "llama_model_save_to_file") {
+            let _ = std::fs::remove_file(&temp);
+            return Err(e);
+        }
+        std::fs::rename(&temp, path).map_err(|e| {
+            let _ = std::fs::remove_file(&temp);
+            Error::io(path, e)
+        })
+    }
+}
+
+impl Drop for Model {
+    fn drop(&mut self) {
+        // SAFETY: we own the model; no context or adapter can outlive it
+        // (they borrow it), so nothing uses the pointer after this.
+        unsafe { sys::llama_model_free(self.ptr.as_ptr()) }
+    }
+}
+
+/// A name beside `path` for writing before an atomic rename.
+pub(crate) fn temp_sibling(path: &Path) -> PathBuf {
+    let mut name = path.file_name().map(|n| n.to_os_string()).unwrap_or_default();
+    name.push(format!(".partial-{}", std::process::id()));
+    path.with_file_name(name)
+}
+
+fn build_overrides(list: &[(String, MetadataValue)]) -> Result<Vec<sys::llama_model_kv_override>> {
+    let mut out = Vec::with_capacity(list.len() + 1);
+    for (key, value) in list {
+        // SAFETY: an all-zero override is a valid value of this plain C struct.
+        let mut o: sys::llama_model_kv_override = unsafe { std::mem::zeroed() };
+        copy_c_string(&mut o.key, key, "metadata override key")?;
+        use sys::llama_model_kv_override_type as t;
+        match value {
+            MetadataValue::Int(v) => {
+                o.tag = t::LLAMA_KV_OVERRIDE_TYPE_INT;
+                o.__bindgen_anon_1.val_i64 = *v;
+            }
+            MetadataValue::Float(v) => {
+                o.tag = t::LLAMA_KV_OVERRIDE_TYPE_FLOAT;
+                o.__bindgen_anon_1.val_f64 = *v;
+            }
+            MetadataValue::Bool(v) => {
+                o.tag = t::LLAMA_KV_OVERRIDE_TYPE_BOOL;
+                o.__bindgen_anon_1.val_bool = *v;
+            }
+            MetadataValue::Str(v) => {
+                o.tag = t::LLAMA_KV_OVERRIDE_TYPE_STR;
+                // SAFETY: writing the string member of the union; the tag
+                // says which member is live.
+                copy_c_string(unsafe { &mut o.__bindgen_anon_1.val_str }, v, "metadata override string")?;
+            }
+        }
+        out.push(o);
+    }
+    // The terminator: an entry whose key is empty.
+    // SAFETY: as above.
+    out.push(unsafe { std::mem::zeroed() });
+    Ok(out)
+}
+
+fn copy_c_string(dst: &mut [c_char], src: &str, what: &str) -> Result<()> {
+    if src.len() >= dst.len() || src.as_bytes().contains(&0) || src.is_empty() {
+        return Err(Error::InvalidArgument(format!(
+            "{what} `{src}` must be 1..{} bytes without NUL",
+            dst.len() - 1
+        )));
+    }
+    for (d, s) in dst.iter_mut().zip(src.bytes()) {
+        *d = s as c_char;
+    }
+    dst[src.len()] = 0;
+    Ok(())
+}
+
+/// Calls an snprintf-style function (returns the full length or a negative
+/// value), growing the buffer once if needed.
+pub(crate) fn read_string(mut f: impl FnMut(*mut c_char, usize) -> i32) -> Option<String> {
+    let mut buf = vec![0u8; 256];
+    for _ in 0..2 {
+        let n = f(buf.as_mut_ptr().cast(), buf.len());
+        if n < 0 {
+            return None;
+        }
+        let n = n as usize;
+        if n < buf.len() {
+            buf.truncate(n);
+            return Some(String::from_utf8_lossy(&buf).into_owned());
+        }
+        buf.resize(n + 1, 0);
+    }
+    None
+}

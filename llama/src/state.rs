@@ -1,0 +1,233 @@
+//! Saving and restoring the KV cache of a [`Context`], whole or per
+//! sequence, to bytes or files.
+//!
+//! Saved state holds the KV cache only, **not the logits** of the last
+//! decode. After a restore, decode the last token again before sampling:
+//! [`Context::redecode_last`] does exactly that.
+
+use std::path::Path;
+
+use crate::batch::{Batch, SeqId};
+use crate::context::Context;
+use crate::error::{Error, Result};
+use crate::model::{path_to_cstring, temp_sibling};
+use crate::sys;
+use crate::vocab::Token;
+
+/// Writes a file through `write(temp)` and renames it into place, so a
+/// failure never leaves a half-written file under `path`.
+fn write_atomically(path: &Path, write: impl FnOnce(&std::ffi::CStr) -> bool, what: &str) -> Result<()> {
+    let temp = temp_sibling(path);
+    let c_temp = path_to_cstring(&temp)?;
+    if !write(&c_temp) {
+        let _ = std::fs::remove_file(&temp);
+        return Err(Error::State(format!("llama.cpp could not write the {what} to {}", path.display())));
+    }
+    std::fs::rename(&temp, path).map_err(|e| {
+        let _ = std::fs::remove_file(&temp);
+        Error::io(path, e)
+    })
+}
+
+fn check_readable(path: &Path) -> Result<std::ffi::CString> {
+    let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
+    if !meta.is_file() {
+        return Err(Error::State(format!("{} is not a file", path.display())));
+    }
+    path_to_cstring(path)
+}
+
+impl Context<'_> {
+    /// The size in bytes of the whole state right now.
+    #[doc(alias = "llama_state_get_size")]
+    pub fn state_size(&mut self) -> usize {
+        // SAFETY: a live context we hold exclusively.
+        unsafe { sys::llama_state_get_size(self.as_ptr()) }
+    }
+
+    /// The whole state (every sequence's KV cache) as bytes.
+    ///
+    /// # Errors
+    /// [`Error::State`] if llama.cpp fails to serialise it.
+    #[doc(alias = "llama_state_get_data")]
+    pub fn save_state(&mut self) -> Result<Vec<u8>> {
+        let size = self.state_size();
+        let mut buf = vec![0u8; size];
+        // SAFETY: `buf` has `size` writable bytes.
+        let written = unsafe { sys::llama_state_get_data(self.as_ptr(), buf.as_mut_ptr(), size) };
+        if written == 0 && size != 0 {
+            return Err(Error::State("llama_state_get_data failed".into()));
+        }
+        buf.truncate(written);
+        Ok(buf)
+    }
+
+    /// Restores a state saved by [`Context::save_state`]. The logits are not
+    /// restored.
+    ///
+    /// # Errors
+    /// [`Error::State`] when the bytes do not fit this context (another
+    /// model, KV type or size, or corrupt data).
+    #[doc(alias = "llama_state_set_data")]
+    pub fn load_state(&mut self, data: &[u8]) -> Result<()> {
+        self.invalidate_outputs();
+        // SAFETY: `data` is readable for its length; llama.cpp validates the
+        // content and catches its own exceptions.
+        let read = unsafe { sys::llama_state_set_data(self.as_ptr(), data.as_ptr(), data.len()) };
+        if read == 0 {
+            return Err(Error::State("the state does not fit this context (model or configuration differ, or the data is corrupt)".into()));
+        }
+        Ok(())
+    }
+
+    /// Saves the whole state and `tokens` (the tokens it holds) to a file.
+    ///
+    /// # Errors
+    /// [`Error::State`] or [`Error::Io`]; no partial file is left behind.
+    #[doc(alias = "llama_state_save_file")]
+    pub fn save_state_file(&mut self, path: impl AsRef<Path>, tokens: &[Token]) -> Result<()> {
+        let ctx = self.as_ptr();
+        write_atomically(
+            path.as_ref(),
+            // SAFETY: a NUL-terminated path and `tokens.len()` readable
+            // tokens (`Token` is a transparent i32).
+            |c_path| unsafe { sys::llama_state_save_file(ctx, c_path.as_ptr(), tokens.as_ptr().cast(), tokens.len()) },
+            "state",
+        )
+    }
+
+    /// Restores a state file written by [`Context::save_state_file`] and
+    /// returns the tokens saved with it.
+    ///
+    /// # Errors
+    /// [`Error::Io`] if the file cannot be read, [`Error::State`] if it does
+    /// not fit this context.
+    #[doc(alias = "llama_state_load_file")]
+    pub fn load_state_file(&mut self, path: impl AsRef<Path>) -> Result<Vec<Token>> {
+        let path = path.as_ref();
+        let c_path = check_readable(path)?;
+        self.invalidate_outputs();
+        let mut tokens = vec![Token(0); self.n_ctx() as usize];
+        let mut count = 0usize;
+        // SAFETY: a NUL-terminated path; `tokens` has room for its length.
+        let ok = unsafe {
+            sys::llama_state_load_file(self.as_ptr(), c_path.as_ptr(), tokens.as_mut_ptr().cast(), tokens.len(), &mut count)
+        };
+        if !ok {
+            return Err(Error::State(format!("{} is not a state of this model and configuration", path.display())));
+        }
+        tokens.truncate(count);
+        Ok(tokens)
+    }
+
+    /// The KV cache of one sequence as bytes.
+    ///
+    /// # Errors
+    /// [`Error::InvalidSeqId`]; [`Error::State`] if serialising fails.
+    #[doc(alias = "llama_state_seq_get_data")]
+    pub fn save_seq_state(&mut self, seq: SeqId) -> Result<Vec<u8>> {
+        self.check_seq(seq)?;
+        // SAFETY: a valid sequence id.
+        let size = unsafe { sys::llama_state_seq_get_size(self.as_ptr(), seq) };
+        let mut buf = vec![0u8; size];
+        // SAFETY: `buf` has `size` writable bytes; a valid sequence id.
+        let written = unsafe { sys::llama_state_seq_get_data(self.as_ptr(), buf.as_mut_ptr(), size, seq) };
+        if written == 0 && size != 0 {
+            return Err(Error::State("llama_state_seq_get_data failed".into()));
+        }
+        buf.truncate(written);
+        Ok(buf)
+    }
+
+    /// Restores bytes from [`Context::save_seq_state`] into sequence `dest`
+    /// (which may differ from the one saved).
+    ///
+    /// # Errors
+    /// [`Error::InvalidSeqId`]; [`Error::State`] when the data does not fit.
+    #[doc(alias = "llama_state_seq_set_data")]
+    pub fn load_seq_state(&mut self, data: &[u8], dest: SeqId) -> Result<()> {
+        self.check_seq(dest)?;
+        self.invalidate_outputs();
+        let mut read = 0usize;
+        // SAFETY: readable bytes, a valid destination, host-memory flags
+        // only (ON_DEVICE is never passed); the shim catches exceptions.
+        let code = unsafe {
+            sys::shim::llama_rs_state_seq_set_data_ext(self.as_ptr(), data.as_ptr(), data.len(), dest, 0, &mut read)
+        };
+        crate::error::check_shim(code, "llama_state_seq_set_data")?;
+        if read == 0 {
+            return Err(Error::State("the sequence state does not fit this context".into()));
+        }
+        Ok(())
+    }
+
+    /// Saves one sequence and its `tokens` to a file.
+    ///
+    /// # Errors
+    /// [`Error::InvalidSeqId`], [`Error::State`] or [`Error::Io`]; no
+    /// partial file is left behind.
+    #[doc(alias = "llama_state_seq_save_file")]
+    pub fn save_seq_state_file(&mut self, path: impl AsRef<Path>, seq: SeqId, tokens: &[Token]) -> Result<()> {
+        self.check_seq(seq)?;
+        let ctx = self.as_ptr();
+        write_atomically(
+            path.as_ref(),
+            // SAFETY: a NUL-terminated path, a valid sequence id and
+            // `tokens.len()` readable tokens.
+            |c_path| unsafe {
+                sys::llama_state_seq_save_file(ctx, c_path.as_ptr(), seq, tokens.as_ptr().cast(), tokens.len()) != 0
+            },
+            "sequence state",
+        )
+    }
+
+    /// Restores a file from [`Context::save_seq_state_file`] into sequence
+    /// `dest` and returns its tokens.
+    ///
+    /// # Errors
+    /// [`Error::InvalidSeqId`], [`Error::Io`], or [`Error::State`] if it does
+    /// not fit this context.
+    #[doc(alias = "llama_state_seq_load_file")]
+    pub fn load_seq_state_file(&mut self, path: impl AsRef<Path>, dest: SeqId) -> Result<Vec<Token>> {
+        self.check_seq(dest)?;
+        let path = path.as_ref();
+        let c_path = check_readable(path)?;
+        self.invalidate_outputs();
+        let mut tokens = vec![Token(0); self.n_ctx() as usize];
+        let mut count = 0usize;
+        // SAFETY: a NUL-terminated path, a valid sequence, and room for
+        // `tokens.len()` tokens.
+        let read = unsafe {
+            sys::llama_state_seq_load_file(
+                self.as_ptr(),
+                c_path.as_ptr(),
+                dest,
+                tokens.as_mut_ptr().cast(),
+                tokens.len(),
+                &mut count,
+            )
+        };
+        if read == 0 {
+            return Err(Error::State(format!("{} is not a sequence state of this model and configuration", path.display())));
+        }
+        tokens.truncate(count);
+        Ok(tokens)
+    }
+
+    /// After restoring a state whose sequence `seq` holds `tokens`, removes
+    /// the last token from the cache and decodes it again, so that its
+    /// logits are available at index 0 (or -1) for sampling.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for an empty `tokens`; decode errors.
+    pub fn redecode_last(&mut self, tokens: &[Token], seq: SeqId) -> Result<()> {
+        let Some(&last) = tokens.last() else {
+            return Err(Error::InvalidArgument("redecode_last needs at least one token".into()));
+        };
+        let pos = (tokens.len() - 1) as i32;
+        self.seq_rm(Some(seq), Some(pos), None)?;
+        let mut batch = Batch::new(1, 1);
+        batch.push(last, pos, &[seq], true)?;
+        self.decode(&batch)
+    }
+}

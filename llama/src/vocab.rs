@@ -1,0 +1,462 @@
+//! Tokens, the vocabulary, tokenizing and detokenizing.
+
+use std::ffi::CStr;
+use std::fmt;
+use std::ptr::NonNull;
+
+use crate::error::{Error, Result, check_shim};
+use crate::sys;
+
+/// A token id. Valid ids are `0..vocab.n_tokens()`; every call that takes a
+/// `Token` checks that before llama.cpp sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+#[repr(transparent)]
+pub struct Token(pub i32);
+
+impl fmt::Display for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// The attribute bits of a token (`LLAMA_TOKEN_ATTR_*`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct TokenAttrs(pub u32);
+
+impl TokenAttrs {
+    /// Unknown token.
+    pub const UNKNOWN: TokenAttrs = TokenAttrs(sys::llama_token_attr::LLAMA_TOKEN_ATTR_UNKNOWN);
+    /// Unused slot.
+    pub const UNUSED: TokenAttrs = TokenAttrs(sys::llama_token_attr::LLAMA_TOKEN_ATTR_UNUSED);
+    /// Ordinary text.
+    pub const NORMAL: TokenAttrs = TokenAttrs(sys::llama_token_attr::LLAMA_TOKEN_ATTR_NORMAL);
+    /// Control token (BOS, EOS, chat markers, …).
+    pub const CONTROL: TokenAttrs = TokenAttrs(sys::llama_token_attr::LLAMA_TOKEN_ATTR_CONTROL);
+    /// User-defined token.
+    pub const USER_DEFINED: TokenAttrs = TokenAttrs(sys::llama_token_attr::LLAMA_TOKEN_ATTR_USER_DEFINED);
+    /// A raw byte (`<0xNN>`).
+    pub const BYTE: TokenAttrs = TokenAttrs(sys::llama_token_attr::LLAMA_TOKEN_ATTR_BYTE);
+
+    /// Whether every bit of `other` is set.
+    pub fn contains(self, other: TokenAttrs) -> bool {
+        self.0 & other.0 == other.0 && other.0 != 0
+    }
+}
+
+/// A model's vocabulary: tokenizer, detokenizer and special tokens.
+///
+/// Borrowed from its [`Model`](crate::Model) with [`Model::vocab`](crate::Model::vocab).
+/// Tokenizing is thread-safe (documented by llama.cpp), so `&Vocab` can be
+/// used from many threads.
+pub struct Vocab {
+    ptr: NonNull<sys::llama_vocab>,
+    n_tokens: i32,
+    has_vocab: bool,
+}
+
+// SAFETY: the vocab is read-only after load; tokenize, detokenize and
+// token_to_piece are documented thread-safe in llama.h, the other getters
+// are pure reads (llama-cpp-c-api.md §1.3, §1.17). It lives inside `Model`,
+// whose Send/Sync reasoning covers the pointer's lifetime.
+unsafe impl Send for Vocab {}
+// SAFETY: see `Send` above.
+unsafe impl Sync for Vocab {}
+
+impl fmt::Debug for Vocab {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Vocab").field("n_tokens", &self.n_tokens).finish()
+    }
+}
+
+macro_rules! special_tokens {
+    ($($(#[$doc:meta])* $name:ident => $func:ident;)*) => {$(
+        $(#[$doc])*
+        #[doc = concat!("\n\nWraps `", stringify!($func), "`; `None` when the model has none.")]
+        pub fn $name(&self) -> Option<Token> {
+            // SAFETY: a pure read of the live vocab; returns -1 when absent.
+            let t = unsafe { sys::$func(self.ptr.as_ptr()) };
+            (t >= 0 && t < self.n_tokens).then_some(Token(t))
+        }
+    )*};
+}
+
+impl Vocab {
+    /// # Safety
+    /// `ptr` must be the vocab of a model that outlives the returned value.
+    pub(crate) unsafe fn from_raw(ptr: *const sys::llama_vocab) -> Vocab {
+        let ptr = NonNull::new(ptr.cast_mut()).expect("llama_model_get_vocab never returns NULL");
+        // SAFETY: `ptr` is a live vocab (caller's contract).
+        let (n_tokens, kind) = unsafe { (sys::llama_vocab_n_tokens(ptr.as_ptr()), sys::llama_vocab_type(ptr.as_ptr())) };
+        Vocab { ptr, n_tokens, has_vocab: kind != sys::llama_vocab_type::LLAMA_VOCAB_TYPE_NONE }
+    }
+
+    /// The raw pointer, for calls this crate does not wrap.
+    pub fn as_ptr(&self) -> *const sys::llama_vocab {
+        self.ptr.as_ptr()
+    }
+
+    /// The number of tokens.
+    #[doc(alias = "llama_vocab_n_tokens")]
+    pub fn n_tokens(&self) -> usize {
+        self.n_tokens.max(0) as usize
+    }
+
+    /// `Ok(token)` if it is inside the vocabulary.
+    ///
+    /// # Errors
+    /// [`Error::InvalidToken`] otherwise.
+    pub fn check(&self, token: Token) -> Result<Token> {
+        if token.0 >= 0 && token.0 < self.n_tokens {
+            Ok(token)
+        } else {
+            Err(Error::InvalidToken { token: token.0, n_vocab: self.n_tokens })
+        }
+    }
+
+    fn check_with_text(&self, token: Token) -> Result<Token> {
+        if !self.has_vocab {
+            return Err(Error::InvalidArgument("the model has no vocabulary".into()));
+        }
+        self.check(token)
+    }
+
+    /// Tokenizes `text`. Control tokens written in the text (such as
+    /// `<start_of_turn>`) are treated as plain text, so untrusted input
+    /// cannot inject them; use [`Vocab::tokenize_special`] for trusted
+    /// templates. `add_bos` adds the model's start token(s) when the model
+    /// asks for them.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for text over 2 GiB.
+    #[doc(alias = "llama_tokenize")]
+    pub fn tokenize(&self, text: &str, add_bos: bool) -> Result<Vec<Token>> {
+        let mut out = Vec::new();
+        self.tokenize_into(text, add_bos, false, &mut out)?;
+        Ok(out)
+    }
+
+    /// Tokenizes `text`, turning control-token text like `<start_of_turn>`
+    /// into the control tokens. Only for trusted text.
+    ///
+    /// # Errors
+    /// As [`Vocab::tokenize`].
+    pub fn tokenize_special(&self, text: &str, add_bos: bool) -> Result<Vec<Token>> {
+        let mut out = Vec::new();
+        self.tokenize_into(text, add_bos, true, &mut out)?;
+        Ok(out)
+    }
+
+    /// Tokenizes `text`, replacing the contents of `out` (its allocation is
+    /// reused).
+    ///
+    /// # Errors
+    /// As [`Vocab::tokenize`].
+    pub fn tokenize_into(&self, text: &str, add_bos: bool, parse_special: bool, out: &mut Vec<Token>) -> Result<()> {
+        let len = i32::try_from(text.len()).map_err(|_| Error::InvalidArgument("text longer than 2 GiB".into()))?;
+        out.clear();
+        // A token covers at least one byte, plus BOS/EOS.
+        let mut capacity = text.len() + 2;
+        loop {
+            out.reserve(capacity);
+            let cap = i32::try_from(out.capacity()).unwrap_or(i32::MAX);
+            let mut n = 0;
+            // SAFETY: `text` is valid for `len` bytes (no NUL needed);
+            // `out` has room for `cap` tokens, and `Token` is a
+            // `repr(transparent)` i32 like `llama_token`.
+            let code = unsafe {
+                sys::shim::llama_rs_tokenize(
+                    self.as_ptr(),
+                    text.as_ptr().cast(),
+                    len,
+                    out.as_mut_ptr().cast(),
+                    cap,
+                    add_bos,
+                    parse_special,
+                    &mut n,
+                )
+            };
+            check_shim(code, "llama_tokenize")?;
+            if n >= 0 {
+                // SAFETY: llama.cpp wrote `n <= cap` tokens.
+                unsafe { out.set_len(n as usize) };
+                return Ok(());
+            }
+            if n == i32::MIN {
+                return Err(Error::InvalidArgument("tokenization overflowed i32".into()));
+            }
+            capacity = (-n) as usize;
+        }
+    }
+
+    /// The bytes a token stands for. They can be part of a UTF-8 character
+    /// (byte tokens); use [`Detokenizer`] to stream text. With
+    /// `special = false`, control tokens give no bytes.
+    ///
+    /// # Errors
+    /// [`Error::InvalidToken`] for an id outside the vocabulary.
+    #[doc(alias = "llama_token_to_piece")]
+    pub fn token_to_piece(&self, token: Token, special: bool) -> Result<Vec<u8>> {
+        let mut out = Vec::new();
+        self.append_piece(token, special, &mut out)?;
+        Ok(out)
+    }
+
+    /// Appends the bytes of `token` to `out` without clearing it.
+    ///
+    /// # Errors
+    /// As [`Vocab::token_to_piece`].
+    pub fn append_piece(&self, token: Token, special: bool, out: &mut Vec<u8>) -> Result<()> {
+        self.check_with_text(token)?;
+        let start = out.len();
+        let mut room = 32usize;
+        loop {
+            out.resize(start + room, 0);
+            let mut n = 0;
+            // SAFETY: the token is in range; `out[start..]` has `room`
+            // writable bytes; the shim catches exceptions.
+            let code = unsafe {
+                sys::shim::llama_rs_token_to_piece(
+                    self.as_ptr(),
+                    token.0,
+                    out.as_mut_ptr().add(start).cast(),
+                    room as i32,
+                    0,
+                    special,
+                    &mut n,
+                )
+            };
+            if let Err(e) = check_shim(code, "llama_token_to_piece") {
+                out.truncate(start);
+                return Err(e);
+            }
+            if n >= 0 {
+                out.truncate(start + n as usize);
+                return Ok(());
+            }
+            room = (-n) as usize;
+        }
+    }
+
+    /// Turns tokens back into text (invalid UTF-8 becomes U+FFFD).
+    /// `remove_special` drops BOS/EOS; `unparse_special` renders control
+    /// tokens as their text.
+    ///
+    /// # Errors
+    /// [`Error::InvalidToken`] for an id outside the vocabulary.
+    #[doc(alias = "llama_detokenize")]
+    pub fn detokenize(&self, tokens: &[Token], remove_special: bool, unparse_special: bool) -> Result<String> {
+        for &t in tokens {
+            self.check_with_text(t)?;
+        }
+        let n_tokens = i32::try_from(tokens.len()).map_err(|_| Error::InvalidArgument("too many tokens".into()))?;
+        let mut buf = vec![0u8; tokens.len() * 8 + 16];
+        loop {
+            let cap = i32::try_from(buf.len()).unwrap_or(i32::MAX);
+            let mut n = 0;
+            // SAFETY: all tokens are in range; `buf` has `cap` writable bytes.
+            let code = unsafe {
+                sys::shim::llama_rs_detokenize(
+                    self.as_ptr(),
+                    tokens.as_ptr().cast(),
+                    n_tokens,
+                    buf.as_mut_ptr().cast(),
+                    cap,
+                    remove_special,
+                    unparse_special,
+                    &mut n,
+                )
+            };
+            check_shim(code, "llama_detokenize")?;
+            if n >= 0 {
+                buf.truncate(n as usize);
+                return Ok(String::from_utf8_lossy(&buf).into_owned());
+            }
+            buf.resize((-n) as usize, 0);
+        }
+    }
+
+    /// The stored text of a token (e.g. `▁the`, `<0x0A>`).
+    ///
+    /// # Errors
+    /// [`Error::InvalidToken`] for an id outside the vocabulary.
+    #[doc(alias = "llama_vocab_get_text")]
+    pub fn text(&self, token: Token) -> Result<&str> {
+        self.check_with_text(token)?;
+        let mut ptr = std::ptr::null();
+        // SAFETY: the token is in range; the shim catches exceptions.
+        let code = unsafe { sys::shim::llama_rs_vocab_get_text(self.as_ptr(), token.0, &mut ptr) };
+        check_shim(code, "llama_vocab_get_text")?;
+        if ptr.is_null() {
+            return Ok("");
+        }
+        // SAFETY: the string lives in the vocab, which outlives `&self`.
+        Ok(unsafe { CStr::from_ptr(ptr) }.to_str().unwrap_or(""))
+    }
+
+    /// The token's score (SentencePiece log-probability).
+    ///
+    /// # Errors
+    /// [`Error::InvalidToken`] for an id outside the vocabulary.
+    #[doc(alias = "llama_vocab_get_score")]
+    pub fn score(&self, token: Token) -> Result<f32> {
+        self.check_with_text(token)?;
+        let mut score = 0.0;
+        // SAFETY: the token is in range; the shim catches exceptions.
+        let code = unsafe { sys::shim::llama_rs_vocab_get_score(self.as_ptr(), token.0, &mut score) };
+        check_shim(code, "llama_vocab_get_score")?;
+        Ok(score)
+    }
+
+    /// The token's attribute bits.
+    ///
+    /// # Errors
+    /// [`Error::InvalidToken`] for an id outside the vocabulary.
+    #[doc(alias = "llama_vocab_get_attr")]
+    pub fn attrs(&self, token: Token) -> Result<TokenAttrs> {
+        self.check_with_text(token)?;
+        let mut attr = 0;
+        // SAFETY: the token is in range; the shim catches exceptions.
+        let code = unsafe { sys::shim::llama_rs_vocab_get_attr(self.as_ptr(), token.0, &mut attr) };
+        check_shim(code, "llama_vocab_get_attr")?;
+        Ok(TokenAttrs(attr))
+    }
+
+    /// Whether the token ends generation (EOS, EOT, …). False for ids
+    /// outside the vocabulary.
+    #[doc(alias = "llama_vocab_is_eog")]
+    pub fn is_eog(&self, token: Token) -> bool {
+        // SAFETY: is_eog looks the id up in a set; any id is safe.
+        self.check(token).is_ok() && unsafe { sys::llama_vocab_is_eog(self.as_ptr(), token.0) }
+    }
+
+    /// Whether the token is a control token. False for ids outside the
+    /// vocabulary.
+    #[doc(alias = "llama_vocab_is_control")]
+    pub fn is_control(&self, token: Token) -> bool {
+        // SAFETY: the id is checked first; is_control reads its attribute.
+        self.check_with_text(token).is_ok() && unsafe { sys::llama_vocab_is_control(self.as_ptr(), token.0) }
+    }
+
+    /// Whether tokenizing with `add_bos` adds a start token.
+    #[doc(alias = "llama_vocab_get_add_bos")]
+    pub fn adds_bos(&self) -> bool {
+        // SAFETY: a pure read of the live vocab.
+        unsafe { sys::llama_vocab_get_add_bos(self.as_ptr()) }
+    }
+
+    /// Whether tokenizing with `add_bos` also appends an end token.
+    #[doc(alias = "llama_vocab_get_add_eos")]
+    pub fn adds_eos(&self) -> bool {
+        // SAFETY: a pure read of the live vocab.
+        unsafe { sys::llama_vocab_get_add_eos(self.as_ptr()) }
+    }
+
+    special_tokens! {
+        /// The beginning-of-sequence token.
+        bos => llama_vocab_bos;
+        /// The end-of-sequence token.
+        eos => llama_vocab_eos;
+        /// The end-of-turn token.
+        eot => llama_vocab_eot;
+        /// The sentence separator.
+        sep => llama_vocab_sep;
+        /// The newline token.
+        nl => llama_vocab_nl;
+        /// The padding token.
+        pad => llama_vocab_pad;
+        /// The mask token.
+        mask => llama_vocab_mask;
+        /// Fill-in-the-middle: prefix marker.
+        fim_pre => llama_vocab_fim_pre;
+        /// Fill-in-the-middle: suffix marker.
+        fim_suf => llama_vocab_fim_suf;
+        /// Fill-in-the-middle: middle marker.
+        fim_mid => llama_vocab_fim_mid;
+        /// Fill-in-the-middle: padding.
+        fim_pad => llama_vocab_fim_pad;
+        /// Fill-in-the-middle: repository marker.
+        fim_rep => llama_vocab_fim_rep;
+        /// Fill-in-the-middle: file separator.
+        fim_sep => llama_vocab_fim_sep;
+    }
+}
+
+/// Turns a stream of tokens into text without ever splitting a UTF-8
+/// character: bytes of an unfinished character are held back until the
+/// token that completes it arrives.
+#[derive(Debug)]
+pub struct Detokenizer<'v> {
+    vocab: &'v Vocab,
+    pending: Vec<u8>,
+    special: bool,
+}
+
+impl<'v> Detokenizer<'v> {
+    /// A detokenizer that renders control tokens as text if `special`.
+    pub fn new(vocab: &'v Vocab, special: bool) -> Self {
+        Detokenizer { vocab, pending: Vec::with_capacity(16), special }
+    }
+
+    /// Adds a token and appends the text that is now complete to `out`.
+    /// Invalid byte sequences become U+FFFD.
+    ///
+    /// # Errors
+    /// [`Error::InvalidToken`] for an id outside the vocabulary.
+    pub fn push(&mut self, token: Token, out: &mut String) -> Result<()> {
+        self.vocab.append_piece(token, self.special, &mut self.pending)?;
+        self.drain_complete(out);
+        Ok(())
+    }
+
+    /// Adds a token and returns the text that is now complete (possibly
+    /// empty).
+    ///
+    /// # Errors
+    /// As [`Detokenizer::push`].
+    pub fn push_str(&mut self, token: Token) -> Result<String> {
+        let mut out = String::new();
+        self.push(token, &mut out)?;
+        Ok(out)
+    }
+
+    /// Bytes held back because they do not finish a character yet.
+    pub fn pending(&self) -> &[u8] {
+        &self.pending
+    }
+
+    /// Flushes what is held back, replacing an unfinished character with U+FFFD.
+    pub fn finish(&mut self) -> String {
+        let text = String::from_utf8_lossy(&self.pending).into_owned();
+        self.pending.clear();
+        text
+    }
+
+    fn drain_complete(&mut self, out: &mut String) {
+        let mut consumed = 0;
+        loop {
+            match std::str::from_utf8(&self.pending[consumed..]) {
+                Ok(s) => {
+                    out.push_str(s);
+                    consumed = self.pending.len();
+                    break;
+                }
+                Err(e) => {
+                    let valid = e.valid_up_to();
+                    // SAFETY-free: from_utf8 just said these bytes are valid.
+                    out.push_str(std::str::from_utf8(&self.pending[consumed..consumed + valid]).unwrap_or_default());
+                    consumed += valid;
+                    match e.error_len() {
+                        // An invalid sequence: replace it and go on.
+                        Some(bad) => {
+                            out.push(char::REPLACEMENT_CHARACTER);
+                            consumed += bad;
+                        }
+                        // An unfinished character at the end: keep it.
+                        None => break,
+                    }
+                }
+            }
+        }
+        self.pending.drain(..consumed);
+    }
+}
