@@ -101,12 +101,10 @@ fn compile_shim(llama_root: &Path) {
 
 fn link(features: &Features, target: &Target, lib_dir: &Path) {
     println!("cargo:rustc-link-search=native={}", lib_dir.display());
-    if features.cuda {
-        if let Some(cuda) = env::var("CUDA_PATH") {
-            let cuda = PathBuf::from(cuda);
-            println!("cargo:rustc-link-search=native={}", cuda.join("lib64").display());
-            println!("cargo:rustc-link-search=native={}", cuda.join("lib64").join("stubs").display());
-        }
+    if let Some(cuda) = features.cuda.then(|| env::var("CUDA_PATH")).flatten() {
+        let cuda = PathBuf::from(cuda);
+        println!("cargo:rustc-link-search=native={}", cuda.join("lib64").display());
+        println!("cargo:rustc-link-search=native={}", cuda.join("lib64").join("stubs").display());
     }
     for lib in features::link_libs(features, target) {
         match lib {

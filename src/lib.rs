@@ -1,1 +1,6 @@
-//! Examples, integration tests and benchmarks of the `llama` crates live beside this file.
+//! Support code shared by the examples, integration tests and benchmarks at
+//! the repository root: the default model fetcher and the synthetic test
+//! model writer. Not published.
+
+pub mod model_cache;
+pub mod synthetic;

@@ -55,11 +55,7 @@ fn fetch_wheel(cache_dir: &Path) {
         .find(|p| p.extension().is_some_and(|x| x == "whl"))
         .unwrap_or_else(|| fail("pip downloaded no cmake wheel for this platform. Install cmake or set CMAKE."));
     let staging = download.join("unpacked");
-    let status = Command::new(env::python())
-        .args(["-m", "zipfile", "-e"])
-        .arg(&wheel)
-        .arg(&staging)
-        .status();
+    let status = Command::new(env::python()).args(["-m", "zipfile", "-e"]).arg(&wheel).arg(&staging).status();
     if !status.is_ok_and(|s| s.success()) {
         fail(&format!("cannot unzip {}", wheel.display()));
     }

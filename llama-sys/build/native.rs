@@ -22,9 +22,9 @@ pub struct Install {
 pub fn build(src: &Source, f: &Features, t: &Target, cmake: &Path, build_root: &Path) -> Install {
     let build_type = match env::var("LLAMA_SYS_BUILD_TYPE") {
         Some(b) if ["Release", "Debug", "RelWithDebInfo", "MinSizeRel"].contains(&b.as_str()) => b,
-        Some(b) => source::fail(&format!(
-            "LLAMA_SYS_BUILD_TYPE={b} is not one of Release, Debug, RelWithDebInfo, MinSizeRel"
-        )),
+        Some(b) => {
+            source::fail(&format!("LLAMA_SYS_BUILD_TYPE={b} is not one of Release, Debug, RelWithDebInfo, MinSizeRel"))
+        }
         None => "Release".to_owned(),
     };
     let options = Options {
@@ -71,7 +71,9 @@ pub fn build(src: &Source, f: &Features, t: &Target, cmake: &Path, build_root: &
 /// `LLAMA_SYS_CMAKE_DEFINES="GGML_AVX512=OFF;CMAKE_CUDA_COMPILER=/opt/cuda/bin/nvcc"`:
 /// extra `CMAKE_*`, `GGML_*` and `LLAMA_*` defines, applied after ours.
 fn user_defines() -> Vec<(String, String)> {
-    let Some(raw) = env::var("LLAMA_SYS_CMAKE_DEFINES") else { return Vec::new() };
+    let Some(raw) = env::var("LLAMA_SYS_CMAKE_DEFINES") else {
+        return Vec::new();
+    };
     raw.split([';', '\n'])
         .map(str::trim)
         .filter(|s| !s.is_empty())
@@ -81,9 +83,7 @@ fn user_defines() -> Vec<(String, String)> {
                 source::fail(&format!("LLAMA_SYS_CMAKE_DEFINES: `{item}` is not KEY=VALUE"))
             };
             if !["CMAKE_", "GGML_", "LLAMA_"].iter().any(|p| k.starts_with(p)) {
-                source::fail(&format!(
-                    "LLAMA_SYS_CMAKE_DEFINES: `{k}` does not start with CMAKE_, GGML_ or LLAMA_"
-                ));
+                source::fail(&format!("LLAMA_SYS_CMAKE_DEFINES: `{k}` does not start with CMAKE_, GGML_ or LLAMA_"));
             }
             (k.to_owned(), v.to_owned())
         })

@@ -58,7 +58,8 @@ fn is_populated(dir: &Path) -> bool {
 fn fetch_pinned(vendor_dir: &Path, download_dir: &Path) {
     let parent = vendor_dir.parent().expect("vendor dir has a parent");
     fs::create_dir_all(parent).unwrap_or_else(|e| fail(&format!("cannot create {}: {e}", parent.display())));
-    fs::create_dir_all(download_dir).unwrap_or_else(|e| fail(&format!("cannot create {}: {e}", download_dir.display())));
+    fs::create_dir_all(download_dir)
+        .unwrap_or_else(|e| fail(&format!("cannot create {}: {e}", download_dir.display())));
     let _lock = lock(&download_dir.join("fetch.lock"));
     if is_populated(vendor_dir) {
         return; // another build finished while we waited for the lock
@@ -66,11 +67,7 @@ fn fetch_pinned(vendor_dir: &Path, download_dir: &Path) {
     let tarball = download_dir.join(SDIST_FILE);
     if !tarball.is_file() || sha256_file(&tarball) != SDIST_SHA256 {
         println!("cargo:warning=llama-sys: fetching llama.cpp {} from PyPI ({SDIST_PACKAGE})", &PINNED_COMMIT[..7]);
-        pip_download(
-            &["--no-binary", "llama-cpp-python", SDIST_PACKAGE],
-            download_dir,
-            "the llama.cpp source",
-        );
+        pip_download(&["--no-binary", "llama-cpp-python", SDIST_PACKAGE], download_dir, "the llama.cpp source");
         let digest = sha256_file(&tarball);
         if digest != SDIST_SHA256 {
             let _ = fs::remove_file(&tarball);
@@ -112,7 +109,9 @@ fn extract(tarball: &Path, dest: &Path) {
     for entry in entries {
         let mut entry = entry.unwrap_or_else(|e| fail(&format!("corrupt archive {}: {e}", tarball.display())));
         let path = entry.path().unwrap().into_owned();
-        let Ok(rel) = path.strip_prefix(SDIST_PREFIX) else { continue };
+        let Ok(rel) = path.strip_prefix(SDIST_PREFIX) else {
+            continue;
+        };
         // Only plain relative names: no `..`, no absolute paths.
         if rel.as_os_str().is_empty() || !rel.components().all(|c| matches!(c, Component::Normal(_))) || !wanted(rel) {
             continue;
@@ -121,9 +120,7 @@ fn extract(tarball: &Path, dest: &Path) {
         if let Some(dir) = target.parent() {
             fs::create_dir_all(dir).unwrap();
         }
-        entry
-            .unpack(&target)
-            .unwrap_or_else(|e| fail(&format!("cannot extract {}: {e}", target.display())));
+        entry.unpack(&target).unwrap_or_else(|e| fail(&format!("cannot extract {}: {e}", target.display())));
     }
 }
 
@@ -138,8 +135,15 @@ pub fn pip_download(args: &[&str], dir: &Path, what: &str) {
         .status();
     match status {
         Ok(s) if s.success() => {}
-        Ok(s) => fail(&format!("`{python} -m pip download {}` failed ({s}) while fetching {what}. {}", args.join(" "), how_to_provide())),
-        Err(e) => fail(&format!("cannot run `{python}` to fetch {what} with pip: {e}. Install python3 with pip, or set PYTHON. {}", how_to_provide())),
+        Ok(s) => fail(&format!(
+            "`{python} -m pip download {}` failed ({s}) while fetching {what}. {}",
+            args.join(" "),
+            how_to_provide()
+        )),
+        Err(e) => fail(&format!(
+            "cannot run `{python}` to fetch {what} with pip: {e}. Install python3 with pip, or set PYTHON. {}",
+            how_to_provide()
+        )),
     }
 }
 

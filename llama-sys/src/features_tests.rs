@@ -13,7 +13,12 @@ fn macos() -> Target {
 }
 
 fn options() -> Options {
-    Options { build_type: "Release".into(), build_number: "0".into(), build_commit: "0c1e570".into(), ..Options::default() }
+    Options {
+        build_type: "Release".into(),
+        build_number: "0".into(),
+        build_commit: "0c1e570".into(),
+        ..Options::default()
+    }
 }
 
 fn define(defines: &[(&'static str, String)], key: &str) -> Option<String> {
@@ -102,10 +107,8 @@ fn openmp_with_clang_links_libomp() {
 #[test]
 fn portable_build_takes_cpu_features_from_the_target() {
     let f = Features { native: false, ..defaults() };
-    let t = Target {
-        cpu_features: ["sse4.2", "avx", "avx2", "fma", "f16c", "bmi2"].map(String::from).to_vec(),
-        ..linux()
-    };
+    let t =
+        Target { cpu_features: ["sse4.2", "avx", "avx2", "fma", "f16c", "bmi2"].map(String::from).to_vec(), ..linux() };
     let d = cmake_defines(&f, &t, &options());
     assert_eq!(define(&d, "GGML_NATIVE").as_deref(), Some("OFF"));
     for on in ["GGML_SSE42", "GGML_AVX", "GGML_AVX2", "GGML_FMA", "GGML_F16C", "GGML_BMI2"] {

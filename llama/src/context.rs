@@ -316,7 +316,11 @@ impl<'m> Context<'m> {
         backend::init();
         let p = params;
         if p.n_seq_max == 0 || p.n_seq_max > max_sequences() {
-            return Err(Error::InvalidArgument(format!("n_seq_max must be 1..={}, got {}", max_sequences(), p.n_seq_max)));
+            return Err(Error::InvalidArgument(format!(
+                "n_seq_max must be 1..={}, got {}",
+                max_sequences(),
+                p.n_seq_max
+            )));
         }
         if p.n_batch == 0 {
             return Err(Error::InvalidArgument("n_batch must be at least 1".into()));
@@ -644,11 +648,8 @@ impl<'m> Context<'m> {
     /// Maps a batch index (or a negative index counting outputs from the
     /// end, -1 being the last) to a valid argument for the `_ith` getters.
     pub(crate) fn output_index(&self, i: i32) -> Result<i32> {
-        let ok = if i >= 0 {
-            self.output_rows.get(i as usize).is_some_and(|&row| row >= 0)
-        } else {
-            -i <= self.n_outputs
-        };
+        let ok =
+            if i >= 0 { self.output_rows.get(i as usize).is_some_and(|&row| row >= 0) } else { -i <= self.n_outputs };
         if ok { Ok(i) } else { Err(Error::NoOutput(i)) }
     }
 

@@ -28,18 +28,29 @@
 
 pub use llama_sys as sys;
 
+mod adapter;
 mod backend;
 mod batch;
+mod chat;
 mod context;
 mod error;
 mod memory;
 mod model;
+mod sampler;
 mod state;
 mod vocab;
 
-pub use backend::{Device, DeviceKind, devices, init, supports_gpu_offload, supports_mlock, supports_mmap, supports_rpc, system_info, time_us};
+pub use adapter::LoraAdapter;
+pub use backend::{
+    Device, DeviceKind, devices, init, supports_gpu_offload, supports_mlock, supports_mmap, supports_rpc, system_info,
+    time_us,
+};
 pub use batch::{Batch, Pos, SeqId};
-pub use context::{max_sequences, AbortHandle, Attention, Context, ContextParams, FlashAttention, KvType, PerfCounters, Pooling};
+pub use chat::{ChatMessage, apply_chat_template, builtin_chat_templates};
+pub use context::{
+    AbortHandle, Attention, Context, ContextParams, FlashAttention, KvType, PerfCounters, Pooling, max_sequences,
+};
 pub use error::{Error, Result};
 pub use model::{LoadMode, MetadataValue, Model, ModelParams, SplitMode};
+pub use sampler::{Candidates, CustomSampler, SamplePath, Sampler, SamplerChain, TokenData};
 pub use vocab::{Detokenizer, Token, TokenAttrs, Vocab};

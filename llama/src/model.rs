@@ -555,7 +555,8 @@ fn build_overrides(list: &[(String, MetadataValue)]) -> Result<Vec<sys::llama_mo
                 o.tag = t::LLAMA_KV_OVERRIDE_TYPE_STR;
                 // SAFETY: writing the string member of the union; the tag
                 // says which member is live.
-                copy_c_string(unsafe { &mut o.__bindgen_anon_1.val_str }, v, "metadata override string")?;
+                let dst = unsafe { &mut o.__bindgen_anon_1.val_str };
+                copy_c_string(dst, v, "metadata override string")?;
             }
         }
         out.push(o);
@@ -568,10 +569,7 @@ fn build_overrides(list: &[(String, MetadataValue)]) -> Result<Vec<sys::llama_mo
 
 fn copy_c_string(dst: &mut [c_char], src: &str, what: &str) -> Result<()> {
     if src.len() >= dst.len() || src.as_bytes().contains(&0) || src.is_empty() {
-        return Err(Error::InvalidArgument(format!(
-            "{what} `{src}` must be 1..{} bytes without NUL",
-            dst.len() - 1
-        )));
+        return Err(Error::InvalidArgument(format!("{what} `{src}` must be 1..{} bytes without NUL", dst.len() - 1)));
     }
     for (d, s) in dst.iter_mut().zip(src.bytes()) {
         *d = s as c_char;

@@ -75,7 +75,9 @@ impl Context<'_> {
         // content and catches its own exceptions.
         let read = unsafe { sys::llama_state_set_data(self.as_ptr(), data.as_ptr(), data.len()) };
         if read == 0 {
-            return Err(Error::State("the state does not fit this context (model or configuration differ, or the data is corrupt)".into()));
+            return Err(Error::State(
+                "the state does not fit this context (model or configuration differ, or the data is corrupt)".into(),
+            ));
         }
         Ok(())
     }
@@ -111,7 +113,13 @@ impl Context<'_> {
         let mut count = 0usize;
         // SAFETY: a NUL-terminated path; `tokens` has room for its length.
         let ok = unsafe {
-            sys::llama_state_load_file(self.as_ptr(), c_path.as_ptr(), tokens.as_mut_ptr().cast(), tokens.len(), &mut count)
+            sys::llama_state_load_file(
+                self.as_ptr(),
+                c_path.as_ptr(),
+                tokens.as_mut_ptr().cast(),
+                tokens.len(),
+                &mut count,
+            )
         };
         if !ok {
             return Err(Error::State(format!("{} is not a state of this model and configuration", path.display())));
@@ -208,7 +216,10 @@ impl Context<'_> {
             )
         };
         if read == 0 {
-            return Err(Error::State(format!("{} is not a sequence state of this model and configuration", path.display())));
+            return Err(Error::State(format!(
+                "{} is not a sequence state of this model and configuration",
+                path.display()
+            )));
         }
         tokens.truncate(count);
         Ok(tokens)

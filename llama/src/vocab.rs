@@ -86,7 +86,8 @@ impl Vocab {
     pub(crate) unsafe fn from_raw(ptr: *const sys::llama_vocab) -> Vocab {
         let ptr = NonNull::new(ptr.cast_mut()).expect("llama_model_get_vocab never returns NULL");
         // SAFETY: `ptr` is a live vocab (caller's contract).
-        let (n_tokens, kind) = unsafe { (sys::llama_vocab_n_tokens(ptr.as_ptr()), sys::llama_vocab_type(ptr.as_ptr())) };
+        let (n_tokens, kind) =
+            unsafe { (sys::llama_vocab_n_tokens(ptr.as_ptr()), sys::llama_vocab_type(ptr.as_ptr())) };
         Vocab { ptr, n_tokens, has_vocab: kind != sys::llama_vocab_type::LLAMA_VOCAB_TYPE_NONE }
     }
 

@@ -1,0 +1,113 @@
+//! Chat templates, through llama.cpp's built-in template matcher (which
+//! recognises well-known templates; it does not run arbitrary Jinja).
+
+use std::ffi::{CStr, CString, c_char};
+
+use crate::error::{Error, Result, check_shim};
+use crate::model::Model;
+use crate::sys;
+
+/// One chat message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChatMessage {
+    /// `system`, `user`, `assistant`, …
+    pub role: String,
+    /// The text.
+    pub content: String,
+}
+
+impl ChatMessage {
+    /// A message with the given role.
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
+        ChatMessage { role: role.into(), content: content.into() }
+    }
+    /// A `user` message.
+    pub fn user(content: impl Into<String>) -> Self {
+        Self::new("user", content)
+    }
+    /// A `system` message.
+    pub fn system(content: impl Into<String>) -> Self {
+        Self::new("system", content)
+    }
+    /// An `assistant` message.
+    pub fn assistant(content: impl Into<String>) -> Self {
+        Self::new("assistant", content)
+    }
+}
+
+/// Formats `messages` with `template`: a built-in name (see
+/// [`builtin_chat_templates`]) or a model's Jinja template string, which
+/// llama.cpp matches to a known format. With `add_assistant`, the result
+/// ends with the opening of an assistant turn.
+///
+/// # Errors
+/// [`Error::ChatTemplate`] if the template is not recognised;
+/// [`Error::Nul`] if a string holds a NUL byte.
+#[doc(alias = "llama_chat_apply_template")]
+pub fn apply_chat_template(template: &str, messages: &[ChatMessage], add_assistant: bool) -> Result<String> {
+    let tmpl = CString::new(template)?;
+    let owned = messages
+        .iter()
+        .map(|m| Ok((CString::new(m.role.as_str())?, CString::new(m.content.as_str())?)))
+        .collect::<Result<Vec<_>>>()?;
+    let raw: Vec<sys::llama_chat_message> =
+        owned.iter().map(|(r, c)| sys::llama_chat_message { role: r.as_ptr(), content: c.as_ptr() }).collect();
+    let mut buf = vec![0u8; messages.iter().map(|m| m.content.len() + m.role.len() + 32).sum::<usize>() + 64];
+    for _ in 0..2 {
+        let mut n = 0;
+        // SAFETY: NUL-terminated template and message strings that outlive
+        // the call; `buf` has `buf.len()` writable bytes; the shim catches
+        // exceptions.
+        let code = unsafe {
+            sys::shim::llama_rs_chat_apply_template(
+                tmpl.as_ptr(),
+                raw.as_ptr(),
+                raw.len(),
+                add_assistant,
+                buf.as_mut_ptr().cast::<c_char>(),
+                i32::try_from(buf.len()).unwrap_or(i32::MAX),
+                &mut n,
+            )
+        };
+        check_shim(code, "llama_chat_apply_template")?;
+        if n < 0 {
+            return Err(Error::ChatTemplate("the chat template is not one llama.cpp knows".into()));
+        }
+        let n = n as usize;
+        if n <= buf.len() {
+            buf.truncate(n);
+            return String::from_utf8(buf).map_err(|_| Error::ChatTemplate("formatted chat is not UTF-8".into()));
+        }
+        buf.resize(n, 0);
+    }
+    Err(Error::ChatTemplate("the formatted chat kept growing".into()))
+}
+
+/// The names of llama.cpp's built-in chat templates (`chatml`, `llama3`,
+/// `gemma`, …).
+#[doc(alias = "llama_chat_builtin_templates")]
+pub fn builtin_chat_templates() -> Vec<&'static str> {
+    // SAFETY: with a NULL array and length 0 it only returns the count.
+    let n = unsafe { sys::llama_chat_builtin_templates(std::ptr::null_mut(), 0) }.max(0) as usize;
+    let mut ptrs = vec![std::ptr::null(); n];
+    // SAFETY: `ptrs` has room for `n` pointers to static strings.
+    unsafe { sys::llama_chat_builtin_templates(ptrs.as_mut_ptr(), n) };
+    ptrs.into_iter()
+        .filter(|p| !p.is_null())
+        // SAFETY: the names are static NUL-terminated strings.
+        .filter_map(|p| unsafe { CStr::from_ptr(p) }.to_str().ok())
+        .collect()
+}
+
+impl Model {
+    /// Formats `messages` with the model's own chat template.
+    ///
+    /// # Errors
+    /// [`Error::ChatTemplate`] if the model has no template or llama.cpp
+    /// does not recognise it.
+    pub fn apply_chat_template(&self, messages: &[ChatMessage], add_assistant: bool) -> Result<String> {
+        let template =
+            self.chat_template(None).ok_or_else(|| Error::ChatTemplate("the model has no chat template".into()))?;
+        apply_chat_template(template, messages, add_assistant)
+    }
+}

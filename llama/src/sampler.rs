@@ -1,0 +1,840 @@
+//! Sampler chains: turning a logits row into the next token.
+//!
+//! A [`Sampler`] is always a llama.cpp sampler chain. Build one with
+//! [`SamplerChain`] (or [`Sampler::greedy`]); building checks that the
+//! chain ends with a token-selecting sampler, which llama.cpp would
+//! otherwise only notice with an abort inside `llama_sampler_sample`.
+//!
+//! [`Sampler::sample`] runs the chain itself rather than through
+//! `llama_sampler_sample`, and takes two shortcuts where they give exactly
+//! the same token: a greedy chain is an argmax over the logits row, and a
+//! chain that starts with top-k first selects the `k` best logits and runs
+//! the rest of the chain on those only, instead of materialising all
+//! `n_vocab` candidates (262,144 for Gemma 3) on every token.
+
+use std::any::Any;
+use std::cell::RefCell;
+use std::ffi::{CString, c_char};
+use std::fmt;
+use std::marker::PhantomData;
+use std::ptr::NonNull;
+
+use crate::context::Context;
+use crate::error::{Error, Result, check_shim};
+use crate::sys;
+use crate::vocab::{Token, Vocab};
+
+/// What this crate knows about one sampler of a chain.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Kind {
+    Greedy,
+    TopK(i32),
+    Grammar,
+    /// Any other built-in or custom sampler; `selects` if it picks a token.
+    Other {
+        selects: bool,
+    },
+}
+
+impl Kind {
+    fn selects(self) -> bool {
+        matches!(self, Kind::Greedy | Kind::Other { selects: true })
+    }
+}
+
+/// One candidate token: id, logit and (after softmax-based samplers) its
+/// probability. Same layout as `llama_token_data`.
+pub type TokenData = sys::llama_token_data;
+
+/// The candidate list a [`CustomSampler`] works on.
+#[derive(Debug)]
+pub struct Candidates<'a> {
+    raw: &'a mut sys::llama_token_data_array,
+}
+
+impl Candidates<'_> {
+    /// The candidates.
+    pub fn data(&self) -> &[TokenData] {
+        if self.raw.size == 0 || self.raw.data.is_null() {
+            return &[];
+        }
+        // SAFETY: llama.cpp hands the sampler `size` valid entries for the
+        // duration of the call, which `self` does not outlive.
+        unsafe { std::slice::from_raw_parts(self.raw.data, self.raw.size) }
+    }
+
+    /// The candidates, mutable (to change logits).
+    pub fn data_mut(&mut self) -> &mut [TokenData] {
+        if self.raw.size == 0 || self.raw.data.is_null() {
+            return &mut [];
+        }
+        // SAFETY: as in `data`, and `&mut self` makes the access exclusive.
+        unsafe { std::slice::from_raw_parts_mut(self.raw.data, self.raw.size) }
+    }
+
+    /// Keeps only the first `len` candidates.
+    pub fn truncate(&mut self, len: usize) {
+        self.raw.size = self.raw.size.min(len);
+    }
+
+    /// Whether the candidates are sorted by descending logit.
+    pub fn is_sorted(&self) -> bool {
+        self.raw.sorted
+    }
+
+    /// Declares whether the candidates are sorted by descending logit.
+    pub fn set_sorted(&mut self, sorted: bool) {
+        self.raw.sorted = sorted;
+    }
+
+    /// The index of the selected candidate, if a sampler selected one.
+    pub fn selected(&self) -> Option<usize> {
+        usize::try_from(self.raw.selected).ok().filter(|&i| i < self.raw.size)
+    }
+
+    /// Selects candidate `index` (an index into [`Candidates::data`]).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if `index` is out of range.
+    pub fn select(&mut self, index: usize) -> Result<()> {
+        if index >= self.raw.size {
+            return Err(Error::InvalidArgument(format!("candidate {index} out of 0..{}", self.raw.size)));
+        }
+        self.raw.selected = index as i64;
+        Ok(())
+    }
+}
+
+/// A sampler written in Rust, added to a chain with [`SamplerChain::custom`].
+///
+/// Panics inside these methods are caught at the C boundary and resumed
+/// once llama.cpp has returned.
+pub trait CustomSampler: Send + 'static {
+    /// A short name.
+    fn name(&self) -> &str {
+        "rust"
+    }
+    /// Filters or reweights the candidates; a selecting sampler also calls
+    /// [`Candidates::select`].
+    fn apply(&mut self, candidates: &mut Candidates<'_>);
+    /// Called with every token the chain accepts.
+    fn accept(&mut self, _token: Token) {}
+    /// Forgets all state.
+    fn reset(&mut self) {}
+    /// Whether [`CustomSampler::apply`] always selects a token, so that the
+    /// sampler may end a chain.
+    fn selects(&self) -> bool {
+        false
+    }
+    /// A copy for [`Sampler::try_clone`].
+    fn clone_sampler(&self) -> Box<dyn CustomSampler>;
+}
+
+struct CustomState {
+    sampler: Box<dyn CustomSampler>,
+    name: CString,
+}
+
+thread_local! {
+    /// A panic caught in a custom sampler callback on this thread, resumed
+    /// by the Rust code that made the C call.
+    static PENDING_PANIC: RefCell<Option<Box<dyn Any + Send>>> = const { RefCell::new(None) };
+}
+
+fn guard<R>(default: R, f: impl FnOnce() -> R) -> R {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(r) => r,
+        Err(payload) => {
+            PENDING_PANIC.with(|p| {
+                p.borrow_mut().get_or_insert(payload);
+            });
+            default
+        }
+    }
+}
+
+fn resume_pending_panic() {
+    if let Some(payload) = PENDING_PANIC.with(|p| p.borrow_mut().take()) {
+        std::panic::resume_unwind(payload);
+    }
+}
+
+/// # Safety
+/// `smpl` must be a sampler created by `custom_sampler_new`.
+unsafe fn custom_state<'a>(smpl: *const sys::llama_sampler) -> &'a mut CustomState {
+    // SAFETY: our samplers' ctx is a leaked `Box<CustomState>` that lives
+    // until `custom_free`; llama.cpp never calls into a sampler concurrently
+    // (samplers are not thread-safe and our `Sampler` is !Sync).
+    unsafe { &mut *(*smpl).ctx.cast::<CustomState>() }
+}
+
+unsafe extern "C" fn custom_name(smpl: *const sys::llama_sampler) -> *const c_char {
+    // SAFETY: called by llama.cpp on one of our custom samplers.
+    unsafe { custom_state(smpl) }.name.as_ptr()
+}
+
+unsafe extern "C" fn custom_accept(smpl: *mut sys::llama_sampler, token: sys::llama_token) {
+    // SAFETY: called by llama.cpp on one of our custom samplers.
+    let state = unsafe { custom_state(smpl) };
+    guard((), || state.sampler.accept(Token(token)));
+}
+
+unsafe extern "C" fn custom_apply(smpl: *mut sys::llama_sampler, cur_p: *mut sys::llama_token_data_array) {
+    // SAFETY: called by llama.cpp on one of our custom samplers with a
+    // valid candidate array for the duration of the call.
+    let (state, raw) = unsafe { (custom_state(smpl), &mut *cur_p) };
+    guard((), || state.sampler.apply(&mut Candidates { raw }));
+}
+
+unsafe extern "C" fn custom_reset(smpl: *mut sys::llama_sampler) {
+    // SAFETY: called by llama.cpp on one of our custom samplers.
+    let state = unsafe { custom_state(smpl) };
+    guard((), || state.sampler.reset());
+}
+
+unsafe extern "C" fn custom_clone(smpl: *const sys::llama_sampler) -> *mut sys::llama_sampler {
+    // SAFETY: called by llama.cpp on one of our custom samplers.
+    let state = unsafe { custom_state(smpl) };
+    let copy = guard(None, || Some(state.sampler.clone_sampler()));
+    match copy {
+        // SAFETY: creating a new custom sampler has no preconditions.
+        Some(sampler) => unsafe { custom_sampler_new(sampler) },
+        // llama.cpp cannot handle NULL here: give an inert copy and let
+        // the resumed panic report the failure.
+        // SAFETY: as above.
+        None => unsafe { custom_sampler_new(Box::new(Inert)) },
+    }
+}
+
+unsafe extern "C" fn custom_free(smpl: *mut sys::llama_sampler) {
+    // SAFETY: llama.cpp calls free once, after which the ctx is never used.
+    let state = unsafe { Box::from_raw((*smpl).ctx.cast::<CustomState>()) };
+    guard((), move || drop(state));
+}
+
+/// The one interface table of all Rust samplers; llama.cpp keeps a pointer
+/// to it, so it must be a `static`.
+static CUSTOM_IFACE: sys::llama_sampler_i = sys::llama_sampler_i {
+    name: Some(custom_name),
+    accept: Some(custom_accept),
+    apply: Some(custom_apply),
+    reset: Some(custom_reset),
+    clone: Some(custom_clone),
+    free: Some(custom_free),
+    backend_init: None,
+    backend_accept: None,
+    backend_apply: None,
+    backend_set_input: None,
+    backend_reset: None,
+    copy_state: None,
+};
+
+struct Inert;
+impl CustomSampler for Inert {
+    fn apply(&mut self, _: &mut Candidates<'_>) {}
+    fn clone_sampler(&self) -> Box<dyn CustomSampler> {
+        Box::new(Inert)
+    }
+}
+
+/// # Safety
+/// None beyond FFI: the returned sampler must be freed by llama.cpp.
+unsafe fn custom_sampler_new(sampler: Box<dyn CustomSampler>) -> *mut sys::llama_sampler {
+    let name = CString::new(sampler.name().replace('\0', "")).unwrap_or_default();
+    let state = Box::into_raw(Box::new(CustomState { sampler, name }));
+    // SAFETY: the interface is a `static`; the state pointer stays valid
+    // until llama.cpp calls `custom_free`. llama_sampler_init only stores
+    // the two pointers.
+    unsafe { sys::llama_sampler_init((&raw const CUSTOM_IFACE).cast_mut(), state.cast()) }
+}
+
+/// Builds a [`Sampler`] chain, sampler by sampler, in order.
+///
+/// ```
+/// # fn main() -> Result<(), llama::Error> {
+/// let sampler = llama::SamplerChain::new().top_k(40).top_p(0.95, 1).temp(0.8).dist(42).build()?;
+/// # Ok(()) }
+/// ```
+pub struct SamplerChain<'m> {
+    chain: NonNull<sys::llama_sampler>,
+    kinds: Vec<Kind>,
+    _vocab: PhantomData<&'m Vocab>,
+}
+
+impl fmt::Debug for SamplerChain<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SamplerChain").field("samplers", &self.kinds.len()).finish()
+    }
+}
+
+// SAFETY: the chain is exclusively owned; llama.cpp samplers have no thread
+// affinity (llama-cpp-c-api.md §1.17: "llama_sampler is Send, !Sync"), and
+// custom samplers are `Send`. Samplers that hold a vocab pointer read only
+// immutable, thread-safe vocab data.
+unsafe impl Send for SamplerChain<'_> {}
+
+impl Default for SamplerChain<'_> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+macro_rules! chain_methods {
+    ($($(#[$doc:meta])* $name:ident($($arg:ident: $ty:ty),*) => $init:ident($($expr:expr),*), $kind:expr;)*) => {$(
+        $(#[$doc])*
+        #[doc = concat!("\n\nWraps `", stringify!($init), "`.")]
+        #[must_use]
+        pub fn $name(self, $($arg: $ty),*) -> Self {
+            // SAFETY: the constructor copies its arguments and returns a
+            // fresh sampler (never NULL for these built-ins).
+            let raw = unsafe { sys::$init($($expr),*) };
+            self.push(raw, $kind)
+        }
+    )*};
+}
+
+impl<'m> SamplerChain<'m> {
+    /// An empty chain.
+    #[doc(alias = "llama_sampler_chain_init")]
+    pub fn new() -> Self {
+        crate::backend::init();
+        // SAFETY: returns default chain parameters.
+        let mut params = unsafe { sys::llama_sampler_chain_default_params() };
+        params.no_perf = true;
+        // SAFETY: creates a new, empty chain we own.
+        let chain = unsafe { sys::llama_sampler_chain_init(params) };
+        SamplerChain {
+            chain: NonNull::new(chain).expect("llama_sampler_chain_init never returns NULL"),
+            kinds: Vec::new(),
+            _vocab: PhantomData,
+        }
+    }
+
+    fn push(mut self, raw: *mut sys::llama_sampler, kind: Kind) -> Self {
+        if raw.is_null() {
+            return self;
+        }
+        // SAFETY: `chain` is a chain we own and `raw` a fresh sampler owned
+        // by nobody; the chain takes ownership and frees it.
+        unsafe { sys::llama_sampler_chain_add(self.chain.as_ptr(), raw) };
+        self.kinds.push(kind);
+        self
+    }
+
+    chain_methods! {
+        /// Picks the most likely token.
+        greedy() => llama_sampler_init_greedy(), Kind::Greedy;
+        /// Picks a token at random by probability; `u32::MAX` seeds from the clock.
+        dist(seed: u32) => llama_sampler_init_dist(seed), Kind::Other { selects: true };
+        /// Keeps the `k` most likely tokens (`k <= 0`: no-op).
+        top_k(k: i32) => llama_sampler_init_top_k(k), Kind::TopK(k);
+        /// Nucleus sampling: keeps the smallest set with probability ≥ `p`.
+        top_p(p: f32, min_keep: usize) => llama_sampler_init_top_p(p, min_keep), Kind::Other { selects: false };
+        /// Keeps tokens with probability ≥ `p` × the best one's.
+        min_p(p: f32, min_keep: usize) => llama_sampler_init_min_p(p, min_keep), Kind::Other { selects: false };
+        /// Locally typical sampling.
+        typical(p: f32, min_keep: usize) => llama_sampler_init_typical(p, min_keep), Kind::Other { selects: false };
+        /// Divides logits by `t` (`t <= 0` keeps only the best token).
+        temp(t: f32) => llama_sampler_init_temp(t), Kind::Other { selects: false };
+        /// Dynamic (entropy-based) temperature.
+        temp_ext(t: f32, delta: f32, exponent: f32) => llama_sampler_init_temp_ext(t, delta, exponent), Kind::Other { selects: false };
+        /// Exclude Top Choices: sometimes removes the most likely tokens.
+        xtc(p: f32, t: f32, min_keep: usize, seed: u32) => llama_sampler_init_xtc(p, t, min_keep, seed), Kind::Other { selects: false };
+        /// Keeps tokens within `n` standard deviations of the best logit.
+        top_n_sigma(n: f32) => llama_sampler_init_top_n_sigma(n), Kind::Other { selects: false };
+        /// Mirostat 2.0 (selects a token).
+        mirostat_v2(seed: u32, tau: f32, eta: f32) => llama_sampler_init_mirostat_v2(seed, tau, eta), Kind::Other { selects: true };
+        /// Adaptive-p (selects a token; must be last).
+        adaptive_p(target: f32, decay: f32, seed: u32) => llama_sampler_init_adaptive_p(target, decay, seed), Kind::Other { selects: true };
+    }
+
+    /// Mirostat 1.0 (selects a token).
+    #[doc(alias = "llama_sampler_init_mirostat")]
+    #[must_use]
+    pub fn mirostat(self, vocab: &Vocab, seed: u32, tau: f32, eta: f32, m: i32) -> Self {
+        // SAFETY: copies its arguments; the vocab size is only a number.
+        let raw = unsafe { sys::llama_sampler_init_mirostat(vocab.n_tokens() as i32, seed, tau, eta, m) };
+        self.push(raw, Kind::Other { selects: true })
+    }
+
+    /// Repetition penalties over the last `last_n` tokens (`-1`: whole
+    /// context). A chain skips it when all three penalties are neutral.
+    #[doc(alias = "llama_sampler_init_penalties")]
+    #[must_use]
+    pub fn penalties(self, last_n: i32, repeat: f32, frequency: f32, presence: f32) -> Self {
+        if last_n == 0 || (repeat == 1.0 && frequency == 0.0 && presence == 0.0) {
+            return self;
+        }
+        // SAFETY: copies its arguments (n_vocab is unused by this sampler).
+        let raw = unsafe { sys::llama_sampler_init_penalties(0, last_n, repeat, frequency, presence) };
+        self.push(raw, Kind::Other { selects: false })
+    }
+
+    /// Adds `bias` to the logit of each listed token.
+    ///
+    /// # Errors
+    /// [`Error::InvalidToken`] for a token outside the vocabulary (llama.cpp
+    /// would write out of bounds).
+    #[doc(alias = "llama_sampler_init_logit_bias")]
+    pub fn logit_bias(self, vocab: &Vocab, biases: &[(Token, f32)]) -> Result<Self> {
+        let raw_biases = biases
+            .iter()
+            .map(|&(t, bias)| vocab.check(t).map(|t| sys::llama_logit_bias { token: t.0, bias }))
+            .collect::<Result<Vec<_>>>()?;
+        // SAFETY: the biases are copied; every token is inside the vocab.
+        let raw = unsafe {
+            sys::llama_sampler_init_logit_bias(vocab.n_tokens() as i32, raw_biases.len() as i32, raw_biases.as_ptr())
+        };
+        Ok(self.push(raw, Kind::Other { selects: false }))
+    }
+
+    /// DRY ("don't repeat yourself") penalty. Keeps a pointer to the vocab,
+    /// so the chain borrows the model.
+    #[doc(alias = "llama_sampler_init_dry")]
+    pub fn dry(
+        self,
+        vocab: &'m Vocab,
+        multiplier: f32,
+        base: f32,
+        allowed_length: i32,
+        last_n: i32,
+        sequence_breakers: &[&str],
+    ) -> Result<Self> {
+        let breakers = sequence_breakers.iter().map(|s| CString::new(*s)).collect::<Result<Vec<_>, _>>()?;
+        let mut ptrs: Vec<*const c_char> = breakers.iter().map(|s| s.as_ptr()).collect();
+        // SAFETY: the vocab outlives the chain ('m); the strings are copied.
+        let raw = unsafe {
+            sys::llama_sampler_init_dry(
+                vocab.as_ptr(),
+                multiplier,
+                base,
+                allowed_length,
+                last_n,
+                ptrs.as_mut_ptr(),
+                ptrs.len(),
+            )
+        };
+        Ok(self.push(raw, Kind::Other { selects: false }))
+    }
+
+    /// Fill-in-the-middle post-processing. Keeps a pointer to the vocab.
+    #[doc(alias = "llama_sampler_init_infill")]
+    #[must_use]
+    pub fn infill(self, vocab: &'m Vocab) -> Self {
+        // SAFETY: the vocab outlives the chain ('m).
+        let raw = unsafe { sys::llama_sampler_init_infill(vocab.as_ptr()) };
+        self.push(raw, Kind::Other { selects: false })
+    }
+
+    /// Constrains output to a GBNF grammar starting at rule `root`. Keeps a
+    /// pointer to the vocab.
+    ///
+    /// # Errors
+    /// [`Error::Grammar`] if the grammar does not parse.
+    #[doc(alias = "llama_sampler_init_grammar")]
+    pub fn grammar(self, vocab: &'m Vocab, gbnf: &str, root: &str) -> Result<Self> {
+        let (g, r) = (CString::new(gbnf)?, CString::new(root)?);
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: NUL-terminated strings; the vocab outlives the chain; the
+        // shim catches exceptions.
+        let code =
+            unsafe { sys::shim::llama_rs_sampler_init_grammar(vocab.as_ptr(), g.as_ptr(), r.as_ptr(), &mut raw) };
+        check_shim(code, "llama_sampler_init_grammar").map_err(|e| Error::Grammar(e.to_string()))?;
+        if raw.is_null() {
+            return Err(Error::Grammar(crate::backend::last_error_or("the grammar does not parse")));
+        }
+        Ok(self.push(raw, Kind::Grammar))
+    }
+
+    /// A grammar that only starts constraining once a trigger appears: a
+    /// regex over the generated text (`trigger_patterns`, matched from the
+    /// start) or one of `trigger_tokens`.
+    ///
+    /// # Errors
+    /// [`Error::Grammar`] if the grammar or a pattern does not parse;
+    /// [`Error::InvalidToken`] for a trigger token outside the vocabulary.
+    #[doc(alias = "llama_sampler_init_grammar_lazy_patterns")]
+    pub fn grammar_lazy(
+        self,
+        vocab: &'m Vocab,
+        gbnf: &str,
+        root: &str,
+        trigger_patterns: &[&str],
+        trigger_tokens: &[Token],
+    ) -> Result<Self> {
+        for &t in trigger_tokens {
+            vocab.check(t)?;
+        }
+        let (g, r) = (CString::new(gbnf)?, CString::new(root)?);
+        let patterns = trigger_patterns.iter().map(|s| CString::new(*s)).collect::<Result<Vec<_>, _>>()?;
+        let mut ptrs: Vec<*const c_char> = patterns.iter().map(|s| s.as_ptr()).collect();
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: NUL-terminated strings and arrays of the given lengths,
+        // all copied; the vocab outlives the chain; the shim catches
+        // exceptions (an invalid regex throws).
+        let code = unsafe {
+            sys::shim::llama_rs_sampler_init_grammar_lazy_patterns(
+                vocab.as_ptr(),
+                g.as_ptr(),
+                r.as_ptr(),
+                ptrs.as_mut_ptr(),
+                ptrs.len(),
+                trigger_tokens.as_ptr().cast(),
+                trigger_tokens.len(),
+                &mut raw,
+            )
+        };
+        check_shim(code, "llama_sampler_init_grammar_lazy_patterns").map_err(|e| Error::Grammar(e.to_string()))?;
+        if raw.is_null() {
+            return Err(Error::Grammar(crate::backend::last_error_or("the grammar does not parse")));
+        }
+        Ok(self.push(raw, Kind::Grammar))
+    }
+
+    /// Adds a sampler written in Rust.
+    #[doc(alias = "llama_sampler_init")]
+    #[must_use]
+    pub fn custom(self, sampler: impl CustomSampler) -> Self {
+        let selects = sampler.selects();
+        // SAFETY: creates a sampler that the chain will own and free.
+        let raw = unsafe { custom_sampler_new(Box::new(sampler)) };
+        self.push(raw, Kind::Other { selects })
+    }
+
+    /// Finishes the chain.
+    ///
+    /// # Errors
+    /// [`Error::NoSelector`] unless the last sampler selects a token
+    /// (greedy, dist, mirostat, mirostat v2, adaptive-p, or a custom sampler
+    /// whose `selects()` is true).
+    pub fn build(self) -> Result<Sampler<'m>> {
+        if !self.kinds.last().is_some_and(|k| k.selects()) {
+            return Err(Error::NoSelector);
+        }
+        let this = std::mem::ManuallyDrop::new(self);
+        // SAFETY: moving the fields out of a value that will not be dropped.
+        let kinds = unsafe { std::ptr::read(&this.kinds) };
+        Ok(Sampler::from_parts(this.chain, kinds))
+    }
+}
+
+impl Drop for SamplerChain<'_> {
+    fn drop(&mut self) {
+        // SAFETY: we own the chain and, through it, every sampler in it.
+        unsafe { sys::llama_sampler_free(self.chain.as_ptr()) }
+    }
+}
+
+/// A complete sampler chain that turns logits into tokens.
+///
+/// Chains with a grammar, DRY or infill sampler keep a pointer to the
+/// model's vocabulary and so borrow the model (`'m`).
+pub struct Sampler<'m> {
+    chain: NonNull<sys::llama_sampler>,
+    kinds: Vec<Kind>,
+    /// Reused candidate buffer: no allocation per token.
+    scratch: Vec<TokenData>,
+    /// Min-heap scratch for the top-k shortcut.
+    heap: Vec<(f32, i32)>,
+    _vocab: PhantomData<&'m Vocab>,
+}
+
+// SAFETY: see `SamplerChain`. Not Sync: sampling mutates RNG state and the
+// chain's scratch buffer.
+unsafe impl Send for Sampler<'_> {}
+
+impl fmt::Debug for Sampler<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Sampler").field("samplers", &self.kinds.len()).finish()
+    }
+}
+
+/// Which way [`Sampler::sample`] went, for tests and benchmarks.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SamplePath {
+    /// Argmax over the logits row.
+    Greedy,
+    /// Top-k preselection, rest of the chain on `k` candidates.
+    TopK,
+    /// All candidates through the whole chain.
+    Full,
+}
+
+impl Sampler<'static> {
+    /// A chain of one greedy sampler.
+    pub fn greedy() -> Sampler<'static> {
+        SamplerChain::new().greedy().build().unwrap_or_else(|_| unreachable!("greedy selects"))
+    }
+
+    /// A chain of one `dist` sampler with `seed`.
+    pub fn dist(seed: u32) -> Sampler<'static> {
+        SamplerChain::new().dist(seed).build().unwrap_or_else(|_| unreachable!("dist selects"))
+    }
+}
+
+impl<'m> Sampler<'m> {
+    fn from_parts(chain: NonNull<sys::llama_sampler>, kinds: Vec<Kind>) -> Sampler<'m> {
+        Sampler { chain, kinds, scratch: Vec::new(), heap: Vec::new(), _vocab: PhantomData }
+    }
+
+    /// The raw chain pointer, for calls this crate does not wrap.
+    pub fn as_ptr(&mut self) -> *mut sys::llama_sampler {
+        self.chain.as_ptr()
+    }
+
+    /// The number of samplers in the chain.
+    #[doc(alias = "llama_sampler_chain_n")]
+    pub fn len(&self) -> usize {
+        self.kinds.len()
+    }
+
+    /// Always false: a built chain has at least its selecting sampler.
+    pub fn is_empty(&self) -> bool {
+        self.kinds.is_empty()
+    }
+
+    /// The seed of the chain's random sampler, if it has one.
+    #[doc(alias = "llama_sampler_get_seed")]
+    pub fn seed(&self) -> u32 {
+        // SAFETY: reads the chain's seed.
+        unsafe { sys::llama_sampler_get_seed(self.chain.as_ptr()) }
+    }
+
+    /// Samples the next token from output `idx` of the last decode (a batch
+    /// index, or negative from the end: -1 is the last output), and accepts
+    /// it into the chain's state.
+    ///
+    /// # Errors
+    /// [`Error::NoOutput`] if `idx` has no logits; [`Error::Grammar`] if a
+    /// grammar allows no candidate; [`Error::Exception`] if a sampler threw.
+    #[doc(alias = "llama_sampler_sample")]
+    pub fn sample(&mut self, ctx: &mut Context<'_>, idx: i32) -> Result<Token> {
+        self.sample_with_path(ctx, idx).map(|(t, _)| t)
+    }
+
+    #[doc(hidden)]
+    pub fn sample_with_path(&mut self, ctx: &mut Context<'_>, idx: i32) -> Result<(Token, SamplePath)> {
+        let logits = ctx.logits(idx)?;
+        let (token, path) = self.select(logits)?;
+        self.accept(token)?;
+        Ok((token, path))
+    }
+
+    /// Runs the chain on a logits row (without accepting the result).
+    fn select(&mut self, logits: &[f32]) -> Result<(Token, SamplePath)> {
+        if self.kinds == [Kind::Greedy] {
+            return Ok((Token(argmax(logits) as i32), SamplePath::Greedy));
+        }
+        let top_k = match self.kinds.first() {
+            Some(&Kind::TopK(k)) if k > 0 && (k as usize) < logits.len() => Some(k as usize),
+            _ => None,
+        };
+        let (first, path) = match top_k {
+            Some(k) if self.preselect_top_k(logits, k) => (1, SamplePath::TopK),
+            _ => {
+                self.scratch.clear();
+                self.scratch.extend(logits.iter().enumerate().map(|(i, &logit)| TokenData {
+                    id: i as i32,
+                    logit,
+                    p: 0.0,
+                }));
+                (0, SamplePath::Full)
+            }
+        };
+        let mut cur = sys::llama_token_data_array {
+            data: self.scratch.as_mut_ptr(),
+            size: self.scratch.len(),
+            selected: -1,
+            sorted: path == SamplePath::TopK,
+        };
+        for i in first..self.kinds.len() {
+            // SAFETY: `i` is below the chain's length, so this is a child
+            // the chain owns.
+            let child = unsafe { sys::llama_sampler_chain_get(self.chain.as_ptr(), i as i32) };
+            // SAFETY: `child` is a live sampler; `cur` points into
+            // `scratch`, valid and exclusively ours during the call; the
+            // shim catches exceptions.
+            let has_apply = !child.is_null() && unsafe { (*(*child).iface).apply.is_some() };
+            if !has_apply {
+                continue;
+            }
+            // SAFETY: as above.
+            let code = unsafe { sys::shim::llama_rs_sampler_apply(child, &mut cur) };
+            resume_pending_panic();
+            check_shim(code, "llama_sampler_apply")?;
+        }
+        let Some(selected) = usize::try_from(cur.selected).ok().filter(|&s| s < cur.size) else {
+            return Err(Error::NoSelector);
+        };
+        // SAFETY: `selected < size`, and `data` holds `size` entries (samplers
+        // may replace `data`, but must keep it valid until sampling ends).
+        let chosen = unsafe { *cur.data.add(selected) };
+        if self.kinds.contains(&Kind::Grammar) && chosen.logit == f32::NEG_INFINITY {
+            return Err(Error::Grammar("the grammar allows none of the candidate tokens".into()));
+        }
+        Ok((Token(chosen.id), path))
+    }
+
+    /// Fills `scratch` with the `k` best candidates, sorted by descending
+    /// logit, exactly as llama.cpp's top-k leaves them. Returns false (and
+    /// the caller takes the full path) when ties make llama.cpp's order
+    /// ambiguous, so both paths always agree.
+    fn preselect_top_k(&mut self, logits: &[f32], k: usize) -> bool {
+        // Keep the k+1 best in a min-heap: the extra one tells whether the
+        // k-th place is tied.
+        let keep = k + 1;
+        let heap = &mut self.heap;
+        heap.clear();
+        let less = |a: &(f32, i32), b: &(f32, i32)| a.0 < b.0;
+        for (i, &x) in logits.iter().enumerate() {
+            if heap.len() < keep {
+                heap.push((x, i as i32));
+                if heap.len() == keep {
+                    heap.sort_unstable_by(|a, b| a.0.total_cmp(&b.0));
+                }
+                continue;
+            }
+            if x > heap[0].0 {
+                heap[0] = (x, i as i32);
+                sift_down(heap, less);
+            }
+        }
+        if heap.iter().any(|e| e.0.is_nan()) {
+            return false;
+        }
+        heap.sort_unstable_by(|a, b| b.0.total_cmp(&a.0));
+        // Distinct values only: then the top k and their order are unique.
+        if heap.windows(2).any(|w| w[0].0 == w[1].0) {
+            return false;
+        }
+        self.scratch.clear();
+        self.scratch.extend(heap[..k].iter().map(|&(logit, id)| TokenData { id, logit, p: 0.0 }));
+        true
+    }
+
+    /// Feeds a token into the chain's state (penalties, grammar, mirostat).
+    /// [`Sampler::sample`] does this already for the token it returns.
+    ///
+    /// # Errors
+    /// [`Error::Grammar`] if a grammar in the chain forbids `token` (or it
+    /// ends generation before the grammar is complete), where llama.cpp
+    /// would throw or abort.
+    #[doc(alias = "llama_sampler_accept")]
+    pub fn accept(&mut self, token: Token) -> Result<()> {
+        for (i, kind) in self.kinds.iter().enumerate() {
+            if *kind == Kind::Grammar {
+                self.check_grammar_allows(i, token)?;
+            }
+        }
+        // SAFETY: a chain we own; the shim catches exceptions.
+        let code = unsafe { sys::shim::llama_rs_sampler_accept(self.chain.as_ptr(), token.0) };
+        resume_pending_panic();
+        check_shim(code, "llama_sampler_accept").map_err(|e| Error::Grammar(e.to_string()))
+    }
+
+    /// Runs grammar child `i` on the single candidate `token`: the grammar
+    /// masks it to -inf if it may not come next.
+    fn check_grammar_allows(&self, i: usize, token: Token) -> Result<()> {
+        // SAFETY: `i` is below the chain length.
+        let child = unsafe { sys::llama_sampler_chain_get(self.chain.as_ptr(), i as i32) };
+        if child.is_null() {
+            return Ok(());
+        }
+        let mut one = TokenData { id: token.0, logit: 0.0, p: 0.0 };
+        let mut cur = sys::llama_token_data_array { data: &mut one, size: 1, selected: -1, sorted: false };
+        // SAFETY: a live grammar sampler and a one-element array on our
+        // stack; the shim catches exceptions.
+        let code = unsafe { sys::shim::llama_rs_sampler_apply(child, &mut cur) };
+        check_shim(code, "llama_sampler_apply").map_err(|e| Error::Grammar(e.to_string()))?;
+        if one.logit == f32::NEG_INFINITY {
+            return Err(Error::Grammar(format!("token {token} is not allowed by the grammar here")));
+        }
+        Ok(())
+    }
+
+    /// Resets the chain's state (RNG seeds are kept, history is dropped).
+    #[doc(alias = "llama_sampler_reset")]
+    pub fn reset(&mut self) {
+        // SAFETY: a chain we own.
+        unsafe { sys::llama_sampler_reset(self.chain.as_ptr()) };
+        resume_pending_panic();
+    }
+
+    /// A copy of the chain with its current state.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if llama.cpp returns no copy.
+    #[doc(alias = "llama_sampler_clone")]
+    pub fn try_clone(&self) -> Result<Sampler<'m>> {
+        // SAFETY: a chain we own; every sampler in it (built-in or ours)
+        // implements clone.
+        let copy = unsafe { sys::llama_sampler_clone(self.chain.as_ptr()) };
+        resume_pending_panic();
+        let chain = NonNull::new(copy).ok_or_else(|| Error::InvalidArgument("llama_sampler_clone failed".into()))?;
+        Ok(Sampler::from_parts(chain, self.kinds.clone()))
+    }
+}
+
+impl Drop for Sampler<'_> {
+    fn drop(&mut self) {
+        // SAFETY: we own the chain and every sampler in it.
+        unsafe { sys::llama_sampler_free(self.chain.as_ptr()) };
+    }
+}
+
+fn sift_down(heap: &mut [(f32, i32)], less: impl Fn(&(f32, i32), &(f32, i32)) -> bool) {
+    let mut i = 0;
+    loop {
+        let (l, r) = (2 * i + 1, 2 * i + 2);
+        let mut smallest = i;
+        if l < heap.len() && less(&heap[l], &heap[smallest]) {
+            smallest = l;
+        }
+        if r < heap.len() && less(&heap[r], &heap[smallest]) {
+            smallest = r;
+        }
+        if smallest == i {
+            return;
+        }
+        heap.swap(i, smallest);
+        i = smallest;
+    }
+}
+
+/// The index of the first largest value, as llama.cpp's greedy sampler
+/// picks it. Vectorised in lanes of 8.
+pub(crate) fn argmax(values: &[f32]) -> usize {
+    const LANES: usize = 8;
+    let chunks = values.chunks_exact(LANES);
+    let tail = chunks.remainder();
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    for chunk in chunks {
+        for j in 0..LANES {
+            lanes[j] = if chunk[j] > lanes[j] { chunk[j] } else { lanes[j] };
+        }
+    }
+    let mut max = lanes.iter().copied().fold(f32::NEG_INFINITY, |a, b| if b > a { b } else { a });
+    for &x in tail {
+        if x > max {
+            max = x;
+        }
+    }
+    values.iter().position(|&x| x == max).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::argmax;
+
+    #[test]
+    fn argmax_takes_the_first_of_equal_maxima() {
+        assert_eq!(argmax(&[1.0, 3.0, 2.0, 3.0]), 1);
+        let mut v = vec![0.0f32; 1000];
+        v[517] = 5.0;
+        v[900] = 5.0;
+        assert_eq!(argmax(&v), 517);
+        assert_eq!(argmax(&[f32::NEG_INFINITY; 3]), 0);
+        assert_eq!(argmax(&[]), 0);
+    }
+}

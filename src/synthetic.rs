@@ -1,0 +1,818 @@
+//! Writes tiny synthetic llama-architecture GGUF models for fast tests.
+//!
+//! The models are random but real: a `llama` architecture network (RMS norm,
+//! rotary attention with grouped-query heads, SwiGLU feed-forward) with F32
+//! weights drawn from a small deterministic PRNG, and a SentencePiece-style
+//! (`tokenizer.ggml.model = "llama"`) vocabulary with byte fallback. They load
+//! with `llama_model_load_from_file`, tokenize any UTF-8 text, and decode in
+//! milliseconds on a CPU, so tests can exercise the whole stack without
+//! downloading a model.
+//!
+//! The file is written by ggml's own GGUF writer (`gguf_init_empty`,
+//! `gguf_set_*`, `gguf_add_tensor`, `gguf_write_to_file`) through `llama-sys`;
+//! the same [`TinyModelSpec`] always gives a byte-identical file.
+//!
+//! Vocabulary layout (ids):
+//!
+//! | id            | piece                          | type    |
+//! |---------------|--------------------------------|---------|
+//! | 0             | `<unk>`                        | UNKNOWN |
+//! | 1             | `<s>` (BOS)                    | CONTROL |
+//! | 2             | `</s>` (EOS)                   | CONTROL |
+//! | 3..=258       | `<0x00>`..=`<0xFF>`            | BYTE    |
+//! | 259           | [`TINY_CONTROL_TOKEN`]         | CONTROL |
+//! | 260..         | `▁`, printable ASCII, word pieces | NORMAL |
+//!
+//! Every word piece is reachable by SentencePiece merges (all its prefixes
+//! are pieces too), so `"Hello world"` tokenizes to `<s> ▁Hello ▁world`;
+//! anything else falls back to byte tokens and detokenizes back exactly.
+
+use std::ffi::{CString, c_char, c_void};
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
+
+use llama_sys as sys;
+
+/// Id of `<unk>`.
+pub const TINY_UNK_ID: i32 = 0;
+/// Id of `<s>`, the BOS token (added by `tokenize` with `add_special`).
+pub const TINY_BOS_ID: i32 = 1;
+/// Id of `</s>`, the EOS token (not added by `tokenize`).
+pub const TINY_EOS_ID: i32 = 2;
+/// Id of the byte token `<0x00>`; byte `b` is `TINY_FIRST_BYTE_ID + b`.
+pub const TINY_FIRST_BYTE_ID: i32 = 3;
+/// A control token. Tokenizing its text with special-token parsing off
+/// gives ordinary pieces; with it on, gives [`TINY_CONTROL_TOKEN_ID`].
+pub const TINY_CONTROL_TOKEN: &str = "<|ctrl|>";
+/// Id of [`TINY_CONTROL_TOKEN`].
+pub const TINY_CONTROL_TOKEN_ID: i32 = TINY_FIRST_BYTE_ID + 256;
+/// Id of the first normal piece (`▁`).
+const FIRST_NORMAL_ID: usize = TINY_CONTROL_TOKEN_ID as usize + 1;
+/// Number of tokens in the vocabulary of every tiny model.
+pub const TINY_VOCAB_SIZE: usize = FIRST_NORMAL_ID + NORMAL_PIECES.len();
+
+/// Bump when the generated weights or metadata change, so that files cached
+/// by [`tiny_llama_path`] under the old scheme are not reused. (Changes to
+/// the vocabulary invalidate the cache by themselves: it is hashed too.)
+const GENERATOR_VERSION: u32 = 1;
+
+/// Normal pieces, in id order from [`FIRST_NORMAL_ID`]: the word-boundary
+/// marker, printable ASCII, then word pieces ordered by length. Every piece
+/// of two or more characters has its prefix one character shorter in the
+/// table, so SentencePiece merges can build it. Scores fall with the index,
+/// so shorter merges win first, as in a trained vocabulary.
+#[rustfmt::skip]
+const NORMAL_PIECES: &[&str] = &[
+    "▁", "!", "\"", "#", "$", "%", "&", "'", "(", ")", "*", "+", ",", "-", ".", "/", "0", "1", "2",
+    "3", "4", "5", "6", "7", "8", "9", ":", ";", "<", "=", ">", "?", "@", "A", "B", "C", "D", "E",
+    "F", "G", "H", "I", "J", "K", "L", "M", "N", "O", "P", "Q", "R", "S", "T", "U", "V", "W", "X",
+    "Y", "Z", "[", "\\", "]", "^", "_", "`", "a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k",
+    "l", "m", "n", "o", "p", "q", "r", "s", "t", "u", "v", "w", "x", "y", "z", "{", "|", "}", "~",
+    "▁t", "▁b", "▁o", "▁a", "▁i", "▁h", "▁I", "▁f", "▁n", "▁w", "▁y", "▁d", "▁s", "▁m", "▁u", "▁g",
+    "▁c", "▁l", "▁j", "▁k", "▁p", "▁e", "▁H", "▁W", "▁T", "▁R", "▁q", "▁r", "▁v", "in", "ed", "er",
+    "ly", "es", "ti", "me", "ne", "al", "▁th", "▁be", "▁to", "▁of", "▁an", "▁in", "▁ha", "▁it",
+    "▁fo", "▁no", "▁on", "▁wi", "▁he", "▁as", "▁yo", "▁do", "▁at", "▁bu", "▁hi", "▁by", "▁fr",
+    "▁we", "▁sa", "▁sh", "▁or", "▁my", "▁al", "▁wo", "▁wh", "▁so", "▁up", "▁ou", "▁if", "▁ab",
+    "▁ge", "▁go", "▁me", "▁ma", "▁ca", "▁li", "▁ti", "▁ju", "▁kn", "▁ta", "▁pe", "▁ye", "▁co",
+    "▁se", "▁ot", "▁lo", "▁ov", "▁ba", "▁af", "▁us", "▁tw", "▁ho", "▁fi", "▁wa", "▁ev", "▁ne",
+    "▁gi", "▁da", "▁mo", "▁is", "▁ar", "▁He", "▁Wo", "▁Th", "▁It", "▁te", "▁ll", "▁Ru", "▁sm",
+    "▁fa", "▁qu", "▁br", "▁la", "▁re", "▁bl", "▁gr", "▁ru", "▁ve", "▁mu", "ing", "tio", "men",
+    "nes", "est", "▁the", "▁and", "▁tha", "▁hav", "▁for", "▁not", "▁wit", "▁you", "▁thi", "▁but",
+    "▁his", "▁fro", "▁say", "▁her", "▁she", "▁wil", "▁one", "▁all", "▁wou", "▁wha", "▁out", "▁abo",
+    "▁who", "▁get", "▁whi", "▁whe", "▁mak", "▁can", "▁lik", "▁tim", "▁jus", "▁him", "▁kno", "▁tak",
+    "▁peo", "▁int", "▁yea", "▁goo", "▁som", "▁cou", "▁see", "▁oth", "▁now", "▁loo", "▁onl", "▁com",
+    "▁its", "▁ove", "▁als", "▁bac", "▁aft", "▁use", "▁two", "▁how", "▁our", "▁wor", "▁fir", "▁wel",
+    "▁way", "▁eve", "▁new", "▁wan", "▁bec", "▁any", "▁giv", "▁day", "▁mos", "▁are", "▁was", "▁wer",
+    "▁has", "▁had", "▁bee", "▁sai", "▁Hel", "▁hel", "▁Wor", "▁The", "▁Thi", "▁mod", "▁tes", "▁tok",
+    "▁lla", "▁Rus", "▁tex", "▁sma", "▁tin", "▁fas", "▁qui", "▁bro", "▁fox", "▁jum", "▁laz", "▁dog",
+    "▁cat", "▁red", "▁blu", "▁gre", "▁run", "▁wal", "▁yes", "▁why", "▁mor", "▁ver", "▁muc", "▁man",
+    "tion", "ment", "ness", "▁that", "▁have", "▁with", "▁this", "▁from", "▁they", "▁will", "▁woul",
+    "▁ther", "▁thei", "▁what", "▁abou", "▁whic", "▁when", "▁make", "▁like", "▁time", "▁just",
+    "▁know", "▁take", "▁peop", "▁into", "▁year", "▁your", "▁good", "▁some", "▁coul", "▁them",
+    "▁othe", "▁than", "▁then", "▁look", "▁only", "▁come", "▁over", "▁thin", "▁also", "▁back",
+    "▁afte", "▁work", "▁firs", "▁well", "▁even", "▁want", "▁beca", "▁thes", "▁give", "▁most",
+    "▁were", "▁been", "▁said", "▁Hell", "▁hell", "▁worl", "▁Worl", "▁This", "▁mode", "▁test",
+    "▁toke", "▁llam", "▁Rust", "▁text", "▁smal", "▁tiny", "▁fast", "▁quic", "▁brow", "▁jump",
+    "▁lazy", "▁blue", "▁gree", "▁runn", "▁walk", "▁wher", "▁here", "▁more", "▁very", "▁much",
+    "▁many", "▁would", "▁there", "▁their", "▁about", "▁which", "▁peopl", "▁could", "▁other",
+    "▁think", "▁after", "▁first", "▁becau", "▁these", "▁Hello", "▁hello", "▁world", "▁World",
+    "▁model", "▁token", "▁llama", "▁small", "▁quick", "▁brown", "▁jumps", "▁green", "▁runni",
+    "▁walke", "▁where", "▁people", "▁becaus", "▁runnin", "▁walked", "▁because", "▁running",
+];
+
+/// The shape and seed of a tiny synthetic model.
+///
+/// Constraints (checked by [`write_tiny_llama`]): every field but `seed` is
+/// at least 1, `n_head` divides `n_embd` with an even head size (rotary
+/// embedding), and `n_head_kv` divides `n_head`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TinyModelSpec {
+    /// Transformer blocks.
+    pub n_layer: u32,
+    /// Embedding (hidden) size.
+    pub n_embd: u32,
+    /// Attention (query) heads.
+    pub n_head: u32,
+    /// Key/value heads; fewer than `n_head` gives grouped-query attention.
+    pub n_head_kv: u32,
+    /// Feed-forward inner size.
+    pub n_ff: u32,
+    /// Training context length written to the metadata.
+    pub n_ctx_train: u32,
+    /// Seed of the weights; the same spec gives a byte-identical file.
+    pub seed: u64,
+}
+
+impl Default for TinyModelSpec {
+    /// 2 layers, `n_embd` 64, 4 heads over 2 KV heads, `n_ff` 128,
+    /// `n_ctx_train` 2048, seed 42.
+    fn default() -> Self {
+        Self { n_layer: 2, n_embd: 64, n_head: 4, n_head_kv: 2, n_ff: 128, n_ctx_train: 2048, seed: 42 }
+    }
+}
+
+/// RoPE base frequency written to the metadata.
+const ROPE_FREQ_BASE: f32 = 10_000.0;
+/// RMS norm epsilon written to the metadata.
+const RMS_EPS: f32 = 1e-5;
+/// Scale of the output projection relative to a variance-preserving one:
+/// makes the logits spread over a few units, so the argmax depends on the
+/// input instead of being flat noise.
+const OUTPUT_GAIN: f32 = 2.0;
+/// Largest tensor data a "tiny" model may have, in bytes.
+const MAX_DATA_BYTES: u64 = 1 << 31;
+
+/// Writes a tiny llama model for `spec` to `path`.
+///
+/// The file is written to a unique temporary file next to `path`, flushed
+/// to disk and renamed over `path`, so readers never see a partial file.
+///
+/// # Errors
+///
+/// [`io::ErrorKind::InvalidInput`] for a spec that breaks the constraints
+/// of [`TinyModelSpec`] or a path without a file name or with a NUL byte;
+/// otherwise the I/O error of creating, writing or renaming the file (the
+/// parent folder must exist: [`io::ErrorKind::NotFound`] if it does not).
+pub fn write_tiny_llama(path: &Path, spec: &TinyModelSpec) -> io::Result<()> {
+    validate(spec)?;
+    let file_name = path.file_name().ok_or_else(|| invalid_input(format!("no file name in {}", path.display())))?;
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+
+    let (tmp, file) = create_unique_temp(&dir, &file_name.to_string_lossy())?;
+    drop(file);
+    let result = write_gguf(&tmp, spec).and_then(|()| fs::rename(&tmp, path));
+    if result.is_err() {
+        // Best effort: the temporary name is ours alone.
+        let _ = fs::remove_file(&tmp);
+    }
+    result
+}
+
+/// Returns the path of a tiny llama model for `spec`, writing it on first
+/// use.
+///
+/// Models live in `std::env::temp_dir()/llama-rs-tiny/`, named by a hash of
+/// the spec, the vocabulary and the generator version, and are reused by
+/// later calls and other processes. Safe to call from several threads and
+/// processes at once: each writer writes a unique temporary file and renames
+/// it into place, so a reader sees either no file or a whole one.
+///
+/// # Errors
+///
+/// As [`write_tiny_llama`], plus the error of creating the folder.
+pub fn tiny_llama_path(spec: &TinyModelSpec) -> io::Result<PathBuf> {
+    /// Keeps threads of one process from writing the same model twice.
+    static GENERATE: Mutex<()> = Mutex::new(());
+
+    validate(spec)?;
+    let dir = std::env::temp_dir().join("llama-rs-tiny");
+    fs::create_dir_all(&dir)?;
+    let path = dir.join(format!("tiny-llama-{:016x}.gguf", spec_key(spec)));
+    if is_complete_gguf(&path) {
+        return Ok(path);
+    }
+
+    let _guard = GENERATE.lock().unwrap_or_else(PoisonError::into_inner);
+    if is_complete_gguf(&path) {
+        return Ok(path);
+    }
+    match write_tiny_llama(&path, spec) {
+        Ok(()) => Ok(path),
+        // Another process may have won the race and hold the file open
+        // (where that blocks a rename); its file is as good as ours.
+        Err(_) if is_complete_gguf(&path) => Ok(path),
+        Err(e) => Err(e),
+    }
+}
+
+fn invalid_input(msg: impl Into<String>) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, msg.into())
+}
+
+fn validate(spec: &TinyModelSpec) -> io::Result<()> {
+    let TinyModelSpec { n_layer, n_embd, n_head, n_head_kv, n_ff, n_ctx_train, seed: _ } = *spec;
+    if [n_layer, n_embd, n_head, n_head_kv, n_ff, n_ctx_train].contains(&0) {
+        return Err(invalid_input(format!("tiny model spec has a zero size: {spec:?}")));
+    }
+    if n_embd % n_head != 0 || (n_embd / n_head) % 2 != 0 {
+        return Err(invalid_input(format!("n_embd {n_embd} is not n_head {n_head} times an even head size")));
+    }
+    if n_head % n_head_kv != 0 {
+        return Err(invalid_input(format!("n_head_kv {n_head_kv} does not divide n_head {n_head}")));
+    }
+    match data_bytes(spec) {
+        Some(n) if n <= MAX_DATA_BYTES => Ok(()),
+        _ => Err(invalid_input(format!(
+            "tiny model spec is not tiny (over {MAX_DATA_BYTES} bytes of weights): {spec:?}"
+        ))),
+    }
+}
+
+/// Bytes of F32 data in the tensors of [`tensor_plan`], counted without
+/// building it (a huge `n_layer` must fail here, not allocate); `None` on
+/// overflow. Needs `n_head` to divide `n_embd` and be nonzero.
+fn data_bytes(spec: &TinyModelSpec) -> Option<u64> {
+    let (embd, ff) = (u64::from(spec.n_embd), u64::from(spec.n_ff));
+    let embd_kv = (embd / u64::from(spec.n_head)).checked_mul(u64::from(spec.n_head_kv))?;
+    // norms + q, o + k, v + gate, up, down
+    let per_layer = [(2, 1), (2, embd), (2, embd_kv), (3, ff)]
+        .iter()
+        .try_fold(0u64, |acc, &(k, d)| acc.checked_add(embd.checked_mul(d)?.checked_mul(k)?))?;
+    // token_embd + output + output_norm
+    let global = (2 * TINY_VOCAB_SIZE as u64 + 1).checked_mul(embd)?;
+    u64::from(spec.n_layer).checked_mul(per_layer)?.checked_add(global)?.checked_mul(4)
+}
+
+/// A stable (cross-process, cross-version) hash naming the cached file.
+fn spec_key(spec: &TinyModelSpec) -> u64 {
+    let mut h = Fnv1a::new();
+    h.write(b"llama-rs tiny llama");
+    h.write(&GENERATOR_VERSION.to_le_bytes());
+    for v in [spec.n_layer, spec.n_embd, spec.n_head, spec.n_head_kv, spec.n_ff, spec.n_ctx_train] {
+        h.write(&v.to_le_bytes());
+    }
+    h.write(&spec.seed.to_le_bytes());
+    h.write(TINY_CONTROL_TOKEN.as_bytes());
+    for piece in NORMAL_PIECES {
+        h.write(piece.as_bytes());
+        h.write(&[0]);
+    }
+    h.finish()
+}
+
+/// Whether `path` is a file that starts with the GGUF magic. Files appear
+/// only by rename once complete, so this is enough to reuse one.
+fn is_complete_gguf(path: &Path) -> bool {
+    let mut magic = [0u8; 4];
+    File::open(path).and_then(|mut f| f.read_exact(&mut magic)).is_ok_and(|()| &magic == b"GGUF")
+}
+
+/// Creates a new, empty file with a name unique to this call in `dir`.
+fn create_unique_temp(dir: &Path, base: &str) -> io::Result<(PathBuf, File)> {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let mut last_err = None;
+    for _ in 0..100 {
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let tmp = dir.join(format!(".{base}.{}.{n}.tmp", std::process::id()));
+        match OpenOptions::new().write(true).create_new(true).open(&tmp) {
+            Ok(file) => return Ok((tmp, file)),
+            // A leftover of a dead process with our pid: try the next name.
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => last_err = Some(e),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last_err.unwrap_or_else(|| io::Error::other("no free temporary file name")))
+}
+
+fn path_to_cstring(path: &Path) -> io::Result<CString> {
+    #[cfg(unix)]
+    let bytes = {
+        use std::os::unix::ffi::OsStrExt;
+        path.as_os_str().as_bytes().to_vec()
+    };
+    #[cfg(not(unix))]
+    let bytes = path
+        .to_str()
+        .ok_or_else(|| invalid_input(format!("path is not UTF-8: {}", path.display())))?
+        .as_bytes()
+        .to_vec();
+    CString::new(bytes).map_err(|_| invalid_input(format!("NUL byte in path {}", path.display())))
+}
+
+fn cstring(s: &str) -> io::Result<CString> {
+    CString::new(s).map_err(|_| invalid_input(format!("NUL byte in {s:?}")))
+}
+
+/// 64-bit FNV-1a: small, stable across processes and Rust versions.
+struct Fnv1a(u64);
+
+impl Fnv1a {
+    fn new() -> Self {
+        Self(0xcbf2_9ce4_8422_2325)
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 ^= u64::from(b);
+            self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// SplitMix64: a tiny, well-mixed PRNG; deterministic across platforms.
+struct SplitMix64(u64);
+
+impl SplitMix64 {
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [-1, 1), exactly representable (24 random bits).
+    fn next_signed_unit(&mut self) -> f32 {
+        let bits = (self.next_u64() >> 40) as u32; // 24 bits
+        (bits as f32 / (1u32 << 23) as f32) - 1.0
+    }
+}
+
+/// How a tensor's values are drawn.
+#[derive(Clone, Copy)]
+enum Init {
+    /// All ones (norm weights).
+    Ones,
+    /// Uniform in [-a, a).
+    Uniform(f32),
+}
+
+/// One weight tensor of the model: name, ggml shape (`ne[0]` is the row
+/// length, i.e. the input size of a matrix) and initialisation.
+struct TensorDef {
+    name: String,
+    ne: Vec<u32>,
+    init: Init,
+}
+
+impl TensorDef {
+    fn n_elements(&self) -> Option<u64> {
+        self.ne.iter().try_fold(1u64, |acc, &d| acc.checked_mul(u64::from(d)))
+    }
+
+    /// The tensor's values: a PRNG stream seeded by the model seed and the
+    /// tensor name, so tensors are independent of each other and of order.
+    fn values(&self, seed: u64) -> Vec<f32> {
+        let n = self.n_elements().unwrap_or(0) as usize;
+        match self.init {
+            Init::Ones => vec![1.0; n],
+            Init::Uniform(a) => {
+                let mut h = Fnv1a::new();
+                h.write(self.name.as_bytes());
+                let mut rng = SplitMix64(seed ^ h.finish());
+                (0..n).map(|_| a * rng.next_signed_unit()).collect()
+            }
+        }
+    }
+}
+
+/// Uniform bound that gives standard deviation `1/sqrt(fan_in)`.
+fn he_bound(fan_in: u32) -> f32 {
+    (3.0 / fan_in as f32).sqrt()
+}
+
+/// The tensors of a llama model, in the order `convert_hf_to_gguf.py`
+/// writes them. Shapes follow `llama_model_llama::load_arch_tensors`.
+fn tensor_plan(spec: &TinyModelSpec) -> Vec<TensorDef> {
+    let n_vocab = TINY_VOCAB_SIZE as u32;
+    let n_embd = spec.n_embd;
+    let head = spec.n_embd / spec.n_head.max(1);
+    let n_embd_kv = head * spec.n_head_kv;
+    let def = |name: String, ne: &[u32], init| TensorDef { name, ne: ne.to_vec(), init };
+
+    let mut plan = vec![
+        def("token_embd.weight".into(), &[n_embd, n_vocab], Init::Uniform(1.0)),
+        def("output_norm.weight".into(), &[n_embd], Init::Ones),
+        def("output.weight".into(), &[n_embd, n_vocab], Init::Uniform(OUTPUT_GAIN * he_bound(n_embd))),
+    ];
+    for i in 0..spec.n_layer {
+        let blk = |t: &str| format!("blk.{i}.{t}.weight");
+        let wide = Init::Uniform(he_bound(n_embd));
+        plan.extend([
+            def(blk("attn_norm"), &[n_embd], Init::Ones),
+            def(blk("attn_q"), &[n_embd, n_embd], wide),
+            def(blk("attn_k"), &[n_embd, n_embd_kv], wide),
+            def(blk("attn_v"), &[n_embd, n_embd_kv], wide),
+            def(blk("attn_output"), &[n_embd, n_embd], wide),
+            def(blk("ffn_norm"), &[n_embd], Init::Ones),
+            def(blk("ffn_gate"), &[n_embd, spec.n_ff], wide),
+            def(blk("ffn_down"), &[spec.n_ff, n_embd], Init::Uniform(he_bound(spec.n_ff))),
+            def(blk("ffn_up"), &[n_embd, spec.n_ff], wide),
+        ]);
+    }
+    plan
+}
+
+/// The full vocabulary: texts, scores and `llama_token_type`s.
+struct Vocab {
+    texts: Vec<String>,
+    scores: Vec<f32>,
+    types: Vec<i32>,
+}
+
+fn tiny_vocab() -> Vocab {
+    use sys::llama_token_type::*;
+
+    let mut v = Vocab {
+        texts: Vec::with_capacity(TINY_VOCAB_SIZE),
+        scores: Vec::with_capacity(TINY_VOCAB_SIZE),
+        types: Vec::with_capacity(TINY_VOCAB_SIZE),
+    };
+    let mut push = |text: String, score: f32, ty: sys::llama_token_type::Type| {
+        v.texts.push(text);
+        v.scores.push(score);
+        v.types.push(ty as i32);
+    };
+    push("<unk>".into(), 0.0, LLAMA_TOKEN_TYPE_UNKNOWN);
+    push("<s>".into(), 0.0, LLAMA_TOKEN_TYPE_CONTROL);
+    push("</s>".into(), 0.0, LLAMA_TOKEN_TYPE_CONTROL);
+    for b in 0..=255u8 {
+        push(format!("<0x{b:02X}>"), 0.0, LLAMA_TOKEN_TYPE_BYTE);
+    }
+    push(TINY_CONTROL_TOKEN.into(), 0.0, LLAMA_TOKEN_TYPE_CONTROL);
+    for (i, piece) in NORMAL_PIECES.iter().enumerate() {
+        push((*piece).into(), -(i as f32), LLAMA_TOKEN_TYPE_NORMAL);
+    }
+    v
+}
+
+/// Owns a `ggml_context` that allocates tensor data in its own pool.
+struct GgmlContext {
+    ctx: *mut sys::ggml_context,
+    /// Bytes of the pool not yet promised to a tensor.
+    left: usize,
+}
+
+impl GgmlContext {
+    fn new(mem_size: usize) -> io::Result<Self> {
+        let params = sys::ggml_init_params { mem_size, mem_buffer: std::ptr::null_mut(), no_alloc: false };
+        // SAFETY: `params` is a valid by-value struct; a null `mem_buffer`
+        // makes ggml allocate (and later free) the pool itself.
+        let ctx = unsafe { sys::ggml_init(params) };
+        if ctx.is_null() {
+            return Err(io::Error::other("ggml_init failed"));
+        }
+        Ok(Self { ctx, left: mem_size })
+    }
+}
+
+impl Drop for GgmlContext {
+    fn drop(&mut self) {
+        // SAFETY: `ctx` came from `ggml_init`, is non-null and is freed only
+        // here; the `GgufContext` that copied its tensors is dropped first
+        // (field order of `ModelWriter`).
+        unsafe { sys::ggml_free(self.ctx) };
+    }
+}
+
+/// Owns a `gguf_context` being filled for writing.
+struct GgufContext(*mut sys::gguf_context);
+
+impl Drop for GgufContext {
+    fn drop(&mut self) {
+        // SAFETY: the pointer came from `gguf_init_empty`, is non-null and is
+        // freed only here.
+        unsafe { sys::gguf_free(self.0) };
+    }
+}
+
+/// A GGUF file under construction. Field order matters: `gguf` holds copies
+/// of tensor headers whose data live in `ggml`'s pool, so it drops first.
+struct ModelWriter {
+    gguf: GgufContext,
+    ggml: GgmlContext,
+    /// Bytes of tensor data, each tensor padded to the GGUF alignment.
+    data_size: usize,
+}
+
+impl ModelWriter {
+    fn new(mem_size: usize) -> io::Result<Self> {
+        // SAFETY: no preconditions; the result is checked for null.
+        let gguf = unsafe { sys::gguf_init_empty() };
+        if gguf.is_null() {
+            return Err(io::Error::other("gguf_init_empty failed"));
+        }
+        let gguf = GgufContext(gguf);
+        Ok(Self { gguf, ggml: GgmlContext::new(mem_size)?, data_size: 0 })
+    }
+
+    fn set_str(&mut self, key: &str, val: &str) -> io::Result<()> {
+        let (key, val) = (cstring(key)?, cstring(val)?);
+        // SAFETY: the context is live; both are NUL-terminated strings that
+        // outlive the call (gguf copies them).
+        unsafe { sys::gguf_set_val_str(self.gguf.0, key.as_ptr(), val.as_ptr()) };
+        Ok(())
+    }
+
+    fn set_u32(&mut self, key: &str, val: u32) -> io::Result<()> {
+        let key = cstring(key)?;
+        // SAFETY: the context is live; `key` is NUL-terminated (gguf copies it).
+        unsafe { sys::gguf_set_val_u32(self.gguf.0, key.as_ptr(), val) };
+        Ok(())
+    }
+
+    fn set_f32(&mut self, key: &str, val: f32) -> io::Result<()> {
+        let key = cstring(key)?;
+        // SAFETY: the context is live; `key` is NUL-terminated (gguf copies it).
+        unsafe { sys::gguf_set_val_f32(self.gguf.0, key.as_ptr(), val) };
+        Ok(())
+    }
+
+    fn set_bool(&mut self, key: &str, val: bool) -> io::Result<()> {
+        let key = cstring(key)?;
+        // SAFETY: the context is live; `key` is NUL-terminated (gguf copies it).
+        unsafe { sys::gguf_set_val_bool(self.gguf.0, key.as_ptr(), val) };
+        Ok(())
+    }
+
+    fn set_arr_str(&mut self, key: &str, vals: &[String]) -> io::Result<()> {
+        let key = cstring(key)?;
+        let owned = vals.iter().map(|s| cstring(s)).collect::<io::Result<Vec<_>>>()?;
+        let mut ptrs: Vec<*const c_char> = owned.iter().map(|s| s.as_ptr()).collect();
+        // SAFETY: the context is live; `ptrs` holds `ptrs.len()` pointers to
+        // NUL-terminated strings owned by `owned`, alive across the call
+        // (gguf copies them); gguf only reads through the array.
+        unsafe { sys::gguf_set_arr_str(self.gguf.0, key.as_ptr(), ptrs.as_mut_ptr(), ptrs.len()) };
+        Ok(())
+    }
+
+    fn set_arr_f32(&mut self, key: &str, vals: &[f32]) -> io::Result<()> {
+        let key = cstring(key)?;
+        // SAFETY: the context is live; `vals` is `vals.len()` f32s, matching
+        // GGUF_TYPE_FLOAT32 (4 bytes each); gguf copies them.
+        unsafe {
+            sys::gguf_set_arr_data(
+                self.gguf.0,
+                key.as_ptr(),
+                sys::gguf_type::GGUF_TYPE_FLOAT32,
+                vals.as_ptr().cast::<c_void>(),
+                vals.len(),
+            )
+        };
+        Ok(())
+    }
+
+    fn set_arr_i32(&mut self, key: &str, vals: &[i32]) -> io::Result<()> {
+        let key = cstring(key)?;
+        // SAFETY: the context is live; `vals` is `vals.len()` i32s, matching
+        // GGUF_TYPE_INT32 (4 bytes each); gguf copies them.
+        unsafe {
+            sys::gguf_set_arr_data(
+                self.gguf.0,
+                key.as_ptr(),
+                sys::gguf_type::GGUF_TYPE_INT32,
+                vals.as_ptr().cast::<c_void>(),
+                vals.len(),
+            )
+        };
+        Ok(())
+    }
+
+    /// Bytes of ggml pool a tensor of `n_bytes` data needs.
+    fn pool_bytes(n_bytes: usize) -> usize {
+        // SAFETY: no preconditions; returns a constant.
+        let overhead = unsafe { sys::ggml_tensor_overhead() };
+        // ggml pads each object to GGML_MEM_ALIGN (at most 16).
+        overhead + n_bytes + 16
+    }
+
+    /// Declares an F32 tensor in the ggml pool, fills it and adds it to the
+    /// GGUF context.
+    fn add_f32_tensor(&mut self, def: &TensorDef, values: &[f32]) -> io::Result<()> {
+        let name = cstring(&def.name)?;
+        if name.as_bytes().len() >= sys::GGML_MAX_NAME as usize {
+            return Err(invalid_input(format!("tensor name too long: {}", def.name)));
+        }
+        let n_bytes = std::mem::size_of_val(values);
+        let need = Self::pool_bytes(n_bytes);
+        if need > self.ggml.left {
+            // ggml would abort the process instead of failing.
+            return Err(io::Error::other("ggml pool too small for the model"));
+        }
+        self.ggml.left -= need;
+        let ne: Vec<i64> = def.ne.iter().map(|&d| i64::from(d)).collect();
+
+        // SAFETY: the ggml context is live and (checked above) has room for
+        // the tensor and its data, so ggml_new_tensor neither aborts nor
+        // returns an unusable tensor; `ne` holds `ne.len()` (1 or 2, within
+        // GGML_MAX_DIMS) positive dimensions.
+        let tensor =
+            unsafe { sys::ggml_new_tensor(self.ggml.ctx, sys::ggml_type::GGML_TYPE_F32, ne.len() as i32, ne.as_ptr()) };
+        if tensor.is_null() {
+            return Err(io::Error::other("ggml_new_tensor failed"));
+        }
+        // SAFETY: `tensor` is a live tensor of the context; `name` is
+        // NUL-terminated and shorter than GGML_MAX_NAME (checked above).
+        unsafe { sys::ggml_set_name(tensor, name.as_ptr()) };
+        // SAFETY: `tensor` is a live tensor of the context.
+        let (data, nbytes) = unsafe { (sys::ggml_get_data(tensor), sys::ggml_nbytes(tensor)) };
+        if data.is_null() || nbytes != n_bytes {
+            return Err(io::Error::other(format!(
+                "tensor {} has {nbytes} bytes of data, expected {n_bytes}",
+                def.name
+            )));
+        }
+        // SAFETY: `data` points to `nbytes` == `n_bytes` writable bytes in the
+        // ggml pool (no_alloc = false), which cannot overlap `values` (a Rust
+        // allocation); a byte copy needs no alignment.
+        unsafe { std::ptr::copy_nonoverlapping(values.as_ptr().cast::<u8>(), data.cast::<u8>(), n_bytes) };
+        // SAFETY: both contexts are live; the tensor's name is unique in this
+        // model (tensor_plan), so gguf_add_tensor does not abort; gguf copies
+        // the header, whose data pointer stays valid until `ggml` drops, after
+        // `gguf` (field order).
+        unsafe { sys::gguf_add_tensor(self.gguf.0, tensor) };
+
+        // SAFETY: the context is live.
+        let alignment = unsafe { sys::gguf_get_alignment(self.gguf.0) };
+        self.data_size += n_bytes.div_ceil(alignment) * alignment;
+        Ok(())
+    }
+
+    /// Writes the GGUF file and checks that all of it reached the file.
+    fn write(&self, path: &Path) -> io::Result<()> {
+        let c_path = path_to_cstring(path)?;
+        // SAFETY: the context is live.
+        let meta_size = unsafe { sys::gguf_get_meta_size(self.gguf.0) };
+        // SAFETY: the context is live and every tensor added to it has its
+        // data in the live ggml pool; `c_path` is NUL-terminated.
+        let ok = unsafe { sys::gguf_write_to_file(self.gguf.0, c_path.as_ptr(), false) };
+        if !ok {
+            return Err(io::Error::other(format!("gguf_write_to_file failed for {}", path.display())));
+        }
+        // gguf ignores the result of fclose, so check what landed on disk.
+        let file = OpenOptions::new().write(true).open(path)?;
+        file.sync_all()?;
+        let len = file.metadata()?.len();
+        let expected = (meta_size + self.data_size) as u64;
+        if len != expected {
+            return Err(io::Error::other(format!("{} has {len} bytes, expected {expected}", path.display())));
+        }
+        Ok(())
+    }
+}
+
+/// Builds the model for `spec` and writes it to `path` (not atomically).
+fn write_gguf(path: &Path, spec: &TinyModelSpec) -> io::Result<()> {
+    let plan = tensor_plan(spec);
+    let mem_size = plan.iter().try_fold(0usize, |acc, t| {
+        let bytes = usize::try_from(t.n_elements()?).ok()?.checked_mul(4)?;
+        acc.checked_add(ModelWriter::pool_bytes(bytes))
+    });
+    let mem_size = mem_size.ok_or_else(|| invalid_input("tiny model too large"))?;
+    let mut w = ModelWriter::new(mem_size)?;
+
+    let arch = "llama";
+    let key = |k: &str| format!("{arch}.{k}");
+    w.set_str("general.architecture", arch)?;
+    w.set_str("general.name", "llama-rs tiny synthetic llama")?;
+    w.set_u32(&key("vocab_size"), TINY_VOCAB_SIZE as u32)?;
+    w.set_u32(&key("context_length"), spec.n_ctx_train)?;
+    w.set_u32(&key("embedding_length"), spec.n_embd)?;
+    w.set_u32(&key("block_count"), spec.n_layer)?;
+    w.set_u32(&key("feed_forward_length"), spec.n_ff)?;
+    w.set_u32(&key("attention.head_count"), spec.n_head)?;
+    w.set_u32(&key("attention.head_count_kv"), spec.n_head_kv)?;
+    w.set_u32(&key("rope.dimension_count"), spec.n_embd / spec.n_head)?;
+    w.set_f32(&key("rope.freq_base"), ROPE_FREQ_BASE)?;
+    w.set_f32(&key("attention.layer_norm_rms_epsilon"), RMS_EPS)?;
+
+    let vocab = tiny_vocab();
+    w.set_str("tokenizer.ggml.model", "llama")?;
+    w.set_arr_str("tokenizer.ggml.tokens", &vocab.texts)?;
+    w.set_arr_f32("tokenizer.ggml.scores", &vocab.scores)?;
+    w.set_arr_i32("tokenizer.ggml.token_type", &vocab.types)?;
+    w.set_u32("tokenizer.ggml.bos_token_id", TINY_BOS_ID as u32)?;
+    w.set_u32("tokenizer.ggml.eos_token_id", TINY_EOS_ID as u32)?;
+    w.set_u32("tokenizer.ggml.unknown_token_id", TINY_UNK_ID as u32)?;
+    w.set_bool("tokenizer.ggml.add_bos_token", true)?;
+    w.set_bool("tokenizer.ggml.add_eos_token", false)?;
+    w.set_bool("tokenizer.ggml.add_space_prefix", true)?;
+
+    for def in &plan {
+        let values = def.values(spec.seed);
+        w.add_f32_tensor(def, &values)?;
+    }
+    w.write(path)
+}
+
+/// The id of a normal piece, for tests; `None` if it is not in the table.
+#[cfg(test)]
+fn normal_piece_id(piece: &str) -> Option<usize> {
+    NORMAL_PIECES.iter().position(|p| *p == piece).map(|i| FIRST_NORMAL_ID + i)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+
+    #[test]
+    fn vocab_is_unique_and_prefix_closed() {
+        let vocab = tiny_vocab();
+        assert_eq!(vocab.texts.len(), TINY_VOCAB_SIZE);
+        assert_eq!(vocab.scores.len(), TINY_VOCAB_SIZE);
+        assert_eq!(vocab.types.len(), TINY_VOCAB_SIZE);
+        let unique: HashSet<&str> = vocab.texts.iter().map(String::as_str).collect();
+        assert_eq!(unique.len(), TINY_VOCAB_SIZE, "duplicate token text");
+        assert_eq!(vocab.texts[TINY_CONTROL_TOKEN_ID as usize], TINY_CONTROL_TOKEN);
+        assert_eq!(vocab.texts[(TINY_FIRST_BYTE_ID + 0x0A) as usize], "<0x0A>");
+        for piece in NORMAL_PIECES {
+            let chars: Vec<char> = piece.chars().collect();
+            if chars.len() > 1 {
+                let prefix: String = chars[..chars.len() - 1].iter().collect();
+                assert!(unique.contains(prefix.as_str()), "{piece:?} lacks {prefix:?}");
+            }
+        }
+        assert!(normal_piece_id("▁Hello").is_some());
+        assert!(normal_piece_id("▁world").is_some());
+    }
+
+    #[test]
+    fn rng_is_deterministic_and_spread() {
+        let a: Vec<f32> = {
+            let mut r = SplitMix64(7);
+            (0..1000).map(|_| r.next_signed_unit()).collect()
+        };
+        let b: Vec<f32> = {
+            let mut r = SplitMix64(7);
+            (0..1000).map(|_| r.next_signed_unit()).collect()
+        };
+        assert_eq!(a, b);
+        assert!(a.iter().all(|v| (-1.0..1.0).contains(v)));
+        let mean = a.iter().sum::<f32>() / a.len() as f32;
+        assert!(mean.abs() < 0.1, "mean {mean}");
+    }
+
+    #[test]
+    fn invalid_specs_are_rejected() {
+        let bad = [
+            TinyModelSpec { n_layer: 0, ..TinyModelSpec::default() },
+            TinyModelSpec { n_head: 3, ..TinyModelSpec::default() },
+            TinyModelSpec { n_head_kv: 3, ..TinyModelSpec::default() },
+            TinyModelSpec { n_embd: 1 << 20, n_ff: 1 << 20, ..TinyModelSpec::default() },
+        ];
+        for spec in bad {
+            let err = validate(&spec).expect_err("invalid spec accepted");
+            assert_eq!(err.kind(), io::ErrorKind::InvalidInput, "{spec:?}");
+        }
+        validate(&TinyModelSpec::default()).expect("default spec");
+    }
+
+    #[test]
+    fn data_bytes_counts_the_tensor_plan() {
+        for spec in [
+            TinyModelSpec::default(),
+            TinyModelSpec { n_layer: 3, n_embd: 32, n_head: 2, n_head_kv: 1, n_ff: 48, ..TinyModelSpec::default() },
+        ] {
+            let plan: u64 = tensor_plan(&spec).iter().map(|t| t.n_elements().expect("small") * 4).sum();
+            assert_eq!(data_bytes(&spec), Some(plan), "{spec:?}");
+        }
+        let huge = TinyModelSpec {
+            n_layer: u32::MAX,
+            n_embd: u32::MAX - 1,
+            n_head: 1,
+            n_head_kv: 1,
+            n_ff: u32::MAX,
+            ..TinyModelSpec::default()
+        };
+        assert_eq!(data_bytes(&huge), None);
+    }
+
+    #[test]
+    fn spec_key_depends_on_every_field() {
+        let base = TinyModelSpec::default();
+        let variants = [
+            TinyModelSpec { n_layer: 3, ..base },
+            TinyModelSpec { n_embd: 128, ..base },
+            TinyModelSpec { n_head: 8, ..base },
+            TinyModelSpec { n_head_kv: 4, ..base },
+            TinyModelSpec { n_ff: 256, ..base },
+            TinyModelSpec { n_ctx_train: 4096, ..base },
+            TinyModelSpec { seed: 43, ..base },
+        ];
+        let mut keys: HashSet<u64> = variants.iter().map(spec_key).collect();
+        keys.insert(spec_key(&base));
+        assert_eq!(keys.len(), variants.len() + 1);
+        assert_eq!(spec_key(&base), spec_key(&TinyModelSpec::default()));
+    }
+}
