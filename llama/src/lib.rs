@@ -34,6 +34,7 @@ mod batch;
 mod chat;
 mod context;
 mod error;
+pub mod generate;
 mod memory;
 mod model;
 mod sampler;

@@ -1,0 +1,2 @@
+//! Criterion benchmarks of prefill and decode on the default model.
+fn main() {}

@@ -1,0 +1,1 @@
+//! Streaming generation: prompt in, text pieces out.
