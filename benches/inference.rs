@@ -1,2 +1,215 @@
-//! Criterion benchmarks of prefill and decode on the default model.
-fn main() {}
+//! Criterion benchmarks on the default model (Gemma 3 270M Q4_K_M, or
+//! `LLAMA_MODEL`), threads from `LLAMA_BENCH_THREADS` (default 2):
+//!
+//! - `prefill/N`: one N-token prompt from an empty cache (throughput in tokens);
+//! - `decode/depth-D`: one single-token step with D tokens already cached;
+//! - `batched_decode/N`: one step of N sequences together (aggregate tokens);
+//! - `kv_type/T`: a single-token step at depth 1024 with a T (f16, q8_0) KV cache;
+//! - `prompt_cache/{cold,reused}`: time to first token for a 1,024-token
+//!   shared prefix + 16 new tokens, decoding everything vs reusing the prefix.
+//!
+//! Each measurement times only the decode (and the sampling for the prompt
+//! cache); restoring the cache between iterations is excluded.
+
+use std::hint::black_box;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use llama::{Batch, Context, ContextParams, KvType, Model, ModelParams, Sampler, Token};
+
+fn model() -> &'static Model {
+    static MODEL: OnceLock<Model> = OnceLock::new();
+    MODEL.get_or_init(|| {
+        let path = llama_suite::model_cache::model_path().unwrap_or_else(|e| panic!("no model: {e}"));
+        Model::load(&path, &ModelParams::default()).unwrap_or_else(|e| panic!("cannot load {}: {e}", path.display()))
+    })
+}
+
+fn threads() -> i32 {
+    std::env::var("LLAMA_BENCH_THREADS").ok().and_then(|v| v.parse().ok()).unwrap_or(2)
+}
+
+fn params(n_ctx: u32) -> ContextParams {
+    ContextParams::default().n_ctx(n_ctx).n_batch(2048).n_ubatch(512).n_threads(threads()).n_threads_batch(threads())
+}
+
+/// Deterministic, non-repetitive prompt tokens (BOS first).
+fn prompt(len: usize, salt: u64) -> Vec<Token> {
+    let vocab = model().vocab();
+    let n = vocab.n_tokens() as u64;
+    let mut state = 0x2545_F491_4F6C_DD1D ^ salt;
+    let mut tokens: Vec<Token> = (0..len)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            // Stay clear of the control tokens at the start of Gemma's vocab.
+            Token((1000 + state % (n - 1000)) as i32)
+        })
+        .collect();
+    if let (Some(first), Some(bos)) = (tokens.first_mut(), vocab.bos()) {
+        *first = bos;
+    }
+    tokens
+}
+
+fn decode_prompt(ctx: &mut Context<'_>, tokens: &[Token], start: i32, seq: i32) {
+    let mut batch = Batch::new(ctx.n_batch() as usize, 1);
+    for (i, chunk) in tokens.chunks(ctx.n_batch() as usize).enumerate() {
+        batch.clear();
+        let pos = start + (i * ctx.n_batch() as usize) as i32;
+        batch.push_sequence(chunk, pos, seq, true).expect("chunk fits");
+        ctx.decode(&batch).expect("decode");
+    }
+    ctx.synchronize();
+}
+
+fn prefill(c: &mut Criterion) {
+    let mut group = c.benchmark_group("prefill");
+    group.sample_size(10).warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(4));
+    let mut ctx = model().new_context(&params(1024)).expect("context");
+    for n in [32usize, 128, 512, 1024] {
+        let tokens = prompt(n, n as u64);
+        group.throughput(Throughput::Elements(n as u64));
+        group.bench_with_input(BenchmarkId::from_parameter(n), &tokens, |b, tokens| {
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    ctx.clear_kv(false);
+                    let start = Instant::now();
+                    decode_prompt(&mut ctx, tokens, 0, 0);
+                    total += start.elapsed();
+                }
+                total
+            })
+        });
+    }
+    group.finish();
+}
+
+/// Times one single-token decode at `depth`, then removes it again.
+fn step_at_depth(ctx: &mut Context<'_>, batch: &mut Batch, depth: usize, iters: u64) -> Duration {
+    let mut total = Duration::ZERO;
+    for i in 0..iters {
+        batch.clear();
+        batch.push(Token(1000 + (i % 5000) as i32), depth as i32, &[0], true).expect("fits");
+        let start = Instant::now();
+        ctx.decode(batch).expect("decode");
+        ctx.synchronize();
+        total += start.elapsed();
+        ctx.seq_rm(Some(0), Some(depth as i32), None).expect("seq 0");
+    }
+    total
+}
+
+fn decode(c: &mut Criterion) {
+    let mut group = c.benchmark_group("decode");
+    group.sample_size(20).warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(3));
+    group.throughput(Throughput::Elements(1));
+    for depth in [0usize, 256, 1024] {
+        let mut ctx = model().new_context(&params(2048)).expect("context");
+        if depth > 0 {
+            decode_prompt(&mut ctx, &prompt(depth, 7), 0, 0);
+        }
+        let mut batch = Batch::new(1, 1);
+        group.bench_function(BenchmarkId::new("depth", depth), |b| {
+            b.iter_custom(|iters| step_at_depth(&mut ctx, &mut batch, depth, iters))
+        });
+    }
+    group.finish();
+}
+
+fn batched_decode(c: &mut Criterion) {
+    const PROMPT: usize = 64;
+    let mut group = c.benchmark_group("batched_decode");
+    group.sample_size(20).warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(3));
+    for n_seq in [1usize, 4, 8] {
+        let p = params(2048).n_seq_max(8).kv_unified(true);
+        let mut ctx = model().new_context(&p).expect("context");
+        for seq in 0..n_seq {
+            decode_prompt(&mut ctx, &prompt(PROMPT, seq as u64), 0, seq as i32);
+        }
+        let mut batch = Batch::new(n_seq, 1);
+        group.throughput(Throughput::Elements(n_seq as u64));
+        group.bench_function(BenchmarkId::from_parameter(n_seq), |b| {
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                for i in 0..iters {
+                    batch.clear();
+                    for seq in 0..n_seq {
+                        let token = Token(2000 + ((i as usize * 8 + seq) % 5000) as i32);
+                        batch.push(token, PROMPT as i32, &[seq as i32], true).expect("fits");
+                    }
+                    let start = Instant::now();
+                    ctx.decode(&batch).expect("decode");
+                    ctx.synchronize();
+                    total += start.elapsed();
+                    ctx.seq_rm(None, Some(PROMPT as i32), None).expect("all sequences");
+                }
+                total
+            })
+        });
+    }
+    group.finish();
+}
+
+fn kv_type(c: &mut Criterion) {
+    const DEPTH: usize = 1024;
+    let mut group = c.benchmark_group("kv_type");
+    group.sample_size(20).warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(3));
+    group.throughput(Throughput::Elements(1));
+    for (name, kind) in [("f16", KvType::F16), ("q8_0", KvType::Q8_0)] {
+        let mut ctx = model().new_context(&params(2048).kv_type(kind)).expect("context");
+        decode_prompt(&mut ctx, &prompt(DEPTH, 11), 0, 0);
+        let kv_bytes = ctx.save_seq_state(0).expect("state").len();
+        eprintln!("kv_type/{name}: KV cache of sequence 0 at depth {DEPTH}: {kv_bytes} bytes");
+        let mut batch = Batch::new(1, 1);
+        group.bench_function(name, |b| b.iter_custom(|iters| step_at_depth(&mut ctx, &mut batch, DEPTH, iters)));
+    }
+    group.finish();
+}
+
+fn prompt_cache(c: &mut Criterion) {
+    const PREFIX: usize = 1024;
+    const SUFFIX: usize = 16;
+    let mut group = c.benchmark_group("prompt_cache");
+    group.sample_size(10).warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(5));
+    let full = prompt(PREFIX + SUFFIX, 13);
+    let mut ctx = model().new_context(&params(2048)).expect("context");
+    let mut sampler = Sampler::greedy();
+    let mut first_token = |ctx: &mut Context<'_>, from: usize| {
+        decode_prompt(ctx, &full[from..], from as i32, 0);
+        black_box(sampler.sample(ctx, -1).expect("sample"))
+    };
+    group.bench_function("cold", |b| {
+        b.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                ctx.clear_kv(false);
+                let start = Instant::now();
+                first_token(&mut ctx, 0);
+                total += start.elapsed();
+            }
+            total
+        })
+    });
+    ctx.clear_kv(false);
+    decode_prompt(&mut ctx, &full[..PREFIX], 0, 0);
+    group.bench_function("reused", |b| {
+        b.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                ctx.seq_rm(Some(0), Some(PREFIX as i32), None).expect("seq 0");
+                let start = Instant::now();
+                first_token(&mut ctx, PREFIX);
+                total += start.elapsed();
+            }
+            total
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, prefill, decode, batched_decode, kv_type, prompt_cache);
+criterion_main!(benches);
