@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use features::{Features, Lib, Target};
 
 fn main() {
-    for path in ["build.rs", "build", "shim", "src/bindings.rs"] {
+    for path in ["build.rs", "build", "shim"] {
         println!("cargo:rerun-if-changed={path}");
     }
     let manifest_dir = env::cargo_path("CARGO_MANIFEST_DIR");

@@ -295,8 +295,7 @@ impl Default for ggml_tensor {
         }
     }
 }
-pub type ggml_abort_callback =
-    ::std::option::Option<unsafe extern "C" fn(data: *mut ::std::os::raw::c_void) -> bool>;
+pub type ggml_abort_callback = ::std::option::Option<unsafe extern "C" fn(data: *mut ::std::os::raw::c_void) -> bool>;
 pub type ggml_guid = [u8; 16usize];
 pub type ggml_guid_t = *mut ggml_guid;
 unsafe extern "C" {
@@ -338,19 +337,10 @@ unsafe extern "C" {
     ) -> *mut ggml_tensor;
 }
 unsafe extern "C" {
-    pub fn ggml_new_tensor_1d(
-        ctx: *mut ggml_context,
-        type_: ggml_type::Type,
-        ne0: i64,
-    ) -> *mut ggml_tensor;
+    pub fn ggml_new_tensor_1d(ctx: *mut ggml_context, type_: ggml_type::Type, ne0: i64) -> *mut ggml_tensor;
 }
 unsafe extern "C" {
-    pub fn ggml_new_tensor_2d(
-        ctx: *mut ggml_context,
-        type_: ggml_type::Type,
-        ne0: i64,
-        ne1: i64,
-    ) -> *mut ggml_tensor;
+    pub fn ggml_new_tensor_2d(ctx: *mut ggml_context, type_: ggml_type::Type, ne0: i64, ne1: i64) -> *mut ggml_tensor;
 }
 unsafe extern "C" {
     pub fn ggml_new_tensor_3d(
@@ -378,10 +368,7 @@ unsafe extern "C" {
     pub fn ggml_get_name(tensor: *const ggml_tensor) -> *const ::std::os::raw::c_char;
 }
 unsafe extern "C" {
-    pub fn ggml_set_name(
-        tensor: *mut ggml_tensor,
-        name: *const ::std::os::raw::c_char,
-    ) -> *mut ggml_tensor;
+    pub fn ggml_set_name(tensor: *mut ggml_tensor, name: *const ::std::os::raw::c_char) -> *mut ggml_tensor;
 }
 pub type ggml_log_callback = ::std::option::Option<
     unsafe extern "C" fn(
@@ -425,10 +412,7 @@ unsafe extern "C" {
     ) -> *mut ggml_backend_buffer;
 }
 unsafe extern "C" {
-    pub fn ggml_backend_alloc_ctx_tensors(
-        ctx: *mut ggml_context,
-        backend: ggml_backend_t,
-    ) -> *mut ggml_backend_buffer;
+    pub fn ggml_backend_alloc_ctx_tensors(ctx: *mut ggml_context, backend: ggml_backend_t) -> *mut ggml_backend_buffer;
 }
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
@@ -450,15 +434,10 @@ pub struct ggml_backend_device {
 }
 pub type ggml_backend_dev_t = *mut ggml_backend_device;
 unsafe extern "C" {
-    pub fn ggml_backend_buft_name(
-        buft: ggml_backend_buffer_type_t,
-    ) -> *const ::std::os::raw::c_char;
+    pub fn ggml_backend_buft_name(buft: ggml_backend_buffer_type_t) -> *const ::std::os::raw::c_char;
 }
 unsafe extern "C" {
-    pub fn ggml_backend_buft_alloc_buffer(
-        buft: ggml_backend_buffer_type_t,
-        size: usize,
-    ) -> ggml_backend_buffer_t;
+    pub fn ggml_backend_buft_alloc_buffer(buft: ggml_backend_buffer_type_t, size: usize) -> ggml_backend_buffer_t;
 }
 unsafe extern "C" {
     pub fn ggml_backend_buft_get_alignment(buft: ggml_backend_buffer_type_t) -> usize;
@@ -467,10 +446,7 @@ unsafe extern "C" {
     pub fn ggml_backend_buft_get_max_size(buft: ggml_backend_buffer_type_t) -> usize;
 }
 unsafe extern "C" {
-    pub fn ggml_backend_buft_get_alloc_size(
-        buft: ggml_backend_buffer_type_t,
-        tensor: *const ggml_tensor,
-    ) -> usize;
+    pub fn ggml_backend_buft_get_alloc_size(buft: ggml_backend_buffer_type_t, tensor: *const ggml_tensor) -> usize;
 }
 unsafe extern "C" {
     pub fn ggml_backend_buft_is_host(buft: ggml_backend_buffer_type_t) -> bool;
@@ -485,16 +461,13 @@ pub mod ggml_backend_buffer_usage {
     pub const GGML_BACKEND_BUFFER_USAGE_COMPUTE: Type = 2;
 }
 unsafe extern "C" {
-    pub fn ggml_backend_buffer_name(buffer: ggml_backend_buffer_t)
-    -> *const ::std::os::raw::c_char;
+    pub fn ggml_backend_buffer_name(buffer: ggml_backend_buffer_t) -> *const ::std::os::raw::c_char;
 }
 unsafe extern "C" {
     pub fn ggml_backend_buffer_free(buffer: ggml_backend_buffer_t);
 }
 unsafe extern "C" {
-    pub fn ggml_backend_buffer_get_base(
-        buffer: ggml_backend_buffer_t,
-    ) -> *mut ::std::os::raw::c_void;
+    pub fn ggml_backend_buffer_get_base(buffer: ggml_backend_buffer_t) -> *mut ::std::os::raw::c_void;
 }
 unsafe extern "C" {
     pub fn ggml_backend_buffer_get_size(buffer: ggml_backend_buffer_t) -> usize;
@@ -512,10 +485,7 @@ unsafe extern "C" {
     pub fn ggml_backend_buffer_get_max_size(buffer: ggml_backend_buffer_t) -> usize;
 }
 unsafe extern "C" {
-    pub fn ggml_backend_buffer_get_alloc_size(
-        buffer: ggml_backend_buffer_t,
-        tensor: *const ggml_tensor,
-    ) -> usize;
+    pub fn ggml_backend_buffer_get_alloc_size(buffer: ggml_backend_buffer_t, tensor: *const ggml_tensor) -> usize;
 }
 unsafe extern "C" {
     pub fn ggml_backend_buffer_clear(buffer: ggml_backend_buffer_t, value: u8);
@@ -524,20 +494,13 @@ unsafe extern "C" {
     pub fn ggml_backend_buffer_is_host(buffer: ggml_backend_buffer_t) -> bool;
 }
 unsafe extern "C" {
-    pub fn ggml_backend_buffer_set_usage(
-        buffer: ggml_backend_buffer_t,
-        usage: ggml_backend_buffer_usage::Type,
-    );
+    pub fn ggml_backend_buffer_set_usage(buffer: ggml_backend_buffer_t, usage: ggml_backend_buffer_usage::Type);
 }
 unsafe extern "C" {
-    pub fn ggml_backend_buffer_get_usage(
-        buffer: ggml_backend_buffer_t,
-    ) -> ggml_backend_buffer_usage::Type;
+    pub fn ggml_backend_buffer_get_usage(buffer: ggml_backend_buffer_t) -> ggml_backend_buffer_usage::Type;
 }
 unsafe extern "C" {
-    pub fn ggml_backend_buffer_get_type(
-        buffer: ggml_backend_buffer_t,
-    ) -> ggml_backend_buffer_type_t;
+    pub fn ggml_backend_buffer_get_type(buffer: ggml_backend_buffer_t) -> ggml_backend_buffer_type_t;
 }
 unsafe extern "C" {
     pub fn ggml_backend_buffer_reset(buffer: ggml_backend_buffer_t);
@@ -555,13 +518,10 @@ unsafe extern "C" {
     pub fn ggml_backend_free(backend: ggml_backend_t);
 }
 unsafe extern "C" {
-    pub fn ggml_backend_get_default_buffer_type(
-        backend: ggml_backend_t,
-    ) -> ggml_backend_buffer_type_t;
+    pub fn ggml_backend_get_default_buffer_type(backend: ggml_backend_t) -> ggml_backend_buffer_type_t;
 }
 unsafe extern "C" {
-    pub fn ggml_backend_alloc_buffer(backend: ggml_backend_t, size: usize)
-    -> ggml_backend_buffer_t;
+    pub fn ggml_backend_alloc_buffer(backend: ggml_backend_t, size: usize) -> ggml_backend_buffer_t;
 }
 unsafe extern "C" {
     pub fn ggml_backend_get_alignment(backend: ggml_backend_t) -> usize;
@@ -650,12 +610,7 @@ unsafe extern "C" {
     );
 }
 unsafe extern "C" {
-    pub fn ggml_backend_tensor_memset(
-        tensor: *mut ggml_tensor,
-        value: u8,
-        offset: usize,
-        size: usize,
-    );
+    pub fn ggml_backend_tensor_memset(tensor: *mut ggml_tensor, value: u8, offset: usize, size: usize);
 }
 unsafe extern "C" {
     pub fn ggml_backend_synchronize(backend: ggml_backend_t);
@@ -676,25 +631,16 @@ unsafe extern "C" {
     ) -> ggml_status::Type;
 }
 unsafe extern "C" {
-    pub fn ggml_backend_graph_compute(
-        backend: ggml_backend_t,
-        cgraph: *mut ggml_cgraph,
-    ) -> ggml_status::Type;
+    pub fn ggml_backend_graph_compute(backend: ggml_backend_t, cgraph: *mut ggml_cgraph) -> ggml_status::Type;
 }
 unsafe extern "C" {
-    pub fn ggml_backend_graph_compute_async(
-        backend: ggml_backend_t,
-        cgraph: *mut ggml_cgraph,
-    ) -> ggml_status::Type;
+    pub fn ggml_backend_graph_compute_async(backend: ggml_backend_t, cgraph: *mut ggml_cgraph) -> ggml_status::Type;
 }
 unsafe extern "C" {
     pub fn ggml_backend_supports_op(backend: ggml_backend_t, op: *const ggml_tensor) -> bool;
 }
 unsafe extern "C" {
-    pub fn ggml_backend_supports_buft(
-        backend: ggml_backend_t,
-        buft: ggml_backend_buffer_type_t,
-    ) -> bool;
+    pub fn ggml_backend_supports_buft(backend: ggml_backend_t, buft: ggml_backend_buffer_type_t) -> bool;
 }
 unsafe extern "C" {
     pub fn ggml_backend_offload_op(backend: ggml_backend_t, op: *const ggml_tensor) -> bool;
@@ -766,9 +712,7 @@ unsafe extern "C" {
     pub fn ggml_backend_dev_name(device: ggml_backend_dev_t) -> *const ::std::os::raw::c_char;
 }
 unsafe extern "C" {
-    pub fn ggml_backend_dev_description(
-        device: ggml_backend_dev_t,
-    ) -> *const ::std::os::raw::c_char;
+    pub fn ggml_backend_dev_description(device: ggml_backend_dev_t) -> *const ::std::os::raw::c_char;
 }
 unsafe extern "C" {
     pub fn ggml_backend_dev_memory(device: ggml_backend_dev_t, free: *mut usize, total: *mut usize);
@@ -777,27 +721,19 @@ unsafe extern "C" {
     pub fn ggml_backend_dev_type(device: ggml_backend_dev_t) -> ggml_backend_dev_type::Type;
 }
 unsafe extern "C" {
-    pub fn ggml_backend_dev_get_props(
-        device: ggml_backend_dev_t,
-        props: *mut ggml_backend_dev_props,
-    );
+    pub fn ggml_backend_dev_get_props(device: ggml_backend_dev_t, props: *mut ggml_backend_dev_props);
 }
 unsafe extern "C" {
     pub fn ggml_backend_dev_backend_reg(device: ggml_backend_dev_t) -> ggml_backend_reg_t;
 }
 unsafe extern "C" {
-    pub fn ggml_backend_dev_init(
-        device: ggml_backend_dev_t,
-        params: *const ::std::os::raw::c_char,
-    ) -> ggml_backend_t;
+    pub fn ggml_backend_dev_init(device: ggml_backend_dev_t, params: *const ::std::os::raw::c_char) -> ggml_backend_t;
 }
 unsafe extern "C" {
     pub fn ggml_backend_dev_buffer_type(device: ggml_backend_dev_t) -> ggml_backend_buffer_type_t;
 }
 unsafe extern "C" {
-    pub fn ggml_backend_dev_host_buffer_type(
-        device: ggml_backend_dev_t,
-    ) -> ggml_backend_buffer_type_t;
+    pub fn ggml_backend_dev_host_buffer_type(device: ggml_backend_dev_t) -> ggml_backend_buffer_type_t;
 }
 unsafe extern "C" {
     pub fn ggml_backend_dev_buffer_from_host_ptr(
@@ -808,14 +744,10 @@ unsafe extern "C" {
     ) -> ggml_backend_buffer_t;
 }
 unsafe extern "C" {
-    pub fn ggml_backend_dev_supports_op(device: ggml_backend_dev_t, op: *const ggml_tensor)
-    -> bool;
+    pub fn ggml_backend_dev_supports_op(device: ggml_backend_dev_t, op: *const ggml_tensor) -> bool;
 }
 unsafe extern "C" {
-    pub fn ggml_backend_dev_supports_buft(
-        device: ggml_backend_dev_t,
-        buft: ggml_backend_buffer_type_t,
-    ) -> bool;
+    pub fn ggml_backend_dev_supports_buft(device: ggml_backend_dev_t, buft: ggml_backend_buffer_type_t) -> bool;
 }
 unsafe extern "C" {
     pub fn ggml_backend_dev_offload_op(device: ggml_backend_dev_t, op: *const ggml_tensor) -> bool;
@@ -896,11 +828,7 @@ pub struct ggml_backend_sched {
 }
 pub type ggml_backend_sched_t = *mut ggml_backend_sched;
 pub type ggml_backend_sched_eval_callback = ::std::option::Option<
-    unsafe extern "C" fn(
-        t: *mut ggml_tensor,
-        ask: bool,
-        user_data: *mut ::std::os::raw::c_void,
-    ) -> bool,
+    unsafe extern "C" fn(t: *mut ggml_tensor, ask: bool, user_data: *mut ::std::os::raw::c_void) -> bool,
 >;
 unsafe extern "C" {
     pub fn ggml_backend_sched_new(
@@ -923,19 +851,13 @@ unsafe extern "C" {
     );
 }
 unsafe extern "C" {
-    pub fn ggml_backend_sched_reserve(
-        sched: ggml_backend_sched_t,
-        measure_graph: *mut ggml_cgraph,
-    ) -> bool;
+    pub fn ggml_backend_sched_reserve(sched: ggml_backend_sched_t, measure_graph: *mut ggml_cgraph) -> bool;
 }
 unsafe extern "C" {
     pub fn ggml_backend_sched_get_n_backends(sched: ggml_backend_sched_t) -> ::std::os::raw::c_int;
 }
 unsafe extern "C" {
-    pub fn ggml_backend_sched_get_backend(
-        sched: ggml_backend_sched_t,
-        i: ::std::os::raw::c_int,
-    ) -> ggml_backend_t;
+    pub fn ggml_backend_sched_get_backend(sched: ggml_backend_sched_t, i: ::std::os::raw::c_int) -> ggml_backend_t;
 }
 unsafe extern "C" {
     pub fn ggml_backend_sched_get_n_splits(sched: ggml_backend_sched_t) -> ::std::os::raw::c_int;
@@ -950,10 +872,7 @@ unsafe extern "C" {
     ) -> ggml_backend_buffer_type_t;
 }
 unsafe extern "C" {
-    pub fn ggml_backend_sched_get_buffer_size(
-        sched: ggml_backend_sched_t,
-        backend: ggml_backend_t,
-    ) -> usize;
+    pub fn ggml_backend_sched_get_buffer_size(sched: ggml_backend_sched_t, backend: ggml_backend_t) -> usize;
 }
 unsafe extern "C" {
     pub fn ggml_backend_sched_set_tensor_backend(
@@ -963,25 +882,17 @@ unsafe extern "C" {
     );
 }
 unsafe extern "C" {
-    pub fn ggml_backend_sched_get_tensor_backend(
-        sched: ggml_backend_sched_t,
-        node: *mut ggml_tensor,
-    ) -> ggml_backend_t;
+    pub fn ggml_backend_sched_get_tensor_backend(sched: ggml_backend_sched_t, node: *mut ggml_tensor)
+    -> ggml_backend_t;
 }
 unsafe extern "C" {
     pub fn ggml_backend_sched_split_graph(sched: ggml_backend_sched_t, graph: *mut ggml_cgraph);
 }
 unsafe extern "C" {
-    pub fn ggml_backend_sched_alloc_graph(
-        sched: ggml_backend_sched_t,
-        graph: *mut ggml_cgraph,
-    ) -> bool;
+    pub fn ggml_backend_sched_alloc_graph(sched: ggml_backend_sched_t, graph: *mut ggml_cgraph) -> bool;
 }
 unsafe extern "C" {
-    pub fn ggml_backend_sched_graph_compute(
-        sched: ggml_backend_sched_t,
-        graph: *mut ggml_cgraph,
-    ) -> ggml_status::Type;
+    pub fn ggml_backend_sched_graph_compute(sched: ggml_backend_sched_t, graph: *mut ggml_cgraph) -> ggml_status::Type;
 }
 unsafe extern "C" {
     pub fn ggml_backend_sched_graph_compute_async(
@@ -1067,10 +978,7 @@ impl Default for ggml_backend_graph_copy {
     }
 }
 unsafe extern "C" {
-    pub fn ggml_backend_graph_copy(
-        backend: ggml_backend_t,
-        graph: *mut ggml_cgraph,
-    ) -> ggml_backend_graph_copy;
+    pub fn ggml_backend_graph_copy(backend: ggml_backend_t, graph: *mut ggml_cgraph) -> ggml_backend_graph_copy;
 }
 unsafe extern "C" {
     pub fn ggml_backend_graph_copy_free(copy: ggml_backend_graph_copy);
@@ -1105,10 +1013,7 @@ unsafe extern "C" {
     pub fn ggml_backend_view_init(tensor: *mut ggml_tensor) -> ggml_status::Type;
 }
 unsafe extern "C" {
-    pub fn ggml_backend_cpu_buffer_from_ptr(
-        ptr: *mut ::std::os::raw::c_void,
-        size: usize,
-    ) -> ggml_backend_buffer_t;
+    pub fn ggml_backend_cpu_buffer_from_ptr(ptr: *mut ::std::os::raw::c_void, size: usize) -> ggml_backend_buffer_t;
 }
 unsafe extern "C" {
     pub fn ggml_backend_cpu_buffer_type() -> ggml_backend_buffer_type_t;
@@ -1129,16 +1034,10 @@ unsafe extern "C" {
     pub fn ggml_backend_is_cpu(backend: ggml_backend_t) -> bool;
 }
 unsafe extern "C" {
-    pub fn ggml_backend_cpu_set_n_threads(
-        backend_cpu: ggml_backend_t,
-        n_threads: ::std::os::raw::c_int,
-    );
+    pub fn ggml_backend_cpu_set_n_threads(backend_cpu: ggml_backend_t, n_threads: ::std::os::raw::c_int);
 }
 unsafe extern "C" {
-    pub fn ggml_backend_cpu_set_threadpool(
-        backend_cpu: ggml_backend_t,
-        threadpool: ggml_threadpool_t,
-    );
+    pub fn ggml_backend_cpu_set_threadpool(backend_cpu: ggml_backend_t, threadpool: ggml_threadpool_t);
 }
 unsafe extern "C" {
     pub fn ggml_backend_cpu_set_abort_callback(
@@ -1198,9 +1097,8 @@ pub struct ggml_opt_optimizer_params__bindgen_ty_2 {
     pub alpha: f32,
     pub wd: f32,
 }
-pub type ggml_opt_get_optimizer_params = ::std::option::Option<
-    unsafe extern "C" fn(userdata: *mut ::std::os::raw::c_void) -> ggml_opt_optimizer_params,
->;
+pub type ggml_opt_get_optimizer_params =
+    ::std::option::Option<unsafe extern "C" fn(userdata: *mut ::std::os::raw::c_void) -> ggml_opt_optimizer_params>;
 pub type ggml_opt_epoch_callback = ::std::option::Option<
     unsafe extern "C" fn(
         train: bool,
@@ -1264,10 +1162,7 @@ unsafe extern "C" {
     pub fn gguf_init_from_file_ptr(file: *mut FILE, params: gguf_init_params) -> *mut gguf_context;
 }
 unsafe extern "C" {
-    pub fn gguf_init_from_file(
-        fname: *const ::std::os::raw::c_char,
-        params: gguf_init_params,
-    ) -> *mut gguf_context;
+    pub fn gguf_init_from_file(fname: *const ::std::os::raw::c_char, params: gguf_init_params) -> *mut gguf_context;
 }
 unsafe extern "C" {
     pub fn gguf_init_from_buffer(
@@ -1349,30 +1244,19 @@ unsafe extern "C" {
     pub fn gguf_get_val_bool(ctx: *const gguf_context, key_id: i64) -> bool;
 }
 unsafe extern "C" {
-    pub fn gguf_get_val_str(ctx: *const gguf_context, key_id: i64)
-    -> *const ::std::os::raw::c_char;
+    pub fn gguf_get_val_str(ctx: *const gguf_context, key_id: i64) -> *const ::std::os::raw::c_char;
 }
 unsafe extern "C" {
-    pub fn gguf_get_val_data(
-        ctx: *const gguf_context,
-        key_id: i64,
-    ) -> *const ::std::os::raw::c_void;
+    pub fn gguf_get_val_data(ctx: *const gguf_context, key_id: i64) -> *const ::std::os::raw::c_void;
 }
 unsafe extern "C" {
     pub fn gguf_get_arr_n(ctx: *const gguf_context, key_id: i64) -> usize;
 }
 unsafe extern "C" {
-    pub fn gguf_get_arr_data(
-        ctx: *const gguf_context,
-        key_id: i64,
-    ) -> *const ::std::os::raw::c_void;
+    pub fn gguf_get_arr_data(ctx: *const gguf_context, key_id: i64) -> *const ::std::os::raw::c_void;
 }
 unsafe extern "C" {
-    pub fn gguf_get_arr_str(
-        ctx: *const gguf_context,
-        key_id: i64,
-        i: usize,
-    ) -> *const ::std::os::raw::c_char;
+    pub fn gguf_get_arr_str(ctx: *const gguf_context, key_id: i64, i: usize) -> *const ::std::os::raw::c_char;
 }
 unsafe extern "C" {
     pub fn gguf_get_n_tensors(ctx: *const gguf_context) -> i64;
@@ -1384,10 +1268,7 @@ unsafe extern "C" {
     pub fn gguf_get_tensor_offset(ctx: *const gguf_context, tensor_id: i64) -> usize;
 }
 unsafe extern "C" {
-    pub fn gguf_get_tensor_name(
-        ctx: *const gguf_context,
-        tensor_id: i64,
-    ) -> *const ::std::os::raw::c_char;
+    pub fn gguf_get_tensor_name(ctx: *const gguf_context, tensor_id: i64) -> *const ::std::os::raw::c_char;
 }
 unsafe extern "C" {
     pub fn gguf_get_tensor_ne(ctx: *const gguf_context, tensor_id: i64) -> *const i64;
@@ -1465,11 +1346,7 @@ unsafe extern "C" {
     pub fn gguf_add_tensor(ctx: *mut gguf_context, tensor: *const ggml_tensor);
 }
 unsafe extern "C" {
-    pub fn gguf_set_tensor_type(
-        ctx: *mut gguf_context,
-        name: *const ::std::os::raw::c_char,
-        type_: ggml_type::Type,
-    );
+    pub fn gguf_set_tensor_type(ctx: *mut gguf_context, name: *const ::std::os::raw::c_char, type_: ggml_type::Type);
 }
 unsafe extern "C" {
     pub fn gguf_set_tensor_data(
@@ -1479,18 +1356,10 @@ unsafe extern "C" {
     );
 }
 unsafe extern "C" {
-    pub fn gguf_write_to_file_ptr(
-        ctx: *const gguf_context,
-        file: *mut FILE,
-        only_meta: bool,
-    ) -> bool;
+    pub fn gguf_write_to_file_ptr(ctx: *const gguf_context, file: *mut FILE, only_meta: bool) -> bool;
 }
 unsafe extern "C" {
-    pub fn gguf_write_to_file(
-        ctx: *const gguf_context,
-        fname: *const ::std::os::raw::c_char,
-        only_meta: bool,
-    ) -> bool;
+    pub fn gguf_write_to_file(ctx: *const gguf_context, fname: *const ::std::os::raw::c_char, only_meta: bool) -> bool;
 }
 unsafe extern "C" {
     pub fn gguf_get_meta_size(ctx: *const gguf_context) -> usize;
@@ -1640,9 +1509,7 @@ pub mod llama_flash_attn_type {
     pub const LLAMA_FLASH_ATTN_TYPE_ENABLED: Type = 1;
 }
 unsafe extern "C" {
-    pub fn llama_flash_attn_type_name(
-        flash_attn_type: llama_flash_attn_type::Type,
-    ) -> *const ::std::os::raw::c_char;
+    pub fn llama_flash_attn_type_name(flash_attn_type: llama_flash_attn_type::Type) -> *const ::std::os::raw::c_char;
 }
 pub mod llama_split_mode {
     pub type Type = ::std::os::raw::c_uint;
@@ -1701,9 +1568,8 @@ impl Default for llama_token_data_array {
         }
     }
 }
-pub type llama_progress_callback = ::std::option::Option<
-    unsafe extern "C" fn(progress: f32, user_data: *mut ::std::os::raw::c_void) -> bool,
->;
+pub type llama_progress_callback =
+    ::std::option::Option<unsafe extern "C" fn(progress: f32, user_data: *mut ::std::os::raw::c_void) -> bool>;
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct llama_batch {
@@ -2018,9 +1884,8 @@ unsafe extern "C" {
 unsafe extern "C" {
     pub fn llama_detach_threadpool(ctx: *mut llama_context);
 }
-pub type llama_model_set_tensor_data_t = ::std::option::Option<
-    unsafe extern "C" fn(tensor: *mut ggml_tensor, userdata: *mut ::std::os::raw::c_void),
->;
+pub type llama_model_set_tensor_data_t =
+    ::std::option::Option<unsafe extern "C" fn(tensor: *mut ggml_tensor, userdata: *mut ::std::os::raw::c_void)>;
 unsafe extern "C" {
     pub fn llama_model_init_from_user(
         metadata: *mut gguf_context,
@@ -2042,10 +1907,7 @@ unsafe extern "C" {
     ) -> *mut llama_model;
 }
 unsafe extern "C" {
-    pub fn llama_model_load_from_file_ptr(
-        file: *mut FILE,
-        params: llama_model_params,
-    ) -> *mut llama_model;
+    pub fn llama_model_load_from_file_ptr(file: *mut FILE, params: llama_model_params) -> *mut llama_model;
 }
 unsafe extern "C" {
     pub fn llama_model_load_from_splits(
@@ -2055,10 +1917,7 @@ unsafe extern "C" {
     ) -> *mut llama_model;
 }
 unsafe extern "C" {
-    pub fn llama_model_save_to_file(
-        model: *const llama_model,
-        path_model: *const ::std::os::raw::c_char,
-    );
+    pub fn llama_model_save_to_file(model: *const llama_model, path_model: *const ::std::os::raw::c_char);
 }
 unsafe extern "C" {
     pub fn llama_free_model(model: *mut llama_model);
@@ -2067,16 +1926,10 @@ unsafe extern "C" {
     pub fn llama_model_free(model: *mut llama_model);
 }
 unsafe extern "C" {
-    pub fn llama_init_from_model(
-        model: *mut llama_model,
-        params: llama_context_params,
-    ) -> *mut llama_context;
+    pub fn llama_init_from_model(model: *mut llama_model, params: llama_context_params) -> *mut llama_context;
 }
 unsafe extern "C" {
-    pub fn llama_new_context_with_model(
-        model: *mut llama_model,
-        params: llama_context_params,
-    ) -> *mut llama_context;
+    pub fn llama_new_context_with_model(model: *mut llama_model, params: llama_context_params) -> *mut llama_context;
 }
 unsafe extern "C" {
     pub fn llama_free(ctx: *mut llama_context);
@@ -2187,10 +2040,7 @@ unsafe extern "C" {
     pub fn llama_model_n_cls_out(model: *const llama_model) -> u32;
 }
 unsafe extern "C" {
-    pub fn llama_model_cls_label(
-        model: *const llama_model,
-        i: u32,
-    ) -> *const ::std::os::raw::c_char;
+    pub fn llama_model_cls_label(model: *const llama_model, i: u32) -> *const ::std::os::raw::c_char;
 }
 unsafe extern "C" {
     pub fn llama_vocab_type(vocab: *const llama_vocab) -> llama_vocab_type::Type;
@@ -2210,9 +2060,7 @@ unsafe extern "C" {
     pub fn llama_model_meta_count(model: *const llama_model) -> i32;
 }
 unsafe extern "C" {
-    pub fn llama_model_meta_key_str(
-        key: llama_model_meta_key::Type,
-    ) -> *const ::std::os::raw::c_char;
+    pub fn llama_model_meta_key_str(key: llama_model_meta_key::Type) -> *const ::std::os::raw::c_char;
 }
 unsafe extern "C" {
     pub fn llama_model_meta_key_by_index(
@@ -2231,11 +2079,7 @@ unsafe extern "C" {
     ) -> i32;
 }
 unsafe extern "C" {
-    pub fn llama_model_desc(
-        model: *const llama_model,
-        buf: *mut ::std::os::raw::c_char,
-        buf_size: usize,
-    ) -> i32;
+    pub fn llama_model_desc(model: *const llama_model, buf: *mut ::std::os::raw::c_char, buf_size: usize) -> i32;
 }
 unsafe extern "C" {
     pub fn llama_model_ftype(model: *const llama_model) -> llama_ftype::Type;
@@ -2284,10 +2128,7 @@ unsafe extern "C" {
     ) -> *mut llama_adapter_lora;
 }
 unsafe extern "C" {
-    pub fn llama_adapter_lora_init_from_file_ptr(
-        model: *mut llama_model,
-        file: *mut FILE,
-    ) -> *mut llama_adapter_lora;
+    pub fn llama_adapter_lora_init_from_file_ptr(model: *mut llama_model, file: *mut FILE) -> *mut llama_adapter_lora;
 }
 unsafe extern "C" {
     pub fn llama_adapter_meta_val_str(
@@ -2323,9 +2164,7 @@ unsafe extern "C" {
     pub fn llama_adapter_get_alora_n_invocation_tokens(adapter: *const llama_adapter_lora) -> u64;
 }
 unsafe extern "C" {
-    pub fn llama_adapter_get_alora_invocation_tokens(
-        adapter: *const llama_adapter_lora,
-    ) -> *const llama_token;
+    pub fn llama_adapter_get_alora_invocation_tokens(adapter: *const llama_adapter_lora) -> *const llama_token;
 }
 unsafe extern "C" {
     pub fn llama_set_adapters_lora(
@@ -2349,12 +2188,7 @@ unsafe extern "C" {
     pub fn llama_memory_clear(mem: llama_memory_t, data: bool);
 }
 unsafe extern "C" {
-    pub fn llama_memory_seq_rm(
-        mem: llama_memory_t,
-        seq_id: llama_seq_id,
-        p0: llama_pos,
-        p1: llama_pos,
-    ) -> bool;
+    pub fn llama_memory_seq_rm(mem: llama_memory_t, seq_id: llama_seq_id, p0: llama_pos, p1: llama_pos) -> bool;
 }
 unsafe extern "C" {
     pub fn llama_memory_seq_cp(
@@ -2451,12 +2285,7 @@ unsafe extern "C" {
     pub fn llama_state_seq_get_size(ctx: *mut llama_context, seq_id: llama_seq_id) -> usize;
 }
 unsafe extern "C" {
-    pub fn llama_state_seq_get_data(
-        ctx: *mut llama_context,
-        dst: *mut u8,
-        size: usize,
-        seq_id: llama_seq_id,
-    ) -> usize;
+    pub fn llama_state_seq_get_data(ctx: *mut llama_context, dst: *mut u8, size: usize, seq_id: llama_seq_id) -> usize;
 }
 unsafe extern "C" {
     pub fn llama_state_seq_set_data(
@@ -2560,67 +2389,31 @@ unsafe extern "C" {
     pub fn llama_batch_ext_add(batch: *mut llama_batch_ext, seq_id: llama_seq_id) -> i32;
 }
 unsafe extern "C" {
-    pub fn llama_batch_ext_add_token(
-        batch: *mut llama_batch_ext,
-        seq_id: llama_seq_id,
-        id: llama_token,
-    ) -> i32;
+    pub fn llama_batch_ext_add_token(batch: *mut llama_batch_ext, seq_id: llama_seq_id, id: llama_token) -> i32;
 }
 unsafe extern "C" {
-    pub fn llama_batch_ext_add_embd(
-        batch: *mut llama_batch_ext,
-        seq_id: llama_seq_id,
-        embd: llama_embd,
-    ) -> i32;
+    pub fn llama_batch_ext_add_embd(batch: *mut llama_batch_ext, seq_id: llama_seq_id, embd: llama_embd) -> i32;
 }
 unsafe extern "C" {
-    pub fn llama_batch_ext_add_seq(
-        batch: *mut llama_batch_ext,
-        idx: i32,
-        seq_id: llama_seq_id,
-    ) -> bool;
+    pub fn llama_batch_ext_add_seq(batch: *mut llama_batch_ext, idx: i32, seq_id: llama_seq_id) -> bool;
 }
 unsafe extern "C" {
-    pub fn llama_batch_ext_set_embd_token(
-        batch: *mut llama_batch_ext,
-        idx: i32,
-        embd: llama_embd,
-    ) -> bool;
+    pub fn llama_batch_ext_set_embd_token(batch: *mut llama_batch_ext, idx: i32, embd: llama_embd) -> bool;
 }
 unsafe extern "C" {
-    pub fn llama_batch_ext_set_embd_state(
-        batch: *mut llama_batch_ext,
-        idx: i32,
-        embd: llama_embd,
-    ) -> bool;
+    pub fn llama_batch_ext_set_embd_state(batch: *mut llama_batch_ext, idx: i32, embd: llama_embd) -> bool;
 }
 unsafe extern "C" {
-    pub fn llama_batch_ext_set_output_embd(
-        batch: *mut llama_batch_ext,
-        idx: i32,
-        value: bool,
-    ) -> bool;
+    pub fn llama_batch_ext_set_output_embd(batch: *mut llama_batch_ext, idx: i32, value: bool) -> bool;
 }
 unsafe extern "C" {
-    pub fn llama_batch_ext_set_output_logits(
-        batch: *mut llama_batch_ext,
-        idx: i32,
-        value: bool,
-    ) -> bool;
+    pub fn llama_batch_ext_set_output_logits(batch: *mut llama_batch_ext, idx: i32, value: bool) -> bool;
 }
 unsafe extern "C" {
-    pub fn llama_batch_ext_set_pos(
-        batch: *mut llama_batch_ext,
-        idx: i32,
-        pos: *const llama_pos,
-    ) -> bool;
+    pub fn llama_batch_ext_set_pos(batch: *mut llama_batch_ext, idx: i32, pos: *const llama_pos) -> bool;
 }
 unsafe extern "C" {
-    pub fn llama_process(
-        ctx: *mut llama_context,
-        type_: llama_process_type::Type,
-        batch: *mut llama_batch_ext,
-    ) -> i32;
+    pub fn llama_process(ctx: *mut llama_context, type_: llama_process_type::Type, batch: *mut llama_batch_ext) -> i32;
 }
 unsafe extern "C" {
     pub fn llama_set_n_threads(ctx: *mut llama_context, n_threads: i32, n_threads_batch: i32);
@@ -2690,19 +2483,13 @@ unsafe extern "C" {
     pub fn llama_get_sampled_candidates_count_ith(ctx: *mut llama_context, i: i32) -> u32;
 }
 unsafe extern "C" {
-    pub fn llama_vocab_get_text(
-        vocab: *const llama_vocab,
-        token: llama_token,
-    ) -> *const ::std::os::raw::c_char;
+    pub fn llama_vocab_get_text(vocab: *const llama_vocab, token: llama_token) -> *const ::std::os::raw::c_char;
 }
 unsafe extern "C" {
     pub fn llama_vocab_get_score(vocab: *const llama_vocab, token: llama_token) -> f32;
 }
 unsafe extern "C" {
-    pub fn llama_vocab_get_attr(
-        vocab: *const llama_vocab,
-        token: llama_token,
-    ) -> llama_token_attr::Type;
+    pub fn llama_vocab_get_attr(vocab: *const llama_vocab, token: llama_token) -> llama_token_attr::Type;
 }
 unsafe extern "C" {
     pub fn llama_vocab_is_eog(vocab: *const llama_vocab, token: llama_token) -> bool;
@@ -2765,19 +2552,13 @@ unsafe extern "C" {
     pub fn llama_vocab_fim_sep(vocab: *const llama_vocab) -> llama_token;
 }
 unsafe extern "C" {
-    pub fn llama_token_get_text(
-        vocab: *const llama_vocab,
-        token: llama_token,
-    ) -> *const ::std::os::raw::c_char;
+    pub fn llama_token_get_text(vocab: *const llama_vocab, token: llama_token) -> *const ::std::os::raw::c_char;
 }
 unsafe extern "C" {
     pub fn llama_token_get_score(vocab: *const llama_vocab, token: llama_token) -> f32;
 }
 unsafe extern "C" {
-    pub fn llama_token_get_attr(
-        vocab: *const llama_vocab,
-        token: llama_token,
-    ) -> llama_token_attr::Type;
+    pub fn llama_token_get_attr(vocab: *const llama_vocab, token: llama_token) -> llama_token_attr::Type;
 }
 unsafe extern "C" {
     pub fn llama_token_is_eog(vocab: *const llama_vocab, token: llama_token) -> bool;
@@ -2879,10 +2660,7 @@ unsafe extern "C" {
     ) -> i32;
 }
 unsafe extern "C" {
-    pub fn llama_chat_builtin_templates(
-        output: *mut *const ::std::os::raw::c_char,
-        len: usize,
-    ) -> i32;
+    pub fn llama_chat_builtin_templates(output: *mut *const ::std::os::raw::c_char, len: usize) -> i32;
 }
 pub type llama_sampler_context_t = *mut ::std::os::raw::c_void;
 #[repr(C)]
@@ -2905,18 +2683,12 @@ impl Default for llama_sampler_data {
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone)]
 pub struct llama_sampler_i {
-    pub name: ::std::option::Option<
-        unsafe extern "C" fn(smpl: *const llama_sampler) -> *const ::std::os::raw::c_char,
-    >,
-    pub accept:
-        ::std::option::Option<unsafe extern "C" fn(smpl: *mut llama_sampler, token: llama_token)>,
-    pub apply: ::std::option::Option<
-        unsafe extern "C" fn(smpl: *mut llama_sampler, cur_p: *mut llama_token_data_array),
-    >,
+    pub name: ::std::option::Option<unsafe extern "C" fn(smpl: *const llama_sampler) -> *const ::std::os::raw::c_char>,
+    pub accept: ::std::option::Option<unsafe extern "C" fn(smpl: *mut llama_sampler, token: llama_token)>,
+    pub apply:
+        ::std::option::Option<unsafe extern "C" fn(smpl: *mut llama_sampler, cur_p: *mut llama_token_data_array)>,
     pub reset: ::std::option::Option<unsafe extern "C" fn(smpl: *mut llama_sampler)>,
-    pub clone: ::std::option::Option<
-        unsafe extern "C" fn(smpl: *const llama_sampler) -> *mut llama_sampler,
-    >,
+    pub clone: ::std::option::Option<unsafe extern "C" fn(smpl: *const llama_sampler) -> *mut llama_sampler>,
     pub free: ::std::option::Option<unsafe extern "C" fn(smpl: *mut llama_sampler)>,
     pub backend_init: ::std::option::Option<
         unsafe extern "C" fn(
@@ -2943,9 +2715,7 @@ pub struct llama_sampler_i {
     >,
     pub backend_set_input: ::std::option::Option<unsafe extern "C" fn(smpl: *mut llama_sampler)>,
     pub backend_reset: ::std::option::Option<unsafe extern "C" fn(smpl: *mut llama_sampler)>,
-    pub copy_state: ::std::option::Option<
-        unsafe extern "C" fn(src: *const llama_sampler, dst: *mut llama_sampler),
-    >,
+    pub copy_state: ::std::option::Option<unsafe extern "C" fn(src: *const llama_sampler, dst: *mut llama_sampler)>,
 }
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
@@ -2963,17 +2733,10 @@ impl Default for llama_sampler {
     }
 }
 unsafe extern "C" {
-    pub fn llama_set_sampler(
-        ctx: *mut llama_context,
-        seq_id: llama_seq_id,
-        smpl: *mut llama_sampler,
-    ) -> bool;
+    pub fn llama_set_sampler(ctx: *mut llama_context, seq_id: llama_seq_id, smpl: *mut llama_sampler) -> bool;
 }
 unsafe extern "C" {
-    pub fn llama_sampler_init(
-        iface: *mut llama_sampler_i,
-        ctx: llama_sampler_context_t,
-    ) -> *mut llama_sampler;
+    pub fn llama_sampler_init(iface: *mut llama_sampler_i, ctx: llama_sampler_context_t) -> *mut llama_sampler;
 }
 unsafe extern "C" {
     pub fn llama_sampler_name(smpl: *const llama_sampler) -> *const ::std::os::raw::c_char;
@@ -3044,8 +2807,7 @@ unsafe extern "C" {
 }
 unsafe extern "C" {
     #[doc = " @details XTC sampler as described in https://github.com/oobabooga/text-generation-webui/pull/6335"]
-    pub fn llama_sampler_init_xtc(p: f32, t: f32, min_keep: usize, seed: u32)
-    -> *mut llama_sampler;
+    pub fn llama_sampler_init_xtc(p: f32, t: f32, min_keep: usize, seed: u32) -> *mut llama_sampler;
 }
 unsafe extern "C" {
     #[doc = " @details Top n sigma sampling as described in academic paper \"Top-nσ: Not All Logits Are You Need\" https://arxiv.org/pdf/2411.07641"]
@@ -3053,13 +2815,7 @@ unsafe extern "C" {
 }
 unsafe extern "C" {
     #[doc = " @details Mirostat 1.0 algorithm described in the paper https://arxiv.org/abs/2007.14966. Uses tokens instead of words.\n @param candidates A vector of `llama_token_data` containing the candidate tokens, their probabilities (p), and log-odds (logit) for the current position in the generated text.\n @param tau  The target cross-entropy (or surprise) value you want to achieve for the generated text. A higher value corresponds to more surprising or less predictable text, while a lower value corresponds to less surprising or more predictable text.\n @param eta The learning rate used to update `mu` based on the error between the target and observed surprisal of the sampled word. A larger learning rate will cause `mu` to be updated more quickly, while a smaller learning rate will result in slower updates.\n @param m The number of tokens considered in the estimation of `s_hat`. This is an arbitrary value that is used to calculate `s_hat`, which in turn helps to calculate the value of `k`. In the paper, they use `m = 100`, but you can experiment with different values to see how it affects the performance of the algorithm.\n @param mu Maximum cross-entropy. This value is initialized to be twice the target cross-entropy (`2 * tau`) and is updated in the algorithm based on the error between the target and observed surprisal."]
-    pub fn llama_sampler_init_mirostat(
-        n_vocab: i32,
-        seed: u32,
-        tau: f32,
-        eta: f32,
-        m: i32,
-    ) -> *mut llama_sampler;
+    pub fn llama_sampler_init_mirostat(n_vocab: i32, seed: u32, tau: f32, eta: f32, m: i32) -> *mut llama_sampler;
 }
 unsafe extern "C" {
     #[doc = " @details Mirostat 2.0 algorithm described in the paper https://arxiv.org/abs/2007.14966. Uses tokens instead of words.\n @param candidates A vector of `llama_token_data` containing the candidate tokens, their probabilities (p), and log-odds (logit) for the current position in the generated text.\n @param tau  The target cross-entropy (or surprise) value you want to achieve for the generated text. A higher value corresponds to more surprising or less predictable text, while a lower value corresponds to less surprising or more predictable text.\n @param eta The learning rate used to update `mu` based on the error between the target and observed surprisal of the sampled word. A larger learning rate will cause `mu` to be updated more quickly, while a smaller learning rate will result in slower updates.\n @param mu Maximum cross-entropy. This value is initialized to be twice the target cross-entropy (`2 * tau`) and is updated in the algorithm based on the error between the target and observed surprisal."]
@@ -3136,11 +2892,7 @@ unsafe extern "C" {
     pub fn llama_sampler_get_seed(smpl: *const llama_sampler) -> u32;
 }
 unsafe extern "C" {
-    pub fn llama_sampler_sample(
-        smpl: *mut llama_sampler,
-        ctx: *mut llama_context,
-        idx: i32,
-    ) -> llama_token;
+    pub fn llama_sampler_sample(smpl: *mut llama_sampler, ctx: *mut llama_context, idx: i32) -> llama_token;
 }
 unsafe extern "C" {
     #[doc = " @details Build a split GGUF final path for this chunk.\n          llama_split_path(split_path, sizeof(split_path), \"/models/ggml-model-q4_0\", 2, 4) => split_path = \"/models/ggml-model-q4_0-00002-of-00004.gguf\""]
@@ -3166,10 +2918,7 @@ unsafe extern "C" {
     pub fn llama_print_system_info() -> *const ::std::os::raw::c_char;
 }
 unsafe extern "C" {
-    pub fn llama_log_get(
-        log_callback: *mut ggml_log_callback,
-        user_data: *mut *mut ::std::os::raw::c_void,
-    );
+    pub fn llama_log_get(log_callback: *mut ggml_log_callback, user_data: *mut *mut ::std::os::raw::c_void);
 }
 unsafe extern "C" {
     pub fn llama_log_set(log_callback: ggml_log_callback, user_data: *mut ::std::os::raw::c_void);
@@ -3213,10 +2962,7 @@ pub type llama_opt_param_filter = ::std::option::Option<
     unsafe extern "C" fn(tensor: *const ggml_tensor, userdata: *mut ::std::os::raw::c_void) -> bool,
 >;
 unsafe extern "C" {
-    pub fn llama_opt_param_filter_all(
-        tensor: *const ggml_tensor,
-        userdata: *mut ::std::os::raw::c_void,
-    ) -> bool;
+    pub fn llama_opt_param_filter_all(tensor: *const ggml_tensor, userdata: *mut ::std::os::raw::c_void) -> bool;
 }
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
@@ -3238,11 +2984,7 @@ impl Default for llama_opt_params {
     }
 }
 unsafe extern "C" {
-    pub fn llama_opt_init(
-        lctx: *mut llama_context,
-        model: *mut llama_model,
-        lopt_params: llama_opt_params,
-    );
+    pub fn llama_opt_init(lctx: *mut llama_context, model: *mut llama_model, lopt_params: llama_opt_params);
 }
 unsafe extern "C" {
     pub fn llama_opt_epoch(
