@@ -1,0 +1,91 @@
+//! The lifetime and thread-safety promises of the safe API, checked by the
+//! compiler: each program in `tests/compile_fail/` must fail to compile
+//! with the error its `.stderr` file records (a borrow, lifetime or trait
+//! error, never a typo), and the positive side (`Model: Send + Sync`,
+//! `Context: Send`, `Sampler: Send`) is checked below, both as trait bounds
+//! and by moving the values to other threads.
+//!
+//! Regenerate the `.stderr` files after a compiler upgrade with
+//! `TRYBUILD=overwrite cargo test --test compile_fail`, and review them.
+
+use std::sync::{Arc, Mutex};
+
+use llama::{Batch, Context, ContextParams, LoraAdapter, Model, ModelParams, Sampler, SamplerChain, Vocab};
+use llama_suite::synthetic::{TinyModelSpec, tiny_llama_path};
+
+/// Serialises the tests of this file: `compile_fail` writes the process
+/// environment, which must not happen while another thread may read it.
+static ENV_LOCK: Mutex<()> = Mutex::new(());
+
+#[test]
+fn compile_fail() {
+    let _guard = ENV_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    // trybuild type-checks the cases (`cargo check`) in its own target
+    // folder, where llama-sys's build script would configure and compile
+    // llama.cpp from scratch (minutes) only to link nothing. `DOCS_RS`
+    // makes that build script skip the native build, exactly as on docs.rs;
+    // the Rust code, and so every diagnostic, is the same.
+    // SAFETY: the other test of this binary holds `ENV_LOCK` for its whole
+    // run, and this thread holds it now, so no other thread reads or writes
+    // the environment during this call.
+    unsafe { std::env::set_var("DOCS_RS", "1") };
+    let cases = trybuild::TestCases::new();
+    cases.compile_fail("tests/compile_fail/*.rs");
+}
+
+fn assert_send<T: Send>() {}
+fn assert_sync<T: Sync>() {}
+
+#[test]
+fn send_and_sync_promises() {
+    let _guard = ENV_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+
+    // As trait bounds.
+    assert_send::<Model>();
+    assert_sync::<Model>();
+    assert_sync::<Vocab>();
+    assert_send::<Context<'static>>();
+    assert_send::<Sampler<'static>>();
+    assert_send::<SamplerChain<'static>>();
+    assert_send::<LoraAdapter<'static>>();
+    assert_sync::<LoraAdapter<'static>>();
+
+    // In use: one model shared by threads that each create and decode a
+    // context; a context and a grammar sampler created on this thread and
+    // moved to another one.
+    let path = tiny_llama_path(&TinyModelSpec::default()).expect("write the tiny model");
+    let model = Arc::new(Model::load(&path, &ModelParams::default()).expect("load the tiny model"));
+    let params = ContextParams::default().n_ctx(256).n_batch(64).n_ubatch(64).n_threads(1);
+    let prompt = model.vocab().tokenize("Hello world", true).expect("tokenize");
+
+    let tokens: Vec<_> = (0..2)
+        .map(|_| {
+            let (model, params, prompt) = (Arc::clone(&model), params.clone(), prompt.clone());
+            std::thread::spawn(move || {
+                let mut ctx = model.new_context(&params).expect("context");
+                ctx.decode(&Batch::from_tokens(&prompt, 0)).expect("decode");
+                Sampler::greedy().sample(&mut ctx, -1).expect("sample")
+            })
+        })
+        .map(|handle| handle.join().expect("worker thread"))
+        .collect();
+    assert_eq!(tokens[0], tokens[1], "same model, same prompt, greedy: same token");
+
+    let mut ctx = model.new_context(&params).expect("context");
+    let mut sampler = SamplerChain::new()
+        .grammar(model.vocab(), r#"root ::= [a-z]+"#, "root")
+        .expect("grammar")
+        .greedy()
+        .build()
+        .expect("sampler");
+    let token = std::thread::scope(|s| {
+        s.spawn(move || {
+            ctx.decode(&Batch::from_tokens(&prompt, 0)).expect("decode");
+            sampler.sample(&mut ctx, -1).expect("sample")
+        })
+        .join()
+        .expect("scoped thread")
+    });
+    let piece = model.vocab().token_to_piece(token, false).expect("piece");
+    assert!(!piece.is_empty() && piece.iter().all(u8::is_ascii_lowercase), "grammar allows [a-z]+, got {piece:?}");
+}
