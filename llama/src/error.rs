@@ -77,6 +77,13 @@ pub enum Error {
     /// The KV cache of this context cannot shift positions (`llama_memory_can_shift`).
     #[error("the KV cache of this context cannot shift positions")]
     CannotShift,
+    /// Generation needs another position but the sequence already fills
+    /// the context (see [`Overflow`](crate::generate::Overflow)).
+    #[error("the context is full ({n_ctx} tokens per sequence)")]
+    ContextFull {
+        /// The context length of a sequence.
+        n_ctx: u32,
+    },
     /// A C++ exception was thrown inside llama.cpp and caught by the shim.
     #[error("llama.cpp threw an exception in {function}: {message}")]
     Exception {

@@ -1,0 +1,194 @@
+//! Streams a completion of a prompt to stdout, then one line of statistics
+//! to stderr.
+//!
+//! ```text
+//! cargo run --release --example generate -- --prompt "The capital of France is"
+//! cargo run --release --example generate -- --chat --prompt "Write a haiku about rust" -n 64
+//! cargo run --release --example generate -- --model other.gguf --file prompt.txt --greedy
+//! ```
+//!
+//! Without `--model`, the model is `LLAMA_MODEL` or the default model
+//! (Gemma 3 270M Q4_K_M), fetched and cached on first use. Ctrl-C stops the
+//! generation; the statistics are still printed.
+
+use std::io::Write;
+use std::ops::ControlFlow;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use llama::generate::{GenerateOptions, Overflow, Session};
+use llama::{
+    ChatMessage, ContextParams, Model, ModelParams, Sampler, SamplerChain, apply_chat_template, builtin_chat_templates,
+};
+
+#[derive(Parser, Debug)]
+#[command(about = "Stream a completion from a GGUF model")]
+struct Args {
+    /// GGUF model file (default: $LLAMA_MODEL, else the cached default model).
+    #[arg(long, short = 'm')]
+    model: Option<PathBuf>,
+    /// The prompt text.
+    #[arg(long, short = 'p', conflicts_with = "file")]
+    prompt: Option<String>,
+    /// Read the prompt from a file.
+    #[arg(long, short = 'f')]
+    file: Option<PathBuf>,
+    /// Most tokens to generate (-1: until the model stops or Ctrl-C).
+    #[arg(short = 'n', long = "n-predict", default_value_t = 256, allow_negative_numbers = true)]
+    n_predict: i64,
+    /// Temperature.
+    #[arg(long, default_value_t = 0.8)]
+    temp: f32,
+    /// Top-k (0: off).
+    #[arg(long, default_value_t = 40)]
+    top_k: i32,
+    /// Top-p (1.0: off).
+    #[arg(long, default_value_t = 0.95)]
+    top_p: f32,
+    /// Min-p (0.0: off).
+    #[arg(long, default_value_t = 0.05)]
+    min_p: f32,
+    /// Repetition penalty over the last 64 tokens (1.0: off).
+    #[arg(long, default_value_t = 1.0)]
+    repeat_penalty: f32,
+    /// Random seed (default: random).
+    #[arg(long)]
+    seed: Option<u32>,
+    /// Always pick the most likely token (ignores the sampling options).
+    #[arg(long)]
+    greedy: bool,
+    /// Context length in tokens.
+    #[arg(long = "ctx", short = 'c', default_value_t = 4096)]
+    ctx: u32,
+    /// CPU threads (default: all).
+    #[arg(long, short = 't')]
+    threads: Option<i32>,
+    /// Layers to offload to the GPU (-1: all).
+    #[arg(long = "gpu-layers", alias = "ngl", default_value_t = 0, allow_negative_numbers = true)]
+    gpu_layers: i32,
+    /// Wrap the prompt in the model's chat template as a user message.
+    #[arg(long)]
+    chat: bool,
+    /// Constrain the output with a GBNF grammar file (root rule `root`).
+    #[arg(long)]
+    grammar: Option<PathBuf>,
+    /// Stop when this text appears (repeatable).
+    #[arg(long)]
+    stop: Vec<String>,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    match run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+type BoxError = Box<dyn std::error::Error>;
+
+fn run(args: &Args) -> Result<(), BoxError> {
+    let prompt = match (&args.prompt, &args.file) {
+        (Some(p), _) => p.clone(),
+        (None, Some(f)) => {
+            std::fs::read_to_string(f).map_err(|e| format!("cannot read prompt file {}: {e}", f.display()))?
+        }
+        (None, None) => return Err("no prompt: pass --prompt TEXT or --file PATH".into()),
+    };
+    let grammar = match &args.grammar {
+        Some(f) => Some(std::fs::read_to_string(f).map_err(|e| format!("cannot read grammar {}: {e}", f.display()))?),
+        None => None,
+    };
+    let model_path = match &args.model {
+        Some(p) => p.clone(),
+        None => llama_suite::model_cache::model_path()?,
+    };
+    let model = Model::load(&model_path, &ModelParams { n_gpu_layers: args.gpu_layers, ..ModelParams::default() })?;
+    let vocab = model.vocab();
+
+    let tokens = if args.chat {
+        let messages = [ChatMessage::user(prompt)];
+        let text = match model.apply_chat_template(&messages, true) {
+            Ok(text) => text,
+            Err(_) => {
+                // A base model without a template: use the built-in one of
+                // its family if llama.cpp has it, else chatml (llama.cpp's
+                // own fallback).
+                let arch = model.metadata("general.architecture").unwrap_or_default();
+                let builtin = builtin_chat_templates();
+                let name = builtin
+                    .iter()
+                    .filter(|name| arch.starts_with(**name))
+                    .max_by_key(|name| name.len())
+                    .copied()
+                    .unwrap_or("chatml");
+                eprintln!("note: the model has no chat template; using llama.cpp's built-in {name:?}");
+                apply_chat_template(name, &messages, true)?
+            }
+        };
+        let has_bos = vocab.bos().and_then(|b| vocab.text(b).ok()).is_some_and(|bos| text.starts_with(bos));
+        vocab.tokenize_special(&text, !has_bos)?
+    } else {
+        vocab.tokenize(&prompt, true)?
+    };
+
+    let mut params = ContextParams::default().n_ctx(args.ctx);
+    if let Some(t) = args.threads {
+        params = params.n_threads(t).n_threads_batch(t);
+    }
+    let mut ctx = model.new_context(&params)?;
+    let mut sampler = build_sampler(args, &model, grammar.as_deref())?;
+
+    let abort = ctx.abort_handle();
+    ctrlc::set_handler(move || abort.abort()).map_err(|e| format!("cannot install the Ctrl-C handler: {e}"))?;
+
+    let mut options = GenerateOptions::default().stop(args.stop.iter().cloned()).overflow(Overflow::Shift).n_keep(
+        // Keep the BOS token when shifting the context.
+        usize::from(vocab.adds_bos()),
+    );
+    if let Ok(n) = usize::try_from(args.n_predict) {
+        options = options.max_tokens(n);
+    }
+
+    let mut session = Session::new();
+    let mut generation = session.generate(&mut ctx, &mut sampler, &tokens, &options)?;
+    let mut stdout = std::io::stdout().lock();
+    let mut write_error = None;
+    let result = generation.stream(|piece| {
+        if let Err(e) = stdout.write_all(piece.as_bytes()).and_then(|()| stdout.flush()) {
+            // stdout closed (e.g. piped into `head`): stop quietly.
+            write_error = Some(e);
+            return ControlFlow::Break(());
+        }
+        ControlFlow::Continue(())
+    });
+    let _ = writeln!(stdout);
+    eprintln!("{}", generation.stats());
+    result?;
+    if let Some(e) = write_error.filter(|e| e.kind() != std::io::ErrorKind::BrokenPipe) {
+        return Err(e.into());
+    }
+    Ok(())
+}
+
+fn build_sampler<'m>(args: &Args, model: &'m Model, grammar: Option<&str>) -> llama::Result<Sampler<'m>> {
+    let mut chain = SamplerChain::new();
+    if let Some(gbnf) = grammar {
+        chain = chain.grammar(model.vocab(), gbnf, "root")?;
+    }
+    if args.greedy {
+        return chain.greedy().build();
+    }
+    chain
+        .penalties(64, args.repeat_penalty, 0.0, 0.0)
+        .top_k(args.top_k)
+        .top_p(args.top_p, 1)
+        .min_p(args.min_p, 1)
+        .temp(args.temp)
+        .dist(args.seed.unwrap_or(u32::MAX))
+        .build()
+}

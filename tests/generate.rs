@@ -1,0 +1,561 @@
+//! The streaming generator on the tiny synthetic model (fast, no download):
+//! chunked prefill, context shift and overflow, token limits, prefix reuse,
+//! cancellation, stop strings; plus the pure stop-string holdback logic.
+
+use std::ops::ControlFlow;
+
+use llama::generate::{FinishReason, GenerateOptions, Overflow, Session, StopMatcher, stop_holdback};
+use llama::{ContextParams, Error, Model, ModelParams, Sampler, Token};
+use llama_suite::synthetic::{TINY_BOS_ID, TINY_VOCAB_SIZE, TinyModelSpec, tiny_llama_path};
+
+fn tiny_model() -> Model {
+    // A long training context so that 10k-token contexts are in range.
+    let spec = TinyModelSpec { n_ctx_train: 16_384, ..TinyModelSpec::default() };
+    let path = tiny_llama_path(&spec).expect("write the tiny model");
+    Model::load(&path, &ModelParams::default()).expect("load the tiny model")
+}
+
+/// BOS followed by `n - 1` ordinary tokens in a repeating pattern.
+fn prompt(n: usize, salt: usize) -> Vec<Token> {
+    let first_normal = 260;
+    let span = TINY_VOCAB_SIZE - first_normal;
+    let mut tokens = vec![Token(TINY_BOS_ID)];
+    tokens.extend((1..n).map(|i| Token((first_normal + (i * 7 + salt) % span) as i32)));
+    tokens
+}
+
+fn params(n_ctx: u32, n_batch: u32) -> ContextParams {
+    ContextParams::default().n_ctx(n_ctx).n_batch(n_batch).n_ubatch(n_batch.min(512)).n_threads(2)
+}
+
+/// Runs a generation to its end, collecting the pieces and the final error.
+fn collect(generation: &mut llama::generate::Generation<'_, '_, '_>) -> (Vec<String>, Option<Error>) {
+    let mut pieces = Vec::new();
+    while let Some(piece) = generation.next_piece() {
+        match piece {
+            Ok(p) => pieces.push(p.to_owned()),
+            Err(e) => {
+                assert!(generation.next_piece().is_none(), "nothing after the error");
+                return (pieces, Some(e));
+            }
+        }
+    }
+    (pieces, None)
+}
+
+#[test]
+fn chunked_prefill_of_10k_tokens_with_n_batch_512() {
+    let model = tiny_model();
+    let mut ctx = model.new_context(&params(10_240, 512)).unwrap();
+    assert_eq!(ctx.n_batch(), 512);
+    let mut sampler = Sampler::greedy();
+    let prompt = prompt(10_000, 0);
+    let mut session = Session::new();
+    ctx.reset_perf();
+    let options = GenerateOptions::default().max_tokens(4).stop_at_eog(false);
+    let mut generation = session.generate(&mut ctx, &mut sampler, &prompt, &options).unwrap();
+    let (_, error) = collect(&mut generation);
+    assert!(error.is_none(), "{error:?}");
+    let stats = generation.stats().clone();
+    drop(generation);
+    assert_eq!(stats.prompt_tokens, 10_000);
+    assert_eq!(stats.prompt_evaluated, 10_000);
+    assert_eq!(stats.generated_tokens, 4);
+    assert_eq!(stats.finish_reason, Some(FinishReason::Length));
+    assert!(stats.time_to_first_token.is_some());
+    // The context counted every prompt token as prompt evaluation.
+    assert_eq!(ctx.perf().prompt_tokens, 10_000);
+    // The prompt and three of the four sampled tokens are in the cache (the
+    // last sampled one is never decoded).
+    assert_eq!(session.tokens().len(), 10_003);
+    assert_eq!(&session.tokens()[..10_000], &prompt[..]);
+    assert_eq!(ctx.seq_pos_max(0).unwrap(), Some(10_002));
+}
+
+#[test]
+fn context_shift_keeps_generating_past_n_ctx() {
+    let model = tiny_model();
+    let mut ctx = model.new_context(&params(256, 256)).unwrap();
+    let n_ctx = ctx.n_ctx() as usize;
+    assert!(ctx.can_shift());
+    let mut sampler = Sampler::greedy();
+    let prompt = prompt(100, 3);
+    let mut session = Session::new();
+    let options =
+        GenerateOptions::default().max_tokens(3 * n_ctx).n_keep(8).overflow(Overflow::Shift).stop_at_eog(false);
+    let mut generation = session.generate(&mut ctx, &mut sampler, &prompt, &options).unwrap();
+    let mut max_past = 0;
+    loop {
+        match generation.next_piece() {
+            None => break,
+            Some(Ok(_)) => {}
+            Some(Err(e)) => panic!("{e}"),
+        }
+        max_past = max_past.max(generation.n_past());
+    }
+    let stats = generation.stats().clone();
+    drop(generation);
+    assert_eq!(stats.generated_tokens, 3 * n_ctx);
+    assert_eq!(stats.finish_reason, Some(FinishReason::Length));
+    assert!(stats.context_shifts >= 2, "{stats:?}");
+    assert!(max_past <= n_ctx, "n_past {max_past} > n_ctx {n_ctx}");
+    // Positions stay inside the context, the kept tokens are the prompt's
+    // first ones, and the session's record matches the cache.
+    let pos_max = ctx.seq_pos_max(0).unwrap().unwrap() as usize;
+    assert!(pos_max < n_ctx);
+    assert_eq!(ctx.seq_pos_min(0).unwrap(), Some(0));
+    assert_eq!(session.tokens().len(), pos_max + 1);
+    assert_eq!(&session.tokens()[..8], &prompt[..8]);
+}
+
+#[test]
+fn overflow_error_stops_at_the_boundary() {
+    let model = tiny_model();
+    let mut ctx = model.new_context(&params(256, 256)).unwrap();
+    let n_ctx = ctx.n_ctx() as usize;
+    let mut sampler = Sampler::greedy();
+    let prompt = prompt(200, 1);
+    let mut session = Session::new();
+    let options = GenerateOptions::default().stop_at_eog(false);
+    let mut generation = session.generate(&mut ctx, &mut sampler, &prompt, &options).unwrap();
+    let (_, error) = collect(&mut generation);
+    assert!(matches!(error, Some(Error::ContextFull { n_ctx: n }) if n as usize == n_ctx), "{error:?}");
+    assert_eq!(generation.finish_reason(), Some(&FinishReason::ContextFull));
+    // Positions 200..n_ctx were filled with sampled tokens, and one more was
+    // sampled that had no room.
+    assert_eq!(generation.stats().generated_tokens, n_ctx - 200 + 1);
+    assert_eq!(generation.n_past(), n_ctx);
+    drop(generation);
+    assert_eq!(ctx.seq_pos_max(0).unwrap(), Some(n_ctx as i32 - 1));
+
+    // A shift that could discard nothing is a full context too.
+    let mut session = Session::new();
+    let options = GenerateOptions::default().stop_at_eog(false).overflow(Overflow::Shift).n_keep(100_000);
+    let mut generation = session.generate(&mut ctx, &mut sampler, &prompt, &options).unwrap();
+    let (_, error) = collect(&mut generation);
+    assert!(matches!(error, Some(Error::ContextFull { .. })), "{error:?}");
+}
+
+#[test]
+fn prompt_must_fit_and_be_valid() {
+    let model = tiny_model();
+    let mut ctx = model.new_context(&params(256, 256)).unwrap();
+    let n_ctx = ctx.n_ctx() as usize;
+    let mut sampler = Sampler::greedy();
+    let mut session = Session::new();
+    let options = GenerateOptions::default();
+    let too_long = prompt(n_ctx + 1, 0);
+    assert!(matches!(
+        session.generate(&mut ctx, &mut sampler, &too_long, &options).map(|_| ()),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        session.generate(&mut ctx, &mut sampler, &[], &options).map(|_| ()),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        session.generate(&mut ctx, &mut sampler, &[Token(1), Token(1_000_000)], &options).map(|_| ()),
+        Err(Error::InvalidToken { .. })
+    ));
+    assert!(matches!(
+        session.generate(&mut ctx, &mut sampler, &[Token(1)], &options.clone().seq(1)).map(|_| ()),
+        Err(Error::InvalidSeqId { .. })
+    ));
+}
+
+#[test]
+fn max_tokens_is_respected() {
+    let model = tiny_model();
+    let mut ctx = model.new_context(&params(512, 512)).unwrap();
+    let mut sampler = Sampler::greedy();
+    let prompt = prompt(20, 2);
+    let mut session = Session::new();
+    for max in [0, 1, 7, 33] {
+        session.clear(&mut ctx).unwrap();
+        let options = GenerateOptions::default().max_tokens(max).stop_at_eog(false);
+        let mut generation = session.generate(&mut ctx, &mut sampler, &prompt, &options).unwrap();
+        let (pieces, error) = collect(&mut generation);
+        assert!(error.is_none());
+        assert_eq!(generation.stats().generated_tokens, max);
+        assert_eq!(generation.finish_reason(), Some(&FinishReason::Length));
+        if max == 0 {
+            assert!(pieces.is_empty());
+        }
+        drop(generation);
+        assert_eq!(session.tokens().len(), 20 + max.saturating_sub(1));
+    }
+}
+
+#[test]
+fn iterator_callback_and_next_piece_agree() {
+    let model = tiny_model();
+    let mut ctx = model.new_context(&params(512, 512)).unwrap();
+    let mut sampler = Sampler::greedy();
+    let prompt = prompt(30, 5);
+    let options = GenerateOptions::default().max_tokens(40).stop_at_eog(false);
+
+    let mut session = Session::new();
+    let via_iter: Vec<String> =
+        session.generate(&mut ctx, &mut sampler, &prompt, &options).unwrap().collect::<Result<_, _>>().unwrap();
+    session.clear(&mut ctx).unwrap();
+    let mut via_stream = String::new();
+    let stats = session
+        .generate(&mut ctx, &mut sampler, &prompt, &options)
+        .unwrap()
+        .stream(|p| {
+            assert!(!p.is_empty());
+            via_stream.push_str(p);
+            ControlFlow::Continue(())
+        })
+        .unwrap();
+    assert_eq!(via_iter.concat(), via_stream);
+    assert!(via_iter.iter().all(|p| !p.is_empty()));
+    assert_eq!(stats.generated_tokens, 40);
+    assert_eq!(via_stream, String::from_utf8_lossy(&detokenize_run(&model, &prompt, 40)));
+}
+
+/// An independent greedy loop: the bytes of `n` tokens generated after
+/// `prompt`, decoded one by one with plain `Context::decode`.
+fn detokenize_run(model: &Model, prompt: &[Token], n: usize) -> Vec<u8> {
+    let mut ctx = model.new_context(&params(512, 512)).unwrap();
+    let mut sampler = Sampler::greedy();
+    let mut batch = llama::Batch::new(512, 1);
+    batch.push_sequence(prompt, 0, 0, true).unwrap();
+    ctx.decode(&batch).unwrap();
+    let mut bytes = Vec::new();
+    let mut pos = prompt.len() as i32;
+    for i in 0..n {
+        let token = sampler.sample(&mut ctx, -1).unwrap();
+        model.vocab().append_piece(token, false, &mut bytes).unwrap();
+        if i + 1 < n {
+            batch.clear();
+            batch.push(token, pos, &[0], true).unwrap();
+            ctx.decode(&batch).unwrap();
+            pos += 1;
+        }
+    }
+    bytes
+}
+
+#[test]
+fn prefix_cache_decodes_only_the_new_tokens() {
+    let model = tiny_model();
+    let mut ctx = model.new_context(&params(2048, 512)).unwrap();
+    let mut sampler = Sampler::greedy();
+    let options = GenerateOptions::default().max_tokens(5).stop_at_eog(false);
+    let mut session = Session::new();
+
+    let shared = prompt(600, 0);
+    let mut first = shared.clone();
+    first.extend(prompt(40, 11).into_iter().skip(1));
+    let mut second = shared.clone();
+    second.extend(prompt(30, 13).into_iter().skip(1));
+    assert_ne!(first[600], second[600]);
+
+    let run = |session: &mut Session, ctx: &mut llama::Context<'_>, sampler: &mut Sampler<'_>, tokens: &[Token]| {
+        ctx.reset_perf();
+        let mut generation = session.generate(ctx, sampler, tokens, &options).unwrap();
+        let (_, error) = collect(&mut generation);
+        assert!(error.is_none());
+        generation.stats().clone()
+    };
+
+    let stats = run(&mut session, &mut ctx, &mut sampler, &first);
+    assert_eq!(stats.prompt_evaluated, first.len());
+    assert_eq!(ctx.perf().prompt_tokens, first.len() as i32);
+
+    // Shares 600 tokens: only the 29 after them are decoded.
+    let stats = run(&mut session, &mut ctx, &mut sampler, &second);
+    assert_eq!(stats.prompt_evaluated, second.len() - 600);
+    assert_eq!(stats.reused_tokens(), 600);
+    assert_eq!(ctx.perf().prompt_tokens, (second.len() - 600) as i32);
+
+    // The same prompt again: only its last token is decoded again (a
+    // single-token decode, which llama.cpp counts as an eval, not prompt).
+    let stats = run(&mut session, &mut ctx, &mut sampler, &second);
+    assert_eq!(stats.prompt_evaluated, 1);
+    let perf = ctx.perf();
+    assert_eq!(perf.eval_tokens, 5, "1 re-decoded prompt token + 4 sampled tokens");
+
+    // Prompt + what was generated: the cached continuation is reused too.
+    let mut continued = session.tokens().to_vec();
+    continued.push(Token(300));
+    let stats = run(&mut session, &mut ctx, &mut sampler, &continued);
+    assert_eq!(stats.prompt_evaluated, 1);
+
+    // The generation with a reused prefix gives what a fresh one gives.
+    let cached_text: String = {
+        let mut generation = session.generate(&mut ctx, &mut sampler, &first, &options).unwrap();
+        collect(&mut generation).0.concat()
+    };
+    let mut fresh = Session::new();
+    let mut ctx2 = model.new_context(&params(2048, 512)).unwrap();
+    let fresh_text: String = {
+        let mut generation = fresh.generate(&mut ctx2, &mut sampler, &first, &options).unwrap();
+        collect(&mut generation).0.concat()
+    };
+    assert_eq!(cached_text, fresh_text);
+
+    // A cache changed behind the session's back is noticed.
+    ctx.clear_kv(false);
+    let stats = run(&mut session, &mut ctx, &mut sampler, &first);
+    assert_eq!(stats.prompt_evaluated, first.len());
+}
+
+#[test]
+fn other_sequences_work_and_sessions_are_per_sequence() {
+    let model = tiny_model();
+    let mut ctx = model.new_context(&params(1024, 256).n_seq_max(2)).unwrap();
+    let mut sampler = Sampler::greedy();
+    let p = prompt(50, 4);
+    let mut session = Session::new();
+    let options = GenerateOptions::default().max_tokens(3).stop_at_eog(false).seq(1);
+    let text: Vec<String> =
+        session.generate(&mut ctx, &mut sampler, &p, &options).unwrap().collect::<Result<_, _>>().unwrap();
+    assert_eq!(text.len(), text.iter().filter(|p| !p.is_empty()).count());
+    assert_eq!(session.tokens().len(), 52);
+    assert_eq!(session.seq(), 1);
+    assert_eq!(ctx.seq_pos_max(1).unwrap(), Some(51));
+    assert_eq!(ctx.seq_pos_max(0).unwrap(), None);
+}
+
+#[test]
+fn cancellation_ends_cleanly_with_stats() {
+    let model = tiny_model();
+    let mut ctx = model.new_context(&params(512, 512)).unwrap();
+    let mut sampler = Sampler::greedy();
+    let prompt = prompt(40, 6);
+    let handle = ctx.abort_handle();
+    let options = GenerateOptions::default().max_tokens(100).stop_at_eog(false);
+    let mut session = Session::new();
+
+    // Aborted before it starts: nothing is decoded.
+    handle.abort();
+    let mut generation = session.generate(&mut ctx, &mut sampler, &prompt, &options).unwrap();
+    let (pieces, error) = collect(&mut generation);
+    assert!(pieces.is_empty() && error.is_none());
+    assert_eq!(generation.finish_reason(), Some(&FinishReason::Cancelled));
+    assert_eq!(generation.stats().generated_tokens, 0);
+    drop(generation);
+    assert!(session.tokens().is_empty());
+    handle.reset();
+
+    // Aborted from the callback's side after a few tokens (as a Ctrl-C
+    // handler would): the run stops at the next token.
+    let mut generation = session.generate(&mut ctx, &mut sampler, &prompt, &options).unwrap();
+    let stats = generation
+        .stream(|_| {
+            handle.abort();
+            ControlFlow::Continue(())
+        })
+        .unwrap();
+    assert_eq!(stats.finish_reason, Some(FinishReason::Cancelled));
+    assert!(stats.generated_tokens >= 1 && stats.generated_tokens < 100, "{stats:?}");
+    drop(generation);
+    handle.reset();
+    let n = ctx.seq_pos_max(0).unwrap().unwrap() as usize + 1;
+    assert_eq!(session.tokens().len(), n);
+
+    // Breaking out of the callback cancels too.
+    let mut calls = 0;
+    let stats = session
+        .generate(&mut ctx, &mut sampler, &prompt, &options)
+        .unwrap()
+        .stream(|_| {
+            calls += 1;
+            if calls == 3 { ControlFlow::Break(()) } else { ControlFlow::Continue(()) }
+        })
+        .unwrap();
+    assert_eq!(calls, 3);
+    assert_eq!(stats.finish_reason, Some(FinishReason::Cancelled));
+}
+
+#[test]
+fn stop_string_spanning_tokens_is_never_emitted() {
+    let model = tiny_model();
+    let mut ctx = model.new_context(&params(512, 512)).unwrap();
+    let mut sampler = Sampler::greedy();
+    let prompt = prompt(25, 9);
+    let mut session = Session::new();
+    let plain = GenerateOptions::default().max_tokens(60).stop_at_eog(false);
+    let pieces: Vec<String> =
+        session.generate(&mut ctx, &mut sampler, &prompt, &plain).unwrap().collect::<Result<_, _>>().unwrap();
+    let full = pieces.concat();
+
+    // A stop string made of the end of one piece, a whole piece and the
+    // start of the next: it spans three tokens' text.
+    let k = (1..pieces.len() - 1)
+        .find(|&k| pieces[k - 1].chars().count() >= 2 && !pieces[k].is_empty() && !pieces[k + 1].is_empty())
+        .expect("three pieces in a row");
+    let tail: String = pieces[k - 1].chars().rev().take(2).collect::<Vec<_>>().into_iter().rev().collect();
+    let head: String = pieces[k + 1].chars().take(1).collect();
+    let stop = format!("{tail}{}{head}", pieces[k]);
+    let at = full.find(&stop).unwrap();
+
+    session.clear(&mut ctx).unwrap();
+    let options = plain.clone().stop([stop.clone(), "never appears \u{1}".to_owned()]);
+    let mut generation = session.generate(&mut ctx, &mut sampler, &prompt, &options).unwrap();
+    let (stopped, error) = collect(&mut generation);
+    assert!(error.is_none());
+    assert_eq!(generation.finish_reason(), Some(&FinishReason::Stop(stop.clone())));
+    let text = stopped.concat();
+    assert_eq!(text, full[..at], "output ends right before the stop string");
+    assert!(!text.contains(&stop));
+}
+
+// ---- the pure holdback logic ----
+
+fn feed(stops: &[&str], pieces: &[&str]) -> (Vec<String>, Option<usize>, String) {
+    let mut matcher = StopMatcher::new(stops);
+    let mut outs = Vec::new();
+    for piece in pieces {
+        let mut out = String::new();
+        let hit = matcher.push(piece, &mut out);
+        outs.push(out);
+        if hit.is_some() {
+            return (outs, hit, String::new());
+        }
+    }
+    let mut rest = String::new();
+    matcher.flush(&mut rest);
+    (outs, None, rest)
+}
+
+#[test]
+fn holdback_length() {
+    assert_eq!(stop_holdback("Hello <EN", &["<END>"]), 3);
+    assert_eq!(stop_holdback("Hello <", &["<END>"]), 1);
+    assert_eq!(stop_holdback("Hello", &["<END>"]), 0);
+    assert_eq!(stop_holdback("", &["<END>"]), 0);
+    assert_eq!(stop_holdback("abc", &[] as &[&str]), 0);
+    // The longest candidate over all stop strings.
+    assert_eq!(stop_holdback("xab", &["b!", "abc"]), 2);
+    // A complete stop string counts.
+    assert_eq!(stop_holdback("x<END>", &["<END>"]), 5);
+    // Multi-byte: only whole characters.
+    assert_eq!(stop_holdback("你好世", &["世界"]), "世".len());
+    assert_eq!(stop_holdback("é", &["\u{e9}x"]), 2);
+    assert_eq!(stop_holdback("a\u{e9}", &["\u{a9}"]), 0);
+}
+
+#[test]
+fn stop_split_across_three_pieces() {
+    let (outs, hit, _) = feed(&["<END>"], &["Hello <", "EN", "D> more"]);
+    assert_eq!(outs, ["Hello ", "", ""]);
+    assert_eq!(hit, Some(0));
+}
+
+#[test]
+fn false_start_is_released() {
+    let (outs, hit, rest) = feed(&["</s>"], &["a <", "/x", "y"]);
+    assert_eq!(outs, ["a ", "</x", "y"]);
+    assert_eq!((hit, rest.as_str()), (None, ""));
+
+    // A false start that overlaps a real one.
+    let (outs, hit, _) = feed(&["abc"], &["ab", "ab", "c"]);
+    assert_eq!(outs, ["", "ab", ""]);
+    assert_eq!(hit, Some(0));
+
+    // Held text comes out at the end when no stop string completes.
+    let (outs, hit, rest) = feed(&["<END>"], &["x <E"]);
+    assert_eq!((outs[0].as_str(), hit, rest.as_str()), ("x ", None, "<E"));
+}
+
+#[test]
+fn earliest_stop_wins_and_empty_stops_are_ignored() {
+    let (outs, hit, _) = feed(&["bc", "ab"], &["xabc"]);
+    assert_eq!((outs[0].as_str(), hit), ("x", Some(1)));
+    let matcher = StopMatcher::new(&["", "z"]);
+    assert_eq!(matcher.stops(), ["z"]);
+    let (outs, hit, _) = feed(&["", "z"], &["abc"]);
+    assert_eq!((outs[0].as_str(), hit), ("abc", None));
+    // A stop string inside one piece, with text after it.
+    let (outs, hit, _) = feed(&["\n\n"], &["one\n", "\ntwo"]);
+    assert_eq!(outs, ["one", ""]);
+    assert_eq!(hit, Some(0));
+    // Multi-byte stop split inside a piece boundary.
+    let (outs, hit, _) = feed(&["世界"], &["你好世", "界!"]);
+    assert_eq!(outs, ["你好", ""]);
+    assert_eq!(hit, Some(0));
+}
+
+// ---- forced token sequences: exact UTF-8 and stop-string behaviour ----
+
+/// A selecting sampler that plays back a fixed token script.
+#[derive(Clone)]
+struct Script {
+    tokens: Vec<i32>,
+    next: usize,
+}
+
+impl llama::CustomSampler for Script {
+    fn apply(&mut self, candidates: &mut llama::Candidates<'_>) {
+        let want = self.tokens.get(self.next).copied().unwrap_or(llama_suite::synthetic::TINY_EOS_ID);
+        if let Some(i) = candidates.data().iter().position(|c| c.id == want) {
+            candidates.select(i).unwrap();
+        }
+    }
+    fn accept(&mut self, _token: Token) {
+        self.next += 1;
+    }
+    fn selects(&self) -> bool {
+        true
+    }
+    fn clone_sampler(&self) -> Box<dyn llama::CustomSampler> {
+        Box::new(self.clone())
+    }
+}
+
+/// The byte tokens of `text` (the tiny vocabulary has one per byte).
+fn byte_tokens(text: &str) -> Vec<i32> {
+    text.bytes().map(|b| llama_suite::synthetic::TINY_FIRST_BYTE_ID + i32::from(b)).collect()
+}
+
+fn run_script(script: Vec<i32>, options: &GenerateOptions) -> (Vec<String>, llama::generate::GenerationStats) {
+    let model = tiny_model();
+    let mut ctx = model.new_context(&params(512, 512)).unwrap();
+    let mut sampler = llama::SamplerChain::new().custom(Script { tokens: script, next: 0 }).build().unwrap();
+    let mut session = Session::new();
+    let mut generation = session.generate(&mut ctx, &mut sampler, &prompt(5, 0), options).unwrap();
+    let (pieces, error) = collect(&mut generation);
+    assert!(error.is_none(), "{error:?}");
+    (pieces, generation.stats().clone())
+}
+
+#[test]
+fn multibyte_characters_split_over_byte_tokens_come_out_whole() {
+    let text = "a你好😀é";
+    let script = byte_tokens(text);
+    let n = script.len();
+    let (pieces, stats) = run_script(script, &GenerateOptions::default().max_tokens(n));
+    assert_eq!(pieces, ["a", "你", "好", "😀", "é"]);
+    assert_eq!(stats.incomplete_utf8_bytes, 0);
+    assert_eq!(stats.generated_tokens, n);
+
+    // Cut off inside a character: the rest comes out as U+FFFD at the end.
+    let (pieces, stats) = run_script(byte_tokens(text), &GenerateOptions::default().max_tokens(n - 1));
+    assert_eq!(pieces, ["a", "你", "好", "😀", "\u{FFFD}"]);
+    assert_eq!(stats.incomplete_utf8_bytes, 1);
+
+    // The script ends with EOS: finish reason EndOfGeneration.
+    let (pieces, stats) = run_script(byte_tokens("ok"), &GenerateOptions::default());
+    assert_eq!(pieces.concat(), "ok");
+    assert_eq!(stats.finish_reason, Some(FinishReason::EndOfGeneration));
+    assert_eq!(stats.generated_tokens, 3);
+}
+
+#[test]
+fn multibyte_stop_string_over_byte_tokens_is_never_emitted() {
+    let options = GenerateOptions::default().max_tokens(64).stop(["世界", "<END>"]);
+    let (pieces, stats) = run_script(byte_tokens("你好世世界 after"), &options);
+    assert_eq!(pieces.concat(), "你好世");
+    assert_eq!(stats.finish_reason, Some(FinishReason::Stop("世界".into())));
+    assert!(pieces.iter().all(|p| !p.contains('界')));
+
+    // A false start of "<END>" is released once it cannot match any more.
+    let (pieces, stats) = run_script(byte_tokens("x <EN y <END> z"), &options);
+    assert_eq!(pieces.concat(), "x <EN y ");
+    assert_eq!(stats.finish_reason, Some(FinishReason::Stop("<END>".into())));
+    // Each piece is released only once it cannot be part of "<END>".
+    assert!(pieces.iter().all(|p| !p.ends_with('<')), "{pieces:?}");
+}
