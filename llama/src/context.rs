@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::backend;
-use crate::batch::{Batch, SeqId};
+use crate::batch::{Batch, Pos, SeqId};
 use crate::error::{Error, Result, check_decode, check_shim};
 use crate::model::Model;
 use crate::sys;
@@ -278,11 +278,17 @@ pub struct Context<'m> {
     kv_unified: bool,
     non_causal: bool,
     embeddings: bool,
+    /// Pooling is `NONE`: only then are per-token embeddings extracted.
+    per_token_embeddings: bool,
+    /// Mean pooling with sizes that make llama.cpp abort (see `new`).
+    mean_pooling_blocked: bool,
     /// For each token of the last decoded batch: its output row, or -1.
     output_rows: Vec<i32>,
     n_outputs: i32,
     /// Per-sequence scratch for position checks (no allocation per decode).
     next_pos: Vec<i32>,
+    /// Per-sequence token counts of the batch being validated (scratch).
+    seq_tokens: Vec<u32>,
     abort: Arc<AtomicBool>,
 }
 
@@ -308,13 +314,21 @@ impl<'m> Context<'m> {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for parameters llama.cpp would abort on
-    /// (`n_seq_max` above 256 or above `n_batch`, zero threads);
-    /// [`Error::ContextCreate`] when llama.cpp refuses them (e.g. a quantized
-    /// V cache without flash attention, a vocab-only model, out of memory).
+    /// (`n_seq_max` above 256 or above `n_batch`, zero threads, mean-pooled
+    /// embeddings with sizes [`Context::set_embeddings`] refuses);
+    /// [`Error::ContextCreate`] for a model loaded with
+    /// [`vocab_only`](crate::ModelParams::vocab_only), and when llama.cpp
+    /// refuses the parameters (e.g. a quantized V cache without flash
+    /// attention, out of memory).
     #[doc(alias = "llama_init_from_model")]
     pub fn new(model: &'m Model, params: &ContextParams) -> Result<Context<'m>> {
         backend::init();
         let p = params;
+        if model.is_vocab_only() {
+            // llama.cpp builds such a context without backends and aborts
+            // on its first decode (GGML_ASSERT(n_backends > 0)).
+            return Err(Error::ContextCreate("the model was loaded with vocab_only: it has no weights to run".into()));
+        }
         if p.n_seq_max == 0 || p.n_seq_max > max_sequences() {
             return Err(Error::InvalidArgument(format!(
                 "n_seq_max must be 1..={}, got {}",
@@ -355,7 +369,10 @@ impl<'m> Context<'m> {
             FlashAttention::On => sys::llama_flash_attn_type::LLAMA_FLASH_ATTN_TYPE_ENABLED,
             FlashAttention::Off => sys::llama_flash_attn_type::LLAMA_FLASH_ATTN_TYPE_DISABLED,
         };
-        raw.embeddings = p.embeddings;
+        // Embeddings are switched on after creation, once the effective
+        // sizes are known (see `set_embeddings`): llama.cpp's graph
+        // reservation at creation aborts for some mean-pooling sizes.
+        raw.embeddings = false;
         raw.pooling_type = match p.pooling {
             Pooling::Model => sys::llama_pooling_type::LLAMA_POOLING_TYPE_UNSPECIFIED,
             Pooling::None => sys::llama_pooling_type::LLAMA_POOLING_TYPE_NONE,
@@ -385,7 +402,7 @@ impl<'m> Context<'m> {
         let ptr = NonNull::new(ptr)
             .ok_or_else(|| Error::ContextCreate(backend::last_error_or("llama_init_from_model returned NULL")))?;
         // SAFETY: `ptr` is a live context; these are reads of its settings.
-        let (n_ctx, n_batch, n_ubatch, n_seq_max, has_memory) = unsafe {
+        let (n_ctx, n_batch, n_ubatch, n_seq_max, has_memory, pooling) = unsafe {
             let c = ptr.as_ptr();
             (
                 sys::llama_n_ctx(c),
@@ -393,10 +410,12 @@ impl<'m> Context<'m> {
                 sys::llama_n_ubatch(c),
                 sys::llama_n_seq_max(c),
                 !sys::llama_get_memory(c).is_null(),
+                sys::llama_pooling_type(c),
             )
         };
         let non_causal = p.attention == Attention::NonCausal || !has_memory || model.has_encoder();
-        Ok(Context {
+        let mean_pooling = pooling == sys::llama_pooling_type::LLAMA_POOLING_TYPE_MEAN;
+        let mut ctx = Context {
             ptr,
             model,
             n_ctx,
@@ -406,12 +425,23 @@ impl<'m> Context<'m> {
             n_vocab: model.vocab().n_tokens() as i32,
             kv_unified: p.kv_unified || n_seq_max == 1,
             non_causal,
-            embeddings: p.embeddings,
+            embeddings: false,
+            per_token_embeddings: pooling == sys::llama_pooling_type::LLAMA_POOLING_TYPE_NONE,
+            // llama.cpp reserves its worst-case graph for min(n_ctx, n_ubatch)
+            // tokens rounded up to a multiple of n_seq_max, but with only
+            // min(n_ctx, n_ubatch) outputs; mean pooling multiplies the two
+            // and GGML_ASSERT(ggml_can_mul_mat) aborts when they differ.
+            mean_pooling_blocked: mean_pooling && n_seq_max > 0 && n_ctx.min(n_ubatch) % n_seq_max != 0,
             output_rows: Vec::with_capacity(n_batch as usize),
             n_outputs: 0,
             next_pos: vec![0; n_seq_max as usize],
+            seq_tokens: vec![0; n_seq_max as usize],
             abort,
-        })
+        };
+        if p.embeddings {
+            ctx.set_embeddings(true)?;
+        }
+        Ok(ctx)
     }
 
     /// The raw pointer, for calls this crate does not wrap. Calls through it
@@ -478,11 +508,24 @@ impl<'m> Context<'m> {
     }
 
     /// Turns embedding output on or off (every token becomes an output).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when turning on mean-pooled embeddings in
+    /// a context whose `min(n_ctx, n_ubatch)` is not a multiple of
+    /// `n_seq_max`: llama.cpp would abort when it next sizes its compute
+    /// graph. Choose `n_ubatch` (or `n_seq_max`) to divide evenly.
     #[doc(alias = "llama_set_embeddings")]
-    pub fn set_embeddings(&mut self, on: bool) {
+    pub fn set_embeddings(&mut self, on: bool) -> Result<()> {
+        if on && self.mean_pooling_blocked {
+            return Err(Error::InvalidArgument(format!(
+                "mean pooling needs min(n_ctx {}, n_ubatch {}) to be a multiple of n_seq_max {}",
+                self.n_ctx, self.n_ubatch, self.n_seq_max
+            )));
+        }
         // SAFETY: a setting change on a context we hold exclusively.
         unsafe { sys::llama_set_embeddings(self.ptr.as_ptr(), on) };
         self.embeddings = on;
+        Ok(())
     }
 
     /// A handle that aborts decoding from any thread.
@@ -527,7 +570,9 @@ impl<'m> Context<'m> {
                 self.n_batch
             )));
         }
-        if (self.non_causal || self.embeddings && self.model.has_encoder()) && n > self.n_ubatch as usize {
+        // SAFETY: a read of a setting of the live context.
+        let causal = unsafe { sys::llama_get_causal_attn(self.ptr.as_ptr()) };
+        if (self.non_causal || !causal || self.embeddings && self.model.has_encoder()) && n > self.n_ubatch as usize {
             return Err(Error::BatchInvalid(format!(
                 "a non-causal batch must fit in one micro-batch: {n} tokens > n_ubatch {}",
                 self.n_ubatch
@@ -536,6 +581,7 @@ impl<'m> Context<'m> {
         let mem = self.memory();
         const UNSEEN: i32 = i32::MIN;
         self.next_pos.fill(UNSEEN);
+        self.seq_tokens.fill(0);
         let positions = batch.positions();
         for (i, &token) in batch.tokens().iter().enumerate() {
             if token.0 < 0 || token.0 >= self.n_vocab {
@@ -549,6 +595,14 @@ impl<'m> Context<'m> {
                 )));
             }
             let pos = positions[i];
+            // Negative positions mark free cells in llama.cpp's KV cache, and
+            // the next position after each one must still fit in an i32.
+            if !(0..Pos::MAX).contains(&pos) {
+                return Err(Error::BatchInvalid(format!(
+                    "position {pos} at batch index {i} is outside 0..{}",
+                    Pos::MAX
+                )));
+            }
             for &seq in seqs {
                 self.check_seq(seq)?;
                 let slot = &mut self.next_pos[seq as usize];
@@ -556,10 +610,10 @@ impl<'m> Context<'m> {
                     // SAFETY: `seq` is below n_seq_max, which is all
                     // pos_max asserts on; NULL memory is accepted.
                     let last = unsafe { sys::llama_memory_seq_pos_max(mem, seq) };
-                    if last >= 0 && pos != last + 1 {
+                    if last >= 0 && Some(pos) != last.checked_add(1) {
                         return Err(Error::BatchInvalid(format!(
                             "sequence {seq} ends at position {last} in the cache, so its next token must be at {} (got {pos})",
-                            last + 1
+                            i64::from(last) + 1
                         )));
                     }
                 } else if pos != *slot {
@@ -569,6 +623,38 @@ impl<'m> Context<'m> {
                     )));
                 }
                 *slot = pos + 1;
+                self.seq_tokens[seq as usize] += 1;
+            }
+        }
+        if self.embeddings && !self.per_token_embeddings {
+            self.check_pooled_batch(n)?;
+        }
+        Ok(())
+    }
+
+    /// llama.cpp pools each sequence over the tokens of one micro-batch and
+    /// keeps the last micro-batch's result, so a sequence split over several
+    /// micro-batches gets a silently wrong pooled embedding. Splits happen
+    /// when the batch exceeds `n_ubatch` or, with one cache stream per
+    /// sequence (no `kv_unified`), when sequences have different lengths
+    /// (llama.cpp then cuts equal-length slices).
+    fn check_pooled_batch(&self, n: usize) -> Result<()> {
+        if n > self.n_ubatch as usize {
+            return Err(Error::BatchInvalid(format!(
+                "pooled embeddings need the batch in one micro-batch: {n} tokens > n_ubatch {}",
+                self.n_ubatch
+            )));
+        }
+        if !self.kv_unified {
+            let mut lengths = self.seq_tokens.iter().filter(|&&c| c > 0);
+            if let Some(first) = lengths.next()
+                && lengths.any(|c| c != first)
+            {
+                return Err(Error::BatchInvalid(
+                    "pooled embeddings of sequences of different lengths in one batch need kv_unified \
+                     (or one batch per sequence)"
+                        .into(),
+                ));
             }
         }
         Ok(())
@@ -596,9 +682,12 @@ impl<'m> Context<'m> {
     ///
     /// # Errors
     /// Before llama.cpp runs: [`Error::BatchInvalid`] (empty, larger than
-    /// `n_batch`, non-causal and larger than `n_ubatch`, positions that do
-    /// not continue their sequence, several sequences per token without
-    /// `kv_unified`), [`Error::InvalidToken`], [`Error::InvalidSeqId`].
+    /// `n_batch`, non-causal and larger than `n_ubatch`, a position outside
+    /// `0..i32::MAX` or one that does not continue its sequence, several
+    /// sequences per token without
+    /// `kv_unified`, pooled embeddings of a sequence that llama.cpp would
+    /// split over micro-batches), [`Error::InvalidToken`],
+    /// [`Error::InvalidSeqId`].
     /// From llama.cpp's return code: [`Error::NoKvSlot`] (1),
     /// [`Error::Aborted`] (2), [`Error::InvalidBatch`] (-1),
     /// [`Error::AllocationFailed`] (-2), [`Error::ComputeFailed`] (-3);
@@ -616,13 +705,23 @@ impl<'m> Context<'m> {
         result
     }
 
-    /// Runs the encoder of an encoder-decoder model (or a non-causal
-    /// embedding model) on a batch.
+    /// Runs the encoder of an encoder-decoder model (or of an embedding
+    /// model without a KV cache, such as BERT) on a batch.
     ///
     /// # Errors
-    /// As [`Context::decode`]; the batch must fit in one micro-batch.
+    /// [`Error::InvalidArgument`] for a decoder-only model (use
+    /// [`Context::decode`]: llama.cpp's encoder path builds a graph that
+    /// reads the KV cache without preparing it, and crashes); otherwise as
+    /// [`Context::decode`], and the batch must fit in one micro-batch.
     #[doc(alias = "llama_encode")]
     pub fn encode(&mut self, batch: &Batch) -> Result<()> {
+        if !self.model.has_encoder() && !self.memory().is_null() {
+            return Err(Error::InvalidArgument(
+                "encode needs a model with an encoder (T5-like) or without a KV cache (BERT-like); \
+                 decoder-only models use decode"
+                    .into(),
+            ));
+        }
         self.validate(batch)?;
         if batch.len() > self.n_ubatch as usize {
             return Err(Error::BatchInvalid(format!(
@@ -648,8 +747,11 @@ impl<'m> Context<'m> {
     /// Maps a batch index (or a negative index counting outputs from the
     /// end, -1 being the last) to a valid argument for the `_ith` getters.
     pub(crate) fn output_index(&self, i: i32) -> Result<i32> {
-        let ok =
-            if i >= 0 { self.output_rows.get(i as usize).is_some_and(|&row| row >= 0) } else { -i <= self.n_outputs };
+        let ok = if i >= 0 {
+            self.output_rows.get(i as usize).is_some_and(|&row| row >= 0)
+        } else {
+            i.unsigned_abs() <= self.n_outputs.unsigned_abs()
+        };
         if ok { Ok(i) } else { Err(Error::NoOutput(i)) }
     }
 
@@ -674,13 +776,20 @@ impl<'m> Context<'m> {
     }
 
     /// The embedding of batch token `i` of the last decode (negative: from
-    /// the end), `n_embd_out` floats. Needs `embeddings(true)`.
+    /// the end), `n_embd_out` floats. Needs `embeddings(true)` and
+    /// [`Pooling::None`] (or a model whose default is no pooling): with
+    /// pooling, llama.cpp computes only the per-sequence embeddings of
+    /// [`Context::sequence_embeddings`].
     ///
     /// # Errors
-    /// [`Error::NoOutput`] if there is no such output or embeddings are off.
+    /// [`Error::NoOutput`] if there is no such output, embeddings are off,
+    /// or the context pools them.
     #[doc(alias = "llama_get_embeddings_ith")]
     pub fn embeddings(&mut self, i: i32) -> Result<&[f32]> {
         let i = self.output_index(i)?;
+        if !self.embeddings || !self.per_token_embeddings {
+            return Err(Error::NoOutput(i));
+        }
         // SAFETY: as in `logits`; the row has n_embd_out floats.
         let ptr = unsafe { sys::llama_get_embeddings_ith(self.ptr.as_ptr(), i) };
         if ptr.is_null() || !self.embeddings {

@@ -80,7 +80,8 @@ impl Context<'_> {
     /// # Errors
     /// [`Error::InvalidSeqId`]; [`Error::CannotShift`] when the cache cannot
     /// shift ([`Context::can_shift`] is false), where llama.cpp would abort
-    /// at the next decode.
+    /// at the next decode; [`Error::InvalidArgument`] when a shifted
+    /// position would not fit below `i32::MAX` (signed overflow in C++).
     #[doc(alias = "llama_memory_seq_add")]
     pub fn seq_add(&mut self, seq: SeqId, p0: Option<Pos>, p1: Option<Pos>, delta: Pos) -> Result<()> {
         self.check_seq(seq)?;
@@ -88,6 +89,18 @@ impl Context<'_> {
             return Err(Error::CannotShift);
         }
         let (p0, p1) = bounds(p0, p1);
+        if delta > 0 {
+            // SAFETY: a valid sequence id.
+            let last = unsafe { sys::llama_memory_seq_pos_max(self.memory(), seq) };
+            // The largest position that moves: the last one inside p0..p1.
+            let top = if p1 >= 0 { last.min(p1.saturating_sub(1)) } else { last };
+            if top >= 0 && top >= p0 && top.checked_add(delta).is_none_or(|p| p == Pos::MAX) {
+                return Err(Error::InvalidArgument(format!(
+                    "seq_add: position {top} + {delta} does not fit below {}",
+                    Pos::MAX
+                )));
+            }
+        }
         // SAFETY: a valid sequence id on a cache that supports shifting.
         unsafe { sys::llama_memory_seq_add(self.memory(), seq, p0, p1, delta) };
         Ok(())

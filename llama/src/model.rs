@@ -11,6 +11,8 @@ use crate::error::{Error, Result};
 use crate::sys;
 use crate::vocab::Vocab;
 
+mod preflight;
+
 /// How the weights get into memory.
 #[non_exhaustive]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -118,6 +120,11 @@ impl Default for ModelParams {
 pub struct Model {
     ptr: NonNull<sys::llama_model>,
     vocab: Vocab,
+    /// Loaded with `vocab_only`: no weights, so no context can run it.
+    vocab_only: bool,
+    /// The metadata overrides it was loaded with, rendered as llama.cpp
+    /// renders metadata values: what [`Model::metadata`] reports for them.
+    overridden: Vec<(String, String)>,
     /// Serialises the calls that mutate the model (LoRA adapter init/free).
     pub(crate) mutation: Mutex<()>,
 }
@@ -238,6 +245,8 @@ impl Model {
             check_model_file(path)?;
         }
         let c_paths = paths.iter().map(|p| path_to_cstring(p)).collect::<Result<Vec<_>>>()?;
+        // The first file holds the metadata (of split models, too).
+        preflight::check(paths[0], &c_paths[0], &params.metadata_overrides, params.vocab_only)?;
 
         // SAFETY: returns a plain struct of defaults.
         let mut raw = unsafe { sys::llama_model_default_params() };
@@ -309,7 +318,8 @@ impl Model {
         // SAFETY: `ptr` is a live model; the vocab pointer it returns lives
         // as long as the model (it points into the model).
         let vocab = unsafe { Vocab::from_raw(sys::llama_model_get_vocab(ptr.as_ptr())) };
-        Ok(Model { ptr, vocab, mutation: Mutex::new(()) })
+        let overridden = params.metadata_overrides.iter().map(|(k, v)| (k.clone(), render_override(v))).collect();
+        Ok(Model { ptr, vocab, vocab_only: params.vocab_only, overridden, mutation: Mutex::new(()) })
     }
 
     /// The raw pointer, for calls this crate does not wrap.
@@ -321,6 +331,12 @@ impl Model {
     #[doc(alias = "llama_model_get_vocab")]
     pub fn vocab(&self) -> &Vocab {
         &self.vocab
+    }
+
+    /// Whether the model was loaded with [`ModelParams::vocab_only`]: it can
+    /// tokenize, but [`Context::new`](crate::Context::new) refuses it.
+    pub fn is_vocab_only(&self) -> bool {
+        self.vocab_only
     }
 
     /// The context length the model was trained with.
@@ -398,8 +414,14 @@ impl Model {
     }
 
     /// One GGUF metadata value, as a string, or `None` if the key is absent.
+    /// A key given in [`ModelParams::metadata_overrides`] reports the
+    /// override (llama.cpp's own metadata view keeps the file's value,
+    /// although the model uses the override).
     #[doc(alias = "llama_model_meta_val_str")]
     pub fn metadata(&self, key: &str) -> Option<String> {
+        if let Some((_, value)) = self.overridden.iter().find(|(k, _)| k == key) {
+            return Some(value.clone());
+        }
         let key = CString::new(key).ok()?;
         read_string(|buf, len| {
             // SAFETY: `key` is NUL-terminated; `buf` is valid for `len` bytes.
@@ -407,13 +429,15 @@ impl Model {
         })
     }
 
-    /// All GGUF metadata as `(key, value)` pairs, values rendered as strings
-    /// (arrays are abbreviated by llama.cpp).
+    /// All GGUF metadata as `(key, value)` pairs sorted by key, values
+    /// rendered as strings (array values are left out by llama.cpp), with
+    /// the [`ModelParams::metadata_overrides`] applied as in
+    /// [`Model::metadata`].
     #[doc(alias = "llama_model_meta_count")]
     pub fn metadata_entries(&self) -> Vec<(String, String)> {
         // SAFETY: a pure read of a live model.
         let count = unsafe { sys::llama_model_meta_count(self.as_ptr()) };
-        (0..count)
+        let mut entries: Vec<(String, String)> = (0..count)
             .filter_map(|i| {
                 let key = read_string(|buf, len| {
                     // SAFETY: `i < count`; `buf` is valid for `len` bytes.
@@ -425,13 +449,30 @@ impl Model {
                 })?;
                 Some((key, value))
             })
-            .collect()
+            .collect();
+        for (key, value) in &self.overridden {
+            match entries.iter_mut().find(|(k, _)| k == key) {
+                Some(entry) => entry.1.clone_from(value),
+                None => entries.push((key.clone(), value.clone())),
+            }
+        }
+        entries.sort_by(|a, b| a.0.cmp(&b.0));
+        entries
     }
 
     /// The model's chat template (`name` `None` for the default one), as
-    /// stored in its metadata.
+    /// stored in its metadata (`tokenizer.chat_template[.name]`), or as
+    /// given in [`ModelParams::metadata_overrides`]. `None` if it has none
+    /// (base models often do not).
     #[doc(alias = "llama_model_chat_template")]
     pub fn chat_template(&self, name: Option<&str>) -> Option<&str> {
+        let key = match name {
+            None => "tokenizer.chat_template".to_owned(),
+            Some(n) => format!("tokenizer.chat_template.{n}"),
+        };
+        if let Some((_, value)) = self.overridden.iter().find(|(k, _)| *k == key) {
+            return Some(value);
+        }
         let name = match name {
             Some(n) => Some(CString::new(n).ok()?),
             None => None,
@@ -529,6 +570,17 @@ pub(crate) fn temp_sibling(path: &Path) -> PathBuf {
     let mut name = path.file_name().map(|n| n.to_os_string()).unwrap_or_default();
     name.push(format!(".partial-{}", std::process::id()));
     path.with_file_name(name)
+}
+
+/// An override value as llama.cpp renders metadata (`gguf_kv_to_str`:
+/// `std::to_string` for numbers, `true`/`false` for booleans).
+fn render_override(value: &MetadataValue) -> String {
+    match value {
+        MetadataValue::Int(v) => v.to_string(),
+        MetadataValue::Float(v) => format!("{v:.6}"),
+        MetadataValue::Bool(v) => v.to_string(),
+        MetadataValue::Str(v) => v.clone(),
+    }
 }
 
 fn build_overrides(list: &[(String, MetadataValue)]) -> Result<Vec<sys::llama_model_kv_override>> {

@@ -357,12 +357,13 @@ impl<'m> SamplerChain<'m> {
         self.push(raw, Kind::Other { selects: true })
     }
 
-    /// Repetition penalties over the last `last_n` tokens (`-1`: whole
-    /// context). A chain skips it when all three penalties are neutral.
+    /// Repetition penalties over the last `last_n` accepted tokens. A
+    /// chain skips it when `last_n <= 0` (llama.cpp clamps negative values
+    /// to 0, which disables it) or all three penalties are neutral.
     #[doc(alias = "llama_sampler_init_penalties")]
     #[must_use]
     pub fn penalties(self, last_n: i32, repeat: f32, frequency: f32, presence: f32) -> Self {
-        if last_n == 0 || (repeat == 1.0 && frequency == 0.0 && presence == 0.0) {
+        if last_n <= 0 || (repeat == 1.0 && frequency == 0.0 && presence == 0.0) {
             return self;
         }
         // SAFETY: copies its arguments (n_vocab is unused by this sampler).
@@ -522,6 +523,18 @@ impl Drop for SamplerChain<'_> {
     fn drop(&mut self) {
         // SAFETY: we own the chain and, through it, every sampler in it.
         unsafe { sys::llama_sampler_free(self.chain.as_ptr()) }
+        resume_pending_panic_in_drop();
+    }
+}
+
+/// Resumes a panic that a custom sampler's destructor raised while
+/// llama.cpp freed it, unless this thread is already unwinding (a second
+/// panic would abort).
+fn resume_pending_panic_in_drop() {
+    if std::thread::panicking() {
+        PENDING_PANIC.with(|p| p.borrow_mut().take());
+    } else {
+        resume_pending_panic();
     }
 }
 
@@ -532,6 +545,11 @@ impl Drop for SamplerChain<'_> {
 pub struct Sampler<'m> {
     chain: NonNull<sys::llama_sampler>,
     kinds: Vec<Kind>,
+    /// Set when accepting a token threw inside llama.cpp. A grammar is then
+    /// left with no parse stack, and applying it would abort
+    /// (`GGML_ASSERT(!stacks.empty())`), so the chain refuses to run until
+    /// [`Sampler::reset`].
+    failed: Option<String>,
     /// Reused candidate buffer: no allocation per token.
     scratch: Vec<TokenData>,
     /// Min-heap scratch for the top-k shortcut.
@@ -575,7 +593,7 @@ impl Sampler<'static> {
 
 impl<'m> Sampler<'m> {
     fn from_parts(chain: NonNull<sys::llama_sampler>, kinds: Vec<Kind>) -> Sampler<'m> {
-        Sampler { chain, kinds, scratch: Vec::new(), heap: Vec::new(), _vocab: PhantomData }
+        Sampler { chain, kinds, failed: None, scratch: Vec::new(), heap: Vec::new(), _vocab: PhantomData }
     }
 
     /// The raw chain pointer, for calls this crate does not wrap.
@@ -607,14 +625,22 @@ impl<'m> Sampler<'m> {
     ///
     /// # Errors
     /// [`Error::NoOutput`] if `idx` has no logits; [`Error::Grammar`] if a
-    /// grammar allows no candidate; [`Error::Exception`] if a sampler threw.
+    /// grammar allows no candidate, or the chain failed to accept a token
+    /// earlier and was not [reset](Sampler::reset) since;
+    /// [`Error::Exception`] if a sampler threw.
     #[doc(alias = "llama_sampler_sample")]
     pub fn sample(&mut self, ctx: &mut Context<'_>, idx: i32) -> Result<Token> {
         self.sample_with_path(ctx, idx).map(|(t, _)| t)
     }
 
+    /// [`Sampler::sample`], also telling which implementation ran: for
+    /// tests and benchmarks of the shortcuts.
+    ///
+    /// # Errors
+    /// As [`Sampler::sample`].
     #[doc(hidden)]
     pub fn sample_with_path(&mut self, ctx: &mut Context<'_>, idx: i32) -> Result<(Token, SamplePath)> {
+        self.check_not_failed()?;
         let logits = ctx.logits(idx)?;
         let (token, path) = self.select(logits)?;
         self.accept(token)?;
@@ -722,6 +748,7 @@ impl<'m> Sampler<'m> {
     /// would throw or abort.
     #[doc(alias = "llama_sampler_accept")]
     pub fn accept(&mut self, token: Token) -> Result<()> {
+        self.check_not_failed()?;
         for (i, kind) in self.kinds.iter().enumerate() {
             if *kind == Kind::Grammar {
                 self.check_grammar_allows(i, token)?;
@@ -729,8 +756,21 @@ impl<'m> Sampler<'m> {
         }
         // SAFETY: a chain we own; the shim catches exceptions.
         let code = unsafe { sys::shim::llama_rs_sampler_accept(self.chain.as_ptr(), token.0) };
+        let result = check_shim(code, "llama_sampler_accept").map_err(|e| Error::Grammar(e.to_string()));
+        if let Err(Error::Grammar(why)) = &result {
+            // E.g. a lazy grammar whose trigger replays text it rejects: the
+            // grammar threw after emptying its stacks.
+            self.failed = Some(why.clone());
+        }
         resume_pending_panic();
-        check_shim(code, "llama_sampler_accept").map_err(|e| Error::Grammar(e.to_string()))
+        result
+    }
+
+    fn check_not_failed(&self) -> Result<()> {
+        match &self.failed {
+            None => Ok(()),
+            Some(why) => Err(Error::Grammar(format!("the sampler needs a reset() after a failed accept: {why}"))),
+        }
     }
 
     /// Runs grammar child `i` on the single candidate `token`: the grammar
@@ -753,11 +793,14 @@ impl<'m> Sampler<'m> {
         Ok(())
     }
 
-    /// Resets the chain's state (RNG seeds are kept, history is dropped).
+    /// Resets the chain's state (RNG seeds are kept, history is dropped; a
+    /// grammar starts over), also after a failed [`Sampler::accept`].
     #[doc(alias = "llama_sampler_reset")]
     pub fn reset(&mut self) {
-        // SAFETY: a chain we own.
+        // SAFETY: a chain we own. Resetting a grammar rebuilds it from its
+        // text, so a grammar left without stacks works again.
         unsafe { sys::llama_sampler_reset(self.chain.as_ptr()) };
+        self.failed = None;
         resume_pending_panic();
     }
 
@@ -770,9 +813,14 @@ impl<'m> Sampler<'m> {
         // SAFETY: a chain we own; every sampler in it (built-in or ours)
         // implements clone.
         let copy = unsafe { sys::llama_sampler_clone(self.chain.as_ptr()) };
+        // Own the copy before resuming a panic, so that unwinding frees it.
+        let copy = NonNull::new(copy).map(|chain| {
+            let mut sampler = Sampler::from_parts(chain, self.kinds.clone());
+            sampler.failed.clone_from(&self.failed);
+            sampler
+        });
         resume_pending_panic();
-        let chain = NonNull::new(copy).ok_or_else(|| Error::InvalidArgument("llama_sampler_clone failed".into()))?;
-        Ok(Sampler::from_parts(chain, self.kinds.clone()))
+        copy.ok_or_else(|| Error::InvalidArgument("llama_sampler_clone failed".into()))
     }
 }
 
@@ -780,6 +828,7 @@ impl Drop for Sampler<'_> {
     fn drop(&mut self) {
         // SAFETY: we own the chain and every sampler in it.
         unsafe { sys::llama_sampler_free(self.chain.as_ptr()) };
+        resume_pending_panic_in_drop();
     }
 }
 
@@ -804,7 +853,13 @@ fn sift_down(heap: &mut [(f32, i32)], less: impl Fn(&(f32, i32), &(f32, i32)) ->
 
 /// The index of the first largest value, as llama.cpp's greedy sampler
 /// picks it. Vectorised in lanes of 8.
+///
+/// NaN never compares greater, so llama.cpp skips NaNs, except a NaN at
+/// index 0, where its scan starts and then stays.
 pub(crate) fn argmax(values: &[f32]) -> usize {
+    if values.first().is_some_and(|v| v.is_nan()) {
+        return 0;
+    }
     const LANES: usize = 8;
     let chunks = values.chunks_exact(LANES);
     let tail = chunks.remainder();
@@ -836,5 +891,16 @@ mod tests {
         assert_eq!(argmax(&v), 517);
         assert_eq!(argmax(&[f32::NEG_INFINITY; 3]), 0);
         assert_eq!(argmax(&[]), 0);
+    }
+
+    #[test]
+    fn argmax_treats_nan_like_llama_cpp() {
+        assert_eq!(argmax(&[f32::NAN, 1.0, 2.0]), 0);
+        assert_eq!(argmax(&[0.5, f32::NAN, 2.0, f32::NAN]), 2);
+        let mut v = vec![1.0f32; 20];
+        v[3] = f32::NAN;
+        v[17] = 4.0;
+        assert_eq!(argmax(&v), 17);
+        assert_eq!(argmax(&[f32::NAN; 9]), 0);
     }
 }

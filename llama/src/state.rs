@@ -29,6 +29,47 @@ fn write_atomically(path: &Path, write: impl FnOnce(&std::ffi::CStr) -> bool, wh
     })
 }
 
+/// Checks that `state` (the state part of a whole-context save) starts with
+/// the architecture name of `ctx`'s model. llama.cpp reads that name's
+/// length and allocates it (up to 4 GiB, zero-filled) before comparing, so
+/// foreign or corrupt bytes would make it allocate gigabytes to reject them.
+fn check_arch_prefix(ctx: &Context<'_>, state: &[u8]) -> Result<()> {
+    let arch = ctx.model().metadata("general.architecture").unwrap_or_default();
+    let len = state.get(..4).map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]) as usize);
+    if len != Some(arch.len()) || state.get(4..4 + arch.len()) != Some(arch.as_bytes()) {
+        return Err(Error::State(format!("the state was not saved from a `{arch}` model (or is corrupt)")));
+    }
+    Ok(())
+}
+
+/// The same check for a file written by `llama_state_save_file`: magic,
+/// version, token count, tokens, then the state.
+fn check_state_file(ctx: &Context<'_>, path: &Path) -> Result<()> {
+    use std::io::{Read, Seek, SeekFrom};
+    let io = |e| Error::io(path, e);
+    let mut file = std::fs::File::open(path).map_err(io)?;
+    let mut header = [0u8; 12];
+    let bad = || Error::State(format!("{} is not a state file of this model", path.display()));
+    file.read_exact(&mut header).map_err(|_| bad())?;
+    let word = |i: usize| u32::from_ne_bytes([header[i], header[i + 1], header[i + 2], header[i + 3]]);
+    if word(0) != sys::LLAMA_SESSION_MAGIC || word(4) != sys::LLAMA_SESSION_VERSION {
+        return Err(bad());
+    }
+    let n_tokens = u64::from(word(8));
+    if n_tokens > u64::from(ctx.n_ctx()) {
+        return Err(Error::State(format!(
+            "{} holds {n_tokens} tokens, more than the context's {}",
+            path.display(),
+            ctx.n_ctx()
+        )));
+    }
+    file.seek(SeekFrom::Start(12 + 4 * n_tokens)).map_err(io)?;
+    let arch_len = ctx.model().metadata("general.architecture").map_or(0, |a| a.len());
+    let mut prefix = Vec::with_capacity(4 + arch_len);
+    file.take(4 + arch_len as u64).read_to_end(&mut prefix).map_err(io)?;
+    check_arch_prefix(ctx, &prefix).map_err(|_| bad())
+}
+
 fn check_readable(path: &Path) -> Result<std::ffi::CString> {
     let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
     if !meta.is_file() {
@@ -67,9 +108,12 @@ impl Context<'_> {
     ///
     /// # Errors
     /// [`Error::State`] when the bytes do not fit this context (another
-    /// model, KV type or size, or corrupt data).
+    /// model, KV type or size, or corrupt data). The cache is then either
+    /// unchanged or partly overwritten: clear it or load another state
+    /// before decoding.
     #[doc(alias = "llama_state_set_data")]
     pub fn load_state(&mut self, data: &[u8]) -> Result<()> {
+        check_arch_prefix(self, data)?;
         self.invalidate_outputs();
         // SAFETY: `data` is readable for its length; llama.cpp validates the
         // content and catches its own exceptions.
@@ -108,6 +152,7 @@ impl Context<'_> {
     pub fn load_state_file(&mut self, path: impl AsRef<Path>) -> Result<Vec<Token>> {
         let path = path.as_ref();
         let c_path = check_readable(path)?;
+        check_state_file(self, path)?;
         self.invalidate_outputs();
         let mut tokens = vec![Token(0); self.n_ctx() as usize];
         let mut count = 0usize;
@@ -148,10 +193,14 @@ impl Context<'_> {
     }
 
     /// Restores bytes from [`Context::save_seq_state`] into sequence `dest`
-    /// (which may differ from the one saved).
+    /// (which may differ from the one saved). The data must come from a
+    /// context with the same model, KV types and stream layout (one stream
+    /// for a one-sequence or `kv_unified` context, one per sequence
+    /// otherwise).
     ///
     /// # Errors
-    /// [`Error::InvalidSeqId`]; [`Error::State`] when the data does not fit.
+    /// [`Error::InvalidSeqId`]; [`Error::State`] when the data does not
+    /// fit, after which sequence `dest` may have been emptied.
     #[doc(alias = "llama_state_seq_set_data")]
     pub fn load_seq_state(&mut self, data: &[u8], dest: SeqId) -> Result<()> {
         self.check_seq(dest)?;

@@ -1,0 +1,254 @@
+//! Checks a GGUF file's hyper-parameters before llama.cpp sees them.
+//!
+//! llama.cpp validates most of a model file by throwing (caught inside
+//! `llama_model_load_from_file`, which then returns NULL), but a few values
+//! are checked with `GGML_ASSERT`, which aborts the process, or not at all
+//! and then abort later inside a ggml op. A corrupt file or a bad metadata
+//! override reaches them. This module reads the metadata with ggml's own
+//! GGUF parser (metadata only, no tensor data) and rejects those values
+//! first. The checks mirror, for the pinned llama.cpp:
+//!
+//! * `llama_model::load_hparams` (src/llama-model.cpp): `block_count` in
+//!   `1..=LLAMA_MAX_LAYERS`, `nextn_predict_layers <= block_count`, the
+//!   expert-count rules, a known `rope.scaling.type`;
+//! * the graph: RMS/layer norm epsilons must be `>= 0` (`GGML_ASSERT(eps >=
+//!   0.0f)` in ggml-cpu), and more KV heads than query heads overflows the
+//!   K/V widths (`GGML_ASSERT(ggml_nelements(a) == ne0*ne1*ne2)` in a
+//!   reshape).
+//!
+//! Overrides are applied the way llama.cpp applies them: an integer
+//! override is converted to `u32` (truncating), a float one to `f32`.
+
+use std::ffi::{CStr, CString};
+use std::path::Path;
+use std::ptr::NonNull;
+
+use super::MetadataValue;
+use crate::error::{Error, Result};
+use crate::sys;
+
+/// `LLAMA_MAX_LAYERS` (src/llama-hparams.h).
+const MAX_LAYERS: u32 = 512;
+/// `LLAMA_MAX_EXPERTS` (src/llama-hparams.h).
+const MAX_EXPERTS: u32 = 1024;
+/// The values `llama_rope_scaling_type_from_string` knows.
+const ROPE_SCALING_TYPES: [&str; 4] = ["none", "linear", "yarn", "longrope"];
+
+/// GGUF metadata read by ggml's parser, freed on drop.
+struct Gguf(NonNull<sys::gguf_context>);
+
+impl Drop for Gguf {
+    fn drop(&mut self) {
+        // SAFETY: we own the context, created by `gguf_init_from_file`.
+        unsafe { sys::gguf_free(self.0.as_ptr()) }
+    }
+}
+
+impl Gguf {
+    fn open(path: &CStr) -> Option<Gguf> {
+        let params = sys::gguf_init_params { no_alloc: true, ctx: std::ptr::null_mut() };
+        // SAFETY: a NUL-terminated path; with `no_alloc` and a NULL `ctx`
+        // only the metadata is read. The parser validates what it reads and
+        // returns NULL on malformed input.
+        NonNull::new(unsafe { sys::gguf_init_from_file(path.as_ptr(), params) }).map(Gguf)
+    }
+
+    fn ptr(&self) -> *const sys::gguf_context {
+        self.0.as_ptr()
+    }
+
+    /// The id and type of `key`, if present.
+    fn find(&self, key: &str) -> Option<(i64, sys::gguf_type::Type)> {
+        let key = CString::new(key).ok()?;
+        // SAFETY: a live context and a NUL-terminated key.
+        let id = unsafe { sys::gguf_find_key(self.ptr(), key.as_ptr()) };
+        if id < 0 {
+            return None;
+        }
+        // SAFETY: `id` is a valid key id of this context.
+        Some((id, unsafe { sys::gguf_get_kv_type(self.ptr(), id) }))
+    }
+
+    fn string(&self, key: &str) -> Option<String> {
+        let (id, kind) = self.find(key)?;
+        if kind != sys::gguf_type::GGUF_TYPE_STRING {
+            return None;
+        }
+        // SAFETY: a valid id of a string value (type checked above); the
+        // string lives as long as the context and is copied at once.
+        let s = unsafe { CStr::from_ptr(sys::gguf_get_val_str(self.ptr(), id)) };
+        Some(s.to_string_lossy().into_owned())
+    }
+
+    /// A scalar `u32`, as llama.cpp's `get_key<uint32_t>` reads it (the
+    /// type must match exactly, otherwise llama.cpp throws).
+    fn scalar_u32(&self, key: &str) -> Option<u32> {
+        let (id, kind) = self.find(key)?;
+        // SAFETY: a valid id whose type is checked to be a scalar u32.
+        (kind == sys::gguf_type::GGUF_TYPE_UINT32).then(|| unsafe { sys::gguf_get_val_u32(self.ptr(), id) })
+    }
+
+    fn scalar_f32(&self, key: &str) -> Option<f32> {
+        let (id, kind) = self.find(key)?;
+        // SAFETY: a valid id whose type is checked to be a scalar f32.
+        (kind == sys::gguf_type::GGUF_TYPE_FLOAT32).then(|| unsafe { sys::gguf_get_val_f32(self.ptr(), id) })
+    }
+
+    /// A per-layer value as `get_key_or_arr<uint32_t>` reads it: a scalar
+    /// u32 for every layer, or an array of u32/i32/bool of `n_layer`
+    /// entries. `None` where llama.cpp would throw or use a default.
+    fn per_layer_u32(&self, key: &str, n_layer: u32) -> Option<Vec<u32>> {
+        let (id, kind) = self.find(key)?;
+        if kind == sys::gguf_type::GGUF_TYPE_UINT32 {
+            // SAFETY: a valid id of a scalar u32 (type checked).
+            return Some(vec![unsafe { sys::gguf_get_val_u32(self.ptr(), id) }; n_layer as usize]);
+        }
+        if kind != sys::gguf_type::GGUF_TYPE_ARRAY {
+            return None;
+        }
+        // SAFETY: a valid id of an array (type checked).
+        let (elem, n) = unsafe { (sys::gguf_get_arr_type(self.ptr(), id), sys::gguf_get_arr_n(self.ptr(), id)) };
+        if n != n_layer as usize {
+            return None;
+        }
+        use sys::gguf_type as t;
+        let width = match elem {
+            t::GGUF_TYPE_UINT32 | t::GGUF_TYPE_INT32 => 4,
+            t::GGUF_TYPE_BOOL => 1,
+            _ => return None,
+        };
+        // SAFETY: a non-string array (element type checked) of `n`
+        // elements of `width` bytes, alive as long as the context.
+        let data = unsafe { sys::gguf_get_arr_data(self.ptr(), id) }.cast::<u8>();
+        if data.is_null() {
+            return None;
+        }
+        // SAFETY: see above; the bytes are copied out at once.
+        let bytes = unsafe { std::slice::from_raw_parts(data, n * width) };
+        Some(if width == 4 {
+            bytes.chunks_exact(4).map(|c| u32::from_ne_bytes([c[0], c[1], c[2], c[3]])).collect()
+        } else {
+            bytes.iter().map(|&b| u32::from(b != 0)).collect()
+        })
+    }
+}
+
+/// Checks the model file at `path` (as `c_path`) with `overrides` applied.
+pub(super) fn check(path: &Path, c_path: &CStr, overrides: &[(String, MetadataValue)], vocab_only: bool) -> Result<()> {
+    let invalid = |reason: String| Error::ModelLoad { path: path.to_owned(), reason };
+    crate::backend::clear_last_error();
+    let Some(gguf) = Gguf::open(c_path) else {
+        return Err(invalid(crate::backend::last_error_or("not a valid GGUF file")));
+    };
+    if vocab_only {
+        // llama.cpp stops reading hyper-parameters before these.
+        return Ok(());
+    }
+    let lookup = |key: &str| overrides.iter().find(|(k, _)| k == key).map(|(_, v)| v);
+    let Some(arch) = (match lookup("general.architecture") {
+        Some(MetadataValue::Str(s)) => Some(s.clone()),
+        Some(_) => None,
+        None => gguf.string("general.architecture"),
+    }) else {
+        return Ok(()); // llama.cpp rejects a file without an architecture by itself
+    };
+    let key = |name: &str| format!("{arch}.{name}");
+    let scalar_u32 = |name: &str| match lookup(&key(name)) {
+        // llama.cpp assigns the i64 to a uint32_t: the same truncation.
+        Some(MetadataValue::Int(v)) => Some(*v as u32),
+        Some(_) => None, // a mistyped override makes llama.cpp throw
+        None => gguf.scalar_u32(&key(name)),
+    };
+    let per_layer = |name: &str, n_layer: u32| match lookup(&key(name)) {
+        Some(MetadataValue::Int(v)) => Some(vec![*v as u32; n_layer as usize]),
+        Some(_) => None,
+        None => gguf.per_layer_u32(&key(name), n_layer),
+    };
+
+    let Some(n_layer) = scalar_u32("block_count") else {
+        return Ok(()); // required: llama.cpp throws when it is missing or mistyped
+    };
+    if !(1..=MAX_LAYERS).contains(&n_layer) {
+        return Err(invalid(format!("{} = {n_layer} is outside 1..={MAX_LAYERS}", key("block_count"))));
+    }
+    let nextn = scalar_u32("nextn_predict_layers").unwrap_or(0);
+    if nextn > n_layer {
+        return Err(invalid(format!("{} = {nextn} exceeds the block count {n_layer}", key("nextn_predict_layers"))));
+    }
+
+    check_experts(&arch, &key, &scalar_u32, &per_layer, n_layer).map_err(invalid)?;
+
+    if let Some(heads) = per_layer("attention.head_count", n_layer)
+        && let Some(kv_heads) = per_layer("attention.head_count_kv", n_layer)
+    {
+        for (il, (&h, &kv)) in heads.iter().zip(&kv_heads).enumerate() {
+            if h > 0 && kv > h {
+                return Err(invalid(format!("layer {il} has {kv} KV heads but only {h} attention heads")));
+            }
+        }
+    }
+
+    let rope_scaling = match lookup(&key("rope.scaling.type")) {
+        Some(MetadataValue::Str(s)) => Some(s.clone()),
+        Some(_) => None,
+        None => gguf.string(&key("rope.scaling.type")),
+    };
+    if let Some(s) = rope_scaling
+        && !ROPE_SCALING_TYPES.contains(&s.as_str())
+    {
+        return Err(invalid(format!("unknown {} `{s}`", key("rope.scaling.type"))));
+    }
+
+    for name in ["attention.layer_norm_rms_epsilon", "attention.layer_norm_epsilon"] {
+        let eps = match lookup(&key(name)) {
+            Some(MetadataValue::Float(v)) => Some(*v as f32),
+            Some(_) => None,
+            None => gguf.scalar_f32(&key(name)),
+        };
+        // NaN is rejected too, as it fails ggml's `eps >= 0.0f`.
+        if let Some(eps) = eps
+            && (eps.is_nan() || eps < 0.0)
+        {
+            return Err(invalid(format!("{} = {eps} must be a number >= 0", key(name))));
+        }
+    }
+    Ok(())
+}
+
+/// The expert-count rules of `load_hparams`.
+fn check_experts(
+    arch: &str,
+    key: &dyn Fn(&str) -> String,
+    scalar_u32: &dyn Fn(&str) -> Option<u32>,
+    per_layer: &dyn Fn(&str, u32) -> Option<Vec<u32>>,
+    n_layer: u32,
+) -> std::result::Result<(), String> {
+    let mut n_expert = scalar_u32("expert_count").unwrap_or(0);
+    let mut used_max = per_layer("expert_used_count", n_layer).and_then(|v| v.into_iter().max()).unwrap_or(0);
+    let groups = scalar_u32("expert_group_count").unwrap_or(0);
+    let group_used = scalar_u32("expert_group_used_count").unwrap_or(0);
+    if (arch == "hunyuan_vl" || arch == "hunyuan-dense") && n_expert <= 1 {
+        n_expert = 0;
+        used_max = 0;
+    }
+    let ok = n_expert <= MAX_EXPERTS
+        && used_max <= n_expert
+        && if n_expert > 0 {
+            used_max > 0
+                && groups < n_expert
+                && (groups <= 1 || (n_expert.is_multiple_of(groups) && group_used > 0 && group_used < groups))
+        } else {
+            used_max == 0 && groups == 0
+        };
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "inconsistent expert counts: {} = {n_expert}, {} = {used_max}, {} = {groups}, {} = {group_used}",
+            key("expert_count"),
+            key("expert_used_count"),
+            key("expert_group_count"),
+            key("expert_group_used_count"),
+        ))
+    }
+}
