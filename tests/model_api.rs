@@ -1,0 +1,319 @@
+//! Issue 3: the model-level API: hyper-parameters and metadata, loading
+//! with progress and overrides, devices, tokenizing and detokenizing, chat
+//! templates.
+
+mod safe_api;
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use llama::{
+    ChatMessage, Detokenizer, DeviceKind, Error, MetadataValue, Model, ModelParams, Token, TokenAttrs,
+    apply_chat_template, builtin_chat_templates,
+};
+use llama_suite::synthetic::{
+    TINY_BOS_ID, TINY_CONTROL_TOKEN, TINY_CONTROL_TOKEN_ID, TINY_EOS_ID, TINY_FIRST_BYTE_ID, TINY_UNK_ID,
+    TINY_VOCAB_SIZE, TinyModelSpec,
+};
+use safe_api::*;
+
+/// The parameter count of a tiny llama model, from its shapes.
+fn tiny_params(spec: &TinyModelSpec) -> u64 {
+    let (embd, ff, vocab) = (u64::from(spec.n_embd), u64::from(spec.n_ff), TINY_VOCAB_SIZE as u64);
+    let kv = embd / u64::from(spec.n_head) * u64::from(spec.n_head_kv);
+    let per_layer = 2 * embd // attention and FFN norms
+        + 2 * embd * embd // q, o
+        + 2 * embd * kv // k, v
+        + 3 * embd * ff; // gate, up, down
+    2 * vocab * embd + embd + u64::from(spec.n_layer) * per_layer // token_embd, output, output_norm
+}
+
+#[test]
+fn hyper_parameters_and_metadata_match_the_spec() {
+    let spec = TinyModelSpec::default();
+    let model = tiny_model();
+    assert_eq!(model.n_layer(), spec.n_layer as usize);
+    assert_eq!(model.n_embd(), spec.n_embd as usize);
+    assert_eq!(model.n_embd_out(), spec.n_embd as usize);
+    assert_eq!(model.n_head(), spec.n_head as usize);
+    assert_eq!(model.n_head_kv(), spec.n_head_kv as usize);
+    assert_eq!(model.n_ctx_train(), spec.n_ctx_train);
+    assert_eq!(model.n_swa(), 0);
+    assert!(model.has_decoder() && !model.has_encoder());
+    assert!(!model.is_recurrent() && !model.is_hybrid() && !model.is_diffusion());
+    assert_eq!(model.decoder_start_token(), None);
+    // Exact: every tensor is F32.
+    assert_eq!(model.n_params(), tiny_params(&spec));
+    assert_eq!(model.size(), 4 * tiny_params(&spec));
+    let desc = model.description();
+    assert!(desc.starts_with("llama ") && desc.contains("F32"), "{desc:?}");
+
+    assert_eq!(model.metadata("general.architecture").as_deref(), Some("llama"));
+    assert_eq!(model.metadata("llama.block_count").as_deref(), Some("2"));
+    assert_eq!(model.metadata("llama.embedding_length").as_deref(), Some("64"));
+    assert_eq!(model.metadata("no.such.key"), None);
+    assert_eq!(model.metadata("bad\0key"), None);
+    let entries = model.metadata_entries();
+    assert!(entries.contains(&("general.architecture".into(), "llama".into())), "{entries:?}");
+    assert!(entries.contains(&("llama.attention.head_count_kv".into(), "2".into())));
+    assert!(entries.contains(&("tokenizer.ggml.bos_token_id".into(), "1".into())));
+    assert!(entries.windows(2).all(|w| w[0].0 < w[1].0), "sorted, unique keys");
+    // Arrays (the vocabulary) are left out by llama.cpp.
+    assert!(!entries.iter().any(|(k, _)| k == "tokenizer.ggml.tokens"));
+    assert_eq!(model.chat_template(None), None);
+    assert!(matches!(model.apply_chat_template(&[ChatMessage::user("hi")], true), Err(Error::ChatTemplate(_))));
+
+    // Another shape, to be sure the numbers are read, not assumed.
+    let other = other_tiny_model();
+    assert_eq!((other.n_layer(), other.n_embd(), other.n_head(), other.n_head_kv()), (3, 32, 2, 1));
+    assert_eq!(other.n_ctx_train(), 512);
+    let spec = TinyModelSpec { n_layer: 3, n_embd: 32, n_head: 2, n_head_kv: 1, n_ff: 48, n_ctx_train: 512, seed: 7 };
+    assert_eq!(other.n_params(), tiny_params(&spec));
+}
+
+#[test]
+fn loading_reports_progress_and_can_be_cancelled() {
+    let path = tiny_path();
+    let mut seen = Vec::new();
+    let model = Model::load_with_progress(&path, &ModelParams::default(), |p| {
+        seen.push(p);
+        true
+    })
+    .unwrap();
+    assert!(!seen.is_empty());
+    assert!(seen.windows(2).all(|w| w[0] <= w[1]), "not increasing: {seen:?}");
+    assert!(seen.iter().all(|p| (0.0..=1.0).contains(p)), "{seen:?}");
+    assert_eq!(seen.last(), Some(&1.0));
+    drop(model);
+
+    // Returning false cancels, at the first call or later.
+    let r = Model::load_with_progress(&path, &ModelParams::default(), |_| false);
+    assert!(matches!(r, Err(Error::LoadCancelled)), "{:?}", r.err());
+    let mut calls = 0;
+    let r = Model::load_with_progress(&path, &ModelParams::default(), |p| {
+        calls += 1;
+        p < 0.5
+    });
+    if seen.iter().any(|&p| p >= 0.5) {
+        assert!(matches!(r, Err(Error::LoadCancelled)));
+    }
+    assert!(calls >= 1);
+
+    // A panic in the callback cancels the load and reaches the caller.
+    let payload = catch_unwind(AssertUnwindSafe(|| {
+        Model::load_with_progress(&path, &ModelParams::default(), |_| panic!("progress exploded"))
+    }))
+    .expect_err("the panic must be resumed");
+    assert_eq!(payload.downcast_ref::<&str>(), Some(&"progress exploded"));
+    // Nothing is left in a bad state: loading works afterwards.
+    Model::load(&path, &ModelParams::default()).unwrap();
+}
+
+#[test]
+fn metadata_overrides_change_the_loaded_model() {
+    let path = tiny_path();
+    let params = ModelParams {
+        metadata_overrides: vec![
+            ("llama.context_length".into(), MetadataValue::Int(4096)),
+            ("tokenizer.ggml.add_bos_token".into(), MetadataValue::Bool(false)),
+            ("general.name".into(), MetadataValue::Str("renamed".into())),
+            ("llama.attention.layer_norm_rms_epsilon".into(), MetadataValue::Float(0.25)),
+        ],
+        ..Default::default()
+    };
+    let model = Model::load(&path, &params).unwrap();
+    // llama.cpp uses them ...
+    assert_eq!(model.n_ctx_train(), 4096);
+    assert!(!model.vocab().adds_bos());
+    assert_ne!(model.vocab().tokenize("Hello", true).unwrap()[0], Token(TINY_BOS_ID));
+    // ... and metadata() reports them.
+    assert_eq!(model.metadata("llama.context_length").as_deref(), Some("4096"));
+    assert_eq!(model.metadata("tokenizer.ggml.add_bos_token").as_deref(), Some("false"));
+    assert_eq!(model.metadata("general.name").as_deref(), Some("renamed"));
+    assert_eq!(model.metadata("llama.attention.layer_norm_rms_epsilon").as_deref(), Some("0.250000"));
+    let entries = model.metadata_entries();
+    assert!(entries.contains(&("llama.context_length".into(), "4096".into())));
+    assert!(entries.windows(2).all(|w| w[0].0 < w[1].0));
+    // The epsilon really changed the network.
+    let plain = tiny_model();
+    let prompt = tokens(plain.vocab(), "Hello world");
+    let mut a = plain.new_context(&small_params()).unwrap();
+    let mut b = model.new_context(&small_params()).unwrap();
+    assert!(nmse(&decode_seq(&mut a, &prompt, 0, 0), &decode_seq(&mut b, &prompt, 0, 0)) > 1e-6);
+    // An override of a key the file does not have is added.
+    let model = Model::load(
+        &path,
+        &ModelParams { metadata_overrides: vec![("x.custom".into(), MetadataValue::Int(-3))], ..Default::default() },
+    )
+    .unwrap();
+    assert_eq!(model.metadata("x.custom").as_deref(), Some("-3"));
+
+    // Keys and strings must fit llama.cpp's 128-byte fields.
+    let with = |key: String, value: MetadataValue| {
+        Model::load(&path, &ModelParams { metadata_overrides: vec![(key, value)], ..Default::default() })
+    };
+    assert!(matches!(with("k".repeat(128), MetadataValue::Int(1)), Err(Error::InvalidArgument(_))));
+    assert!(matches!(with(String::new(), MetadataValue::Int(1)), Err(Error::InvalidArgument(_))));
+    assert!(matches!(with("general.name".into(), MetadataValue::Str("n".repeat(128))), Err(Error::InvalidArgument(_))));
+    with("k".repeat(127), MetadataValue::Int(1)).unwrap();
+}
+
+#[test]
+fn devices_and_system_info() {
+    let devices = llama::devices();
+    let cpu = devices.iter().find(|d| d.kind == DeviceKind::Cpu).expect("a CPU device");
+    assert!(!cpu.name.is_empty());
+    let info = llama::system_info();
+    assert!(info.contains("CPU"), "{info}");
+    assert!(llama::supports_mmap());
+    assert!(llama::max_sequences() == 256);
+    let (t0, t1) = (llama::time_us(), llama::time_us());
+    assert!(t1 >= t0);
+    // Loading on the CPU device only.
+    let params = ModelParams { devices: Some(vec![cpu.clone()]), ..Default::default() };
+    let model = Model::load(tiny_path(), &params).unwrap();
+    assert_eq!(model.n_layer(), 2);
+}
+
+#[test]
+fn control_tokens_are_parsed_only_on_request() {
+    let model = tiny_model();
+    let vocab = model.vocab();
+    let text = format!("a{TINY_CONTROL_TOKEN}b");
+    let plain = vocab.tokenize(&text, false).unwrap();
+    assert!(!plain.contains(&Token(TINY_CONTROL_TOKEN_ID)), "{plain:?}");
+    assert_eq!(vocab.detokenize(&plain, false, false).unwrap(), text);
+    let special = vocab.tokenize_special(&text, false).unwrap();
+    assert!(special.contains(&Token(TINY_CONTROL_TOKEN_ID)), "{special:?}");
+    // SentencePiece puts its space prefix on the text after a special token.
+    assert_eq!(vocab.detokenize(&special, false, false).unwrap(), "a b");
+    assert_eq!(vocab.detokenize(&special, false, true).unwrap(), format!("a{TINY_CONTROL_TOKEN} b"));
+    assert_eq!(vocab.tokenize_special(TINY_CONTROL_TOKEN, false).unwrap(), [Token(TINY_CONTROL_TOKEN_ID)]);
+
+    // The vocabulary's own facts.
+    assert_eq!(vocab.n_tokens(), TINY_VOCAB_SIZE);
+    assert_eq!((vocab.bos(), vocab.eos()), (Some(Token(TINY_BOS_ID)), Some(Token(TINY_EOS_ID))));
+    assert!(vocab.adds_bos() && !vocab.adds_eos());
+    assert_eq!(vocab.tokenize("Hello", true).unwrap()[0], Token(TINY_BOS_ID));
+    assert!(vocab.is_eog(Token(TINY_EOS_ID)) && !vocab.is_eog(Token(300)));
+    let ctrl = Token(TINY_CONTROL_TOKEN_ID);
+    assert!(vocab.is_control(ctrl) && vocab.attrs(ctrl).unwrap().contains(TokenAttrs::CONTROL));
+    assert_eq!(vocab.text(ctrl).unwrap(), TINY_CONTROL_TOKEN);
+    assert!(vocab.attrs(Token(TINY_FIRST_BYTE_ID + 0x41)).unwrap().contains(TokenAttrs::BYTE));
+    assert_eq!(vocab.text(Token(TINY_FIRST_BYTE_ID + 0x0a)).unwrap(), "<0x0A>");
+    assert!(vocab.attrs(Token(TINY_UNK_ID)).unwrap().contains(TokenAttrs::UNKNOWN));
+    assert!(vocab.score(Token(400)).unwrap() > vocab.score(Token(600)).unwrap(), "scores fall with the id");
+    assert_eq!(vocab.token_to_piece(Token(TINY_BOS_ID), false).unwrap(), b"");
+    assert_eq!(vocab.token_to_piece(Token(TINY_BOS_ID), true).unwrap(), b"<s>");
+    let mut reused = Vec::with_capacity(64);
+    vocab.tokenize_into("Hello world", false, false, &mut reused).unwrap();
+    assert_eq!(reused.len(), 2);
+    assert!(vocab.tokenize("", false).unwrap().is_empty());
+}
+
+#[test]
+fn the_detokenizer_never_splits_a_character() {
+    let model = tiny_model();
+    let vocab = model.vocab();
+    for text in ["你好，世界！", "🦀🎉 emoji 👩‍👩‍👧", "Ünïcödé ñ €100 — ½ 𝄞", "mixed 日本語 and ascii", "a\nb\tc"]
+    {
+        let toks = vocab.tokenize(text, false).unwrap();
+        assert!(toks.len() > text.chars().count() / 2, "byte fallback gives many tokens for {text:?}");
+        let mut d = Detokenizer::new(vocab, false);
+        let mut streamed = String::new();
+        let mut held_back = 0;
+        for &t in &toks {
+            let piece = d.push_str(t).unwrap();
+            assert!(!piece.contains('\u{fffd}'), "{text:?}: a broken character was emitted");
+            if piece.is_empty() {
+                held_back += 1;
+            }
+            streamed.push_str(&piece);
+            assert!(d.pending().len() < 4, "at most an unfinished character is held back");
+        }
+        assert_eq!(d.finish(), "");
+        // The SentencePiece space prefix of the first piece stays.
+        assert_eq!(streamed.trim_start_matches(' '), text, "{toks:?}");
+        if !text.is_ascii() {
+            assert!(held_back > 0, "{text:?}: multi-byte characters arrive in several tokens");
+        }
+    }
+    // Invalid UTF-8 becomes U+FFFD once, and the stream goes on.
+    let mut d = Detokenizer::new(vocab, false);
+    let mut out = String::new();
+    d.push(Token(TINY_FIRST_BYTE_ID + 0xe4), &mut out).unwrap(); // starts a 3-byte character
+    assert_eq!(out, "");
+    assert_eq!(d.pending(), [0xe4]);
+    d.push(token_for_piece(vocab, "a"), &mut out).unwrap();
+    assert_eq!(out, "\u{fffd}a");
+    d.push(Token(TINY_FIRST_BYTE_ID + 0xf0), &mut out).unwrap();
+    assert_eq!(d.finish(), "\u{fffd}", "an unfinished character is flushed as U+FFFD");
+}
+
+#[test]
+fn chat_templates() {
+    let names = builtin_chat_templates();
+    assert!(names.contains(&"chatml") && names.contains(&"gemma") && names.contains(&"llama3"), "{names:?}");
+    let chat = [ChatMessage::system("Be brief."), ChatMessage::user("Hi!"), ChatMessage::assistant("Hello.")];
+    assert_eq!(
+        apply_chat_template("chatml", &chat, true).unwrap(),
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi!<|im_end|>\n\
+         <|im_start|>assistant\nHello.<|im_end|>\n<|im_start|>assistant\n"
+    );
+    assert_eq!(apply_chat_template("chatml", &chat[1..2], false).unwrap(), "<|im_start|>user\nHi!<|im_end|>\n");
+    assert_eq!(
+        apply_chat_template("gemma", &chat, true).unwrap(),
+        "<start_of_turn>user\nBe brief.\n\nHi!<end_of_turn>\n<start_of_turn>model\nHello.<end_of_turn>\n\
+         <start_of_turn>model\n"
+    );
+    // A long conversation grows the buffer.
+    let long: Vec<ChatMessage> =
+        (0..200).map(|i| ChatMessage::user(format!("message {i} {}", "x".repeat(50)))).collect();
+    let out = apply_chat_template("chatml", &long, false).unwrap();
+    assert_eq!(out.matches("<|im_start|>user").count(), 200);
+    assert!(matches!(apply_chat_template("no-such-template", &chat, true), Err(Error::ChatTemplate(_))));
+    assert!(matches!(apply_chat_template("chatml", &[ChatMessage::user("a\0b")], true), Err(Error::Nul(_))));
+}
+
+/// The cached Gemma 3 270M is the base model: its GGUF has no
+/// `tokenizer.chat_template`, so the model's own template is `None` and
+/// applying it is an error. The built-in `gemma` format tokenizes with its
+/// vocabulary into the real turn markers.
+#[test]
+fn gemma_chat_formatting() {
+    let model = real_model();
+    assert_eq!(model.metadata("general.architecture").as_deref(), Some("gemma3"));
+    assert_eq!(model.chat_template(None), None);
+    assert!(matches!(model.apply_chat_template(&[ChatMessage::user("hi")], true), Err(Error::ChatTemplate(_))));
+
+    let out = apply_chat_template("gemma", &[ChatMessage::user("What is 2+2?")], true).unwrap();
+    assert!(out.contains("<start_of_turn>user\nWhat is 2+2?<end_of_turn>"), "{out:?}");
+    // Its control tokens are parsed from the trusted template, not from user text.
+    let vocab = model.vocab();
+    let special = vocab.tokenize_special(&out, true).unwrap();
+    let plain = vocab.tokenize(&out, true).unwrap();
+    let start = vocab.tokenize_special("<start_of_turn>", false).unwrap();
+    assert_eq!(start.len(), 1);
+    assert!(vocab.is_control(start[0]));
+    assert_eq!(special.iter().filter(|&&t| t == start[0]).count(), 2);
+    assert!(!plain.contains(&start[0]));
+    assert!(plain.len() > special.len());
+}
+
+/// A template given as a metadata override is the model's template: here a
+/// short Jinja text that llama.cpp's matcher recognises as Gemma's format.
+#[test]
+fn a_chat_template_override_is_the_models_template() {
+    let template = "{{ bos_token }}{% for m in messages %}<start_of_turn>{{ m.role }}{% endfor %}";
+    assert!(template.len() < 128);
+    let params = ModelParams {
+        metadata_overrides: vec![("tokenizer.chat_template".into(), MetadataValue::Str(template.into()))],
+        ..Default::default()
+    };
+    let model = Model::load(tiny_path(), &params).unwrap();
+    assert_eq!(model.chat_template(None), Some(template));
+    let out = model.apply_chat_template(&[ChatMessage::user("Hi"), ChatMessage::assistant("Yo")], true).unwrap();
+    assert_eq!(
+        out,
+        "<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\nYo<end_of_turn>\n<start_of_turn>model\n"
+    );
+}

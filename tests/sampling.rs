@@ -1,0 +1,476 @@
+//! Issue 3: sampling. The shortcuts of `Sampler::sample` (an argmax for a
+//! greedy chain, top-k preselection for chains that start with top-k) pick
+//! exactly the tokens llama.cpp's own `llama_sampler_sample` picks from an
+//! identically built chain; custom samplers, panics in them, penalties,
+//! logit bias, grammars, clone and reset behave.
+
+mod safe_api;
+
+use std::any::Any;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use llama::{Batch, Candidates, Context, CustomSampler, Error, Model, SamplePath, Sampler, SamplerChain, Token, sys};
+use llama_suite::synthetic::TINY_EOS_ID;
+use safe_api::*;
+
+/// Samples `steps` tokens with `ours` (the crate's path) and `theirs`
+/// (llama.cpp's `llama_sampler_sample` on an identically built chain),
+/// feeding our token back each step; asserts equal tokens and returns them
+/// with the paths taken.
+fn compare_with_llama_cpp(
+    ctx: &mut Context<'_>,
+    ours: &mut Sampler<'_>,
+    theirs: &mut Sampler<'_>,
+    start: i32,
+    steps: usize,
+) -> (Vec<Token>, Vec<SamplePath>) {
+    let (mut toks, mut paths) = (Vec::new(), Vec::new());
+    let mut batch = Batch::new(1, 1);
+    for step in 0..steps {
+        let (t, path) = ours.sample_with_path(ctx, -1).unwrap();
+        // SAFETY: both pointers are live (a chain we own, a context we
+        // hold), the context's last decode produced logits for output -1,
+        // and the chain ends with a selecting sampler, so
+        // llama_sampler_sample neither reads out of bounds nor aborts.
+        let reference = unsafe { sys::llama_sampler_sample(theirs.as_ptr(), ctx.as_ptr(), -1) };
+        assert_eq!(t, Token(reference), "step {step}: {path:?} path picked {t}, llama.cpp picked {reference}");
+        toks.push(t);
+        paths.push(path);
+        batch.clear();
+        batch.push(t, start + step as i32, &[0], true).unwrap();
+        ctx.decode(&batch).unwrap();
+    }
+    (toks, paths)
+}
+
+fn distinct(toks: &[Token]) -> usize {
+    let mut v = toks.to_vec();
+    v.sort();
+    v.dedup();
+    v.len()
+}
+
+fn prompt_ctx<'m>(model: &'m Model, text: &str) -> (Context<'m>, i32) {
+    let mut ctx = model.new_context(&small_params()).unwrap();
+    let toks = tokens(model.vocab(), text);
+    decode_seq(&mut ctx, &toks, 0, 0);
+    (ctx, toks.len() as i32)
+}
+
+#[test]
+fn greedy_shortcut_picks_what_llama_cpp_picks() {
+    let model = tiny_model();
+    let (mut ctx, n) = prompt_ctx(&model, "Hello world");
+    let (toks, paths) = compare_with_llama_cpp(&mut ctx, &mut Sampler::greedy(), &mut Sampler::greedy(), n, 60);
+    assert!(paths.iter().all(|&p| p == SamplePath::Greedy), "{paths:?}");
+    assert!(distinct(&toks) > 1, "{toks:?}");
+}
+
+#[test]
+fn top_k_shortcut_picks_what_llama_cpp_picks() {
+    let model = tiny_model();
+    let chain = |seed| SamplerChain::new().top_k(40).top_p(0.9, 1).temp(0.8).dist(seed).build().unwrap();
+    for seed in [1, 42, 1234] {
+        let (mut ctx, n) = prompt_ctx(&model, "the quick brown fox");
+        let (toks, paths) = compare_with_llama_cpp(&mut ctx, &mut chain(seed), &mut chain(seed), n, 60);
+        assert!(paths.iter().all(|&p| p == SamplePath::TopK), "seed {seed}: {paths:?}");
+        assert!(distinct(&toks) > 5, "seed {seed}: a random chain should vary: {toks:?}");
+    }
+    // Chains the shortcut does not apply to take the full path, also equal.
+    let others: [fn() -> Sampler<'static>; 4] = [
+        || SamplerChain::new().temp(0.9).dist(5).build().unwrap(),
+        || SamplerChain::new().top_k(0).temp(0.9).dist(5).build().unwrap(),
+        || SamplerChain::new().top_k(5000).dist(5).build().unwrap(), // k above n_vocab
+        || SamplerChain::new().penalties(16, 1.3, 0.1, 0.1).top_k(20).min_p(0.05, 1).dist(5).build().unwrap(),
+    ];
+    for (i, make) in others.iter().enumerate() {
+        let (mut ctx, n) = prompt_ctx(&model, "Hello world");
+        let (_, paths) = compare_with_llama_cpp(&mut ctx, &mut make(), &mut make(), n, 25);
+        assert!(paths.iter().all(|&p| p == SamplePath::Full), "chain {i}: {paths:?}");
+    }
+    // A top-k chain with penalties after the top-k keeps the shortcut.
+    let make = || SamplerChain::new().top_k(30).penalties(16, 1.5, 0.2, 0.2).temp(0.7).dist(9).build().unwrap();
+    let (mut ctx, n) = prompt_ctx(&model, "Hello world");
+    let (_, paths) = compare_with_llama_cpp(&mut ctx, &mut make(), &mut make(), n, 40);
+    assert!(paths.iter().all(|&p| p == SamplePath::TopK));
+}
+
+/// The same on the real Gemma 3 model, whose 262,144-token vocabulary is
+/// what the shortcuts are for.
+#[test]
+fn shortcuts_pick_what_llama_cpp_picks_on_gemma() {
+    let model = real_model();
+    assert_eq!(model.vocab().n_tokens(), 262_144);
+    let params = llama::ContextParams::default().n_ctx(256).n_batch(64).n_ubatch(64).n_threads(2);
+    let toks = tokens(model.vocab(), "The capital of France is");
+    let mut ctx = model.new_context(&params).unwrap();
+    decode_seq(&mut ctx, &toks, 0, 0);
+    let n = toks.len() as i32;
+    let (greedy, paths) = compare_with_llama_cpp(&mut ctx, &mut Sampler::greedy(), &mut Sampler::greedy(), n, 3);
+    assert!(paths.iter().all(|&p| p == SamplePath::Greedy));
+    let text = model.vocab().detokenize(&greedy, false, false).unwrap();
+    assert!(!text.trim().is_empty(), "greedy continuation: {text:?}");
+
+    ctx.clear_kv(false);
+    decode_seq(&mut ctx, &toks, 0, 0);
+    let chain = || SamplerChain::new().top_k(40).top_p(0.9, 1).temp(0.8).dist(77).build().unwrap();
+    let (_, paths) = compare_with_llama_cpp(&mut ctx, &mut chain(), &mut chain(), n, 5);
+    assert!(paths.iter().all(|&p| p == SamplePath::TopK), "{paths:?}");
+}
+
+// ------------------------------------------------------ custom samplers
+
+/// Bans a set of tokens (logit -inf) and counts its calls.
+#[derive(Clone)]
+struct Ban {
+    banned: Vec<Token>,
+    accepted: Arc<Mutex<Vec<Token>>>,
+    resets: Arc<AtomicUsize>,
+    clones: Arc<AtomicUsize>,
+}
+
+impl CustomSampler for Ban {
+    fn name(&self) -> &str {
+        "ban"
+    }
+    fn apply(&mut self, candidates: &mut Candidates<'_>) {
+        for c in candidates.data_mut() {
+            if self.banned.contains(&Token(c.id)) {
+                c.logit = f32::NEG_INFINITY;
+            }
+        }
+    }
+    fn accept(&mut self, token: Token) {
+        self.accepted.lock().unwrap().push(token);
+    }
+    fn reset(&mut self) {
+        self.resets.fetch_add(1, Ordering::SeqCst);
+    }
+    fn clone_sampler(&self) -> Box<dyn CustomSampler> {
+        self.clones.fetch_add(1, Ordering::SeqCst);
+        Box::new(self.clone())
+    }
+}
+
+/// Selects the candidate with the smallest token id.
+struct SmallestId;
+
+impl CustomSampler for SmallestId {
+    fn apply(&mut self, candidates: &mut Candidates<'_>) {
+        let best = candidates.data().iter().enumerate().min_by_key(|(_, c)| c.id).map(|(i, _)| i);
+        if let Some(i) = best {
+            candidates.select(i).unwrap();
+        }
+        assert!(candidates.select(usize::MAX).is_err());
+    }
+    fn selects(&self) -> bool {
+        true
+    }
+    fn clone_sampler(&self) -> Box<dyn CustomSampler> {
+        Box::new(SmallestId)
+    }
+}
+
+#[test]
+fn custom_samplers_run_in_the_chain() {
+    let model = tiny_model();
+    let (mut ctx, n) = prompt_ctx(&model, "Hello world");
+    let logits = ctx.logits(-1).unwrap().to_vec();
+    let mut order: Vec<usize> = (0..logits.len()).collect();
+    order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]));
+    let banned = vec![Token(order[0] as i32), Token(order[1] as i32)];
+    let ban = Ban { banned: banned.clone(), accepted: Arc::default(), resets: Arc::default(), clones: Arc::default() };
+    let mut s = SamplerChain::new().custom(ban.clone()).greedy().build().unwrap();
+    let t = s.sample(&mut ctx, -1).unwrap();
+    assert_eq!(t, Token(order[2] as i32), "the best token that is not banned");
+    assert_eq!(*ban.accepted.lock().unwrap(), [t]);
+    s.reset();
+    assert_eq!(ban.resets.load(Ordering::SeqCst), 1);
+    let mut copy = s.try_clone().unwrap();
+    assert_eq!(ban.clones.load(Ordering::SeqCst), 1);
+    assert_eq!(copy.sample(&mut ctx, -1).unwrap(), t);
+    assert_eq!(ban.accepted.lock().unwrap().len(), 2, "the copy shares the Arc");
+
+    // A custom selecting sampler may end a chain.
+    assert!(SamplerChain::new().custom(ban.clone()).build().is_err(), "a non-selecting custom sampler cannot");
+    let mut s = SamplerChain::new().top_k(10).custom(SmallestId).build().unwrap();
+    let t = s.sample(&mut ctx, -1).unwrap();
+    assert_eq!(t.0 as usize, *order[..10].iter().min().unwrap());
+    // Generating with the custom chain never yields a banned token.
+    let mut s = SamplerChain::new().custom(ban).temp(2.0).dist(3).build().unwrap();
+    let mut b = Batch::new(1, 1);
+    ctx.clear_kv(false);
+    decode_seq(&mut ctx, &tokens(model.vocab(), "Hello world"), 0, 0);
+    for i in 0..40 {
+        let t = s.sample(&mut ctx, -1).unwrap();
+        assert!(!banned.contains(&t));
+        b.clear();
+        b.push(t, n + i, &[0], true).unwrap();
+        ctx.decode(&b).unwrap();
+    }
+}
+
+/// Panics on demand in the chosen callback.
+struct Panicky {
+    armed: Arc<AtomicBool>,
+    in_apply: bool,
+}
+
+impl CustomSampler for Panicky {
+    fn apply(&mut self, _: &mut Candidates<'_>) {
+        if self.in_apply && self.armed.load(Ordering::SeqCst) {
+            panic!("boom in apply");
+        }
+    }
+    fn accept(&mut self, token: Token) {
+        if !self.in_apply && self.armed.load(Ordering::SeqCst) {
+            std::panic::panic_any(format!("boom in accept {token}"));
+        }
+    }
+    fn clone_sampler(&self) -> Box<dyn CustomSampler> {
+        if self.armed.load(Ordering::SeqCst) {
+            panic!("boom in clone");
+        }
+        Box::new(Panicky { armed: Arc::clone(&self.armed), in_apply: self.in_apply })
+    }
+}
+
+fn message(payload: Box<dyn Any + Send>) -> String {
+    match payload.downcast::<&'static str>() {
+        Ok(s) => (*s).to_owned(),
+        Err(p) => *p.downcast::<String>().expect("a string payload"),
+    }
+}
+
+#[test]
+fn a_panic_in_a_custom_sampler_is_resumed_in_the_caller() {
+    let model = tiny_model();
+    let (mut ctx, _) = prompt_ctx(&model, "Hello world");
+    let expected = Sampler::greedy().sample(&mut ctx, -1).unwrap();
+    for in_apply in [true, false] {
+        let armed = Arc::new(AtomicBool::new(true));
+        let mut s =
+            SamplerChain::new().custom(Panicky { armed: Arc::clone(&armed), in_apply }).greedy().build().unwrap();
+        let payload = catch_unwind(AssertUnwindSafe(|| s.sample(&mut ctx, -1))).expect_err("the panic must reach us");
+        let want = if in_apply { "boom in apply".to_owned() } else { format!("boom in accept {expected}") };
+        assert_eq!(message(payload), want);
+        // The clone callback too.
+        let payload = catch_unwind(AssertUnwindSafe(|| s.try_clone().map(drop))).expect_err("clone panic");
+        assert_eq!(message(payload), "boom in clone");
+        // Disarmed, the same sampler keeps working.
+        armed.store(false, Ordering::SeqCst);
+        assert_eq!(s.sample(&mut ctx, -1).unwrap(), expected);
+        assert_eq!(s.try_clone().unwrap().sample(&mut ctx, -1).unwrap(), expected);
+    }
+}
+
+// ------------------------------------------------- built-in constraints
+
+#[test]
+fn penalties_stop_repetition() {
+    let model = tiny_model();
+    let generate = |s: &mut Sampler<'_>| {
+        let (mut ctx, n) = prompt_ctx(&model, "the the the the");
+        let mut b = Batch::new(1, 1);
+        (0..30)
+            .map(|i| {
+                let t = s.sample(&mut ctx, -1).unwrap();
+                b.clear();
+                b.push(t, n + i, &[0], true).unwrap();
+                ctx.decode(&b).unwrap();
+                t
+            })
+            .collect::<Vec<_>>()
+    };
+    let plain = generate(&mut Sampler::greedy());
+    assert!(distinct(&plain) < plain.len(), "greedy alone repeats itself: {plain:?}");
+    let penalized = generate(&mut SamplerChain::new().penalties(64, 1.0, 0.0, 1e6).greedy().build().unwrap());
+    assert_eq!(distinct(&penalized), penalized.len(), "a huge presence penalty forbids repeats: {penalized:?}");
+    // Disabled penalties leave greedy as it is.
+    let neutral = generate(&mut SamplerChain::new().penalties(64, 1.0, 0.0, 0.0).greedy().build().unwrap());
+    assert_eq!(neutral, plain);
+    let off = generate(&mut SamplerChain::new().penalties(-1, 2.0, 1.0, 1.0).greedy().build().unwrap());
+    assert_eq!(off, plain, "last_n <= 0 disables penalties");
+}
+
+#[test]
+fn logit_bias_moves_the_choice() {
+    let model = tiny_model();
+    let vocab = model.vocab();
+    let (mut ctx, _) = prompt_ctx(&model, "Hello world");
+    let best = Sampler::greedy().sample(&mut ctx, -1).unwrap();
+    let target = Token(333);
+    assert_ne!(best, target);
+    let mut s = SamplerChain::new().logit_bias(vocab, &[(target, 1000.0)]).unwrap().greedy().build().unwrap();
+    assert_eq!(s.sample(&mut ctx, -1).unwrap(), target);
+    let mut s = SamplerChain::new().logit_bias(vocab, &[(best, f32::NEG_INFINITY)]).unwrap().greedy().build().unwrap();
+    assert_ne!(s.sample(&mut ctx, -1).unwrap(), best);
+    for bad in [Token(-1), Token(vocab.n_tokens() as i32), Token(i32::MAX)] {
+        let r = SamplerChain::new().logit_bias(vocab, &[(target, 1.0), (bad, 1.0)]);
+        assert!(matches!(r, Err(Error::InvalidToken { .. })), "{bad}");
+    }
+}
+
+#[test]
+fn a_grammar_constrains_sampled_text() {
+    let model = tiny_model();
+    let vocab = model.vocab();
+    let eos = Token(TINY_EOS_ID);
+    // Free sampling under `[ab]+`: every piece is made of a and b.
+    let mut s =
+        SamplerChain::new().grammar(vocab, "root ::= [ab]+", "root").unwrap().temp(3.0).dist(11).build().unwrap();
+    let (mut ctx, n) = prompt_ctx(&model, "the quick brown fox");
+    let mut text = Vec::new();
+    let mut b = Batch::new(1, 1);
+    for i in 0..20 {
+        let t = s.sample(&mut ctx, -1).unwrap();
+        if t == eos {
+            break;
+        }
+        let piece = vocab.token_to_piece(t, false).unwrap();
+        assert!(!piece.is_empty() && piece.iter().all(|&c| c == b'a' || c == b'b'), "token {t} = {piece:?}");
+        text.extend(piece);
+        b.clear();
+        b.push(t, n + i, &[0], true).unwrap();
+        ctx.decode(&b).unwrap();
+    }
+    assert!(!text.is_empty());
+
+    // An exact grammar: the only text it allows, then the end.
+    let mut s =
+        SamplerChain::new().grammar(vocab, r#"root ::= "ab" ("a" | "b")"#, "root").unwrap().greedy().build().unwrap();
+    let (mut ctx, n) = prompt_ctx(&model, "Hello world");
+    let mut out = Vec::new();
+    for i in 0..10 {
+        let t = s.sample(&mut ctx, -1).unwrap();
+        out.push(t);
+        if t == eos {
+            break;
+        }
+        b.clear();
+        b.push(t, n + i, &[0], true).unwrap();
+        ctx.decode(&b).unwrap();
+    }
+    assert_eq!(out.last(), Some(&eos), "{out:?}");
+    let text = vocab.detokenize(&out, true, false).unwrap();
+    assert!(text == "aba" || text == "abb", "{text:?}");
+    // After the end, nothing else is allowed.
+    assert!(s.accept(token_for_piece(vocab, "a")).is_err());
+}
+
+#[test]
+fn a_clone_continues_exactly_like_the_original() {
+    let model = tiny_model();
+    let (mut ctx, n) = prompt_ctx(&model, "the quick brown fox");
+    let mut s = SamplerChain::new().penalties(32, 1.2, 0.1, 0.1).top_k(50).temp(1.2).dist(99).build().unwrap();
+    assert_eq!(s.seed(), 99);
+    let mut b = Batch::new(1, 1);
+    let mut pos = n;
+    let mut step = |ctx: &mut Context<'_>, t: Token| {
+        b.clear();
+        b.push(t, pos, &[0], true).unwrap();
+        ctx.decode(&b).unwrap();
+        pos += 1;
+    };
+    for _ in 0..5 {
+        let t = s.sample(&mut ctx, -1).unwrap();
+        step(&mut ctx, t);
+    }
+    let mut copy = s.try_clone().unwrap();
+    let mut seen = Vec::new();
+    for _ in 0..30 {
+        let t = s.sample(&mut ctx, -1).unwrap();
+        assert_eq!(copy.sample(&mut ctx, -1).unwrap(), t);
+        seen.push(t);
+        step(&mut ctx, t);
+    }
+    assert!(distinct(&seen) > 3);
+}
+
+#[test]
+fn reset_starts_the_chain_over() {
+    let model = tiny_model();
+    let vocab = model.vocab();
+    let (mut ctx, _) = prompt_ctx(&model, "Hello world");
+    // The same logits sampled repeatedly: the RNG sequence restarts on reset.
+    let mut s = SamplerChain::new().temp(5.0).dist(123).build().unwrap();
+    let first: Vec<Token> = (0..20).map(|_| s.sample(&mut ctx, -1).unwrap()).collect();
+    assert!(distinct(&first) > 3, "{first:?}");
+    s.reset();
+    let again: Vec<Token> = (0..20).map(|_| s.sample(&mut ctx, -1).unwrap()).collect();
+    assert_eq!(first, again);
+    // A grammar starts over too.
+    let (a, b) = (token_for_piece(vocab, "a"), token_for_piece(vocab, "b"));
+    let mut g = SamplerChain::new().grammar(vocab, r#"root ::= "ab""#, "root").unwrap().greedy().build().unwrap();
+    g.accept(a).unwrap();
+    g.accept(b).unwrap();
+    assert!(g.accept(a).is_err());
+    g.reset();
+    g.accept(a).unwrap();
+}
+
+/// llama.cpp's greedy sampler scans from index 0 and never moves off a NaN
+/// there; the argmax shortcut must pick the same. A copy of the tiny model
+/// with NaN in the output row of token 0 gives such logits.
+#[test]
+fn greedy_shortcut_agrees_on_nan_logits() {
+    let mut bytes = std::fs::read(tiny_path()).unwrap();
+    let lay = layout(&bytes);
+    let data_start = lay.info.1.div_ceil(32) * 32; // general.alignment defaults to 32
+    let (_, _, _, offset_field) = lay.tensors.iter().find(|t| t.0 == "output.weight").unwrap().clone();
+    let offset = u64::from_le_bytes(bytes[offset_field..offset_field + 8].try_into().unwrap()) as usize;
+    let row0 = data_start + offset; // token 0's output row comes first
+    bytes[row0..row0 + 4].copy_from_slice(&f32::NAN.to_le_bytes());
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("nan.gguf");
+    std::fs::write(&path, &bytes).unwrap();
+    let model = Model::load(&path, &llama::ModelParams::default()).unwrap();
+
+    let (mut ctx, n) = prompt_ctx(&model, "Hello world");
+    let logits = ctx.logits(-1).unwrap();
+    assert!(logits[0].is_nan() && logits[1..].iter().all(|x| x.is_finite()));
+    let (toks, paths) = compare_with_llama_cpp(&mut ctx, &mut Sampler::greedy(), &mut Sampler::greedy(), n, 3);
+    assert_eq!(toks[0], Token(0));
+    assert!(paths.iter().all(|&p| p == SamplePath::Greedy));
+}
+
+/// Panics in a custom sampler's destructor happen inside llama.cpp's
+/// `llama_sampler_free`; they reach the code that dropped the sampler, and
+/// while already unwinding they are dropped instead of aborting.
+#[test]
+fn a_panic_in_a_custom_sampler_destructor_is_resumed() {
+    struct Bomb;
+    impl CustomSampler for Bomb {
+        fn apply(&mut self, _: &mut Candidates<'_>) {}
+        fn clone_sampler(&self) -> Box<dyn CustomSampler> {
+            Box::new(Bomb)
+        }
+    }
+    impl Drop for Bomb {
+        fn drop(&mut self) {
+            if !std::thread::panicking() {
+                panic!("bomb dropped");
+            }
+        }
+    }
+    let s = SamplerChain::new().custom(Bomb).greedy().build().unwrap();
+    let payload = catch_unwind(AssertUnwindSafe(move || drop(s))).expect_err("the destructor's panic");
+    assert_eq!(message(payload), "bomb dropped");
+    // Dropped without building: the same.
+    let chain = SamplerChain::new().custom(Bomb);
+    let payload = catch_unwind(AssertUnwindSafe(move || drop(chain))).expect_err("the destructor's panic");
+    assert_eq!(message(payload), "bomb dropped");
+    // Dropped while a panic unwinds: the first panic wins, no abort.
+    let payload = catch_unwind(AssertUnwindSafe(|| {
+        let _s = SamplerChain::new().custom(Bomb).greedy().build().unwrap();
+        panic!("first");
+    }))
+    .expect_err("the first panic");
+    assert_eq!(message(payload), "first");
+    // And nothing is left pending for the next, unrelated sampler.
+    let model = tiny_model();
+    let (mut ctx, _) = prompt_ctx(&model, "Hello world");
+    Sampler::greedy().sample(&mut ctx, -1).unwrap();
+}
