@@ -120,11 +120,10 @@ fn run_gen(
 ) -> llama::Result<()> {
     let n_vocab = model.vocab().n_tokens();
     let mut token = first_token(model, rng, 0);
-    let mut pos = ctx.seq_pos_max(0)?.map_or(0, |p| p + 1);
-    for _ in 0..n_gen {
+    let start = ctx.seq_pos_max(0)?.map_or(0, |p| p + 1);
+    for pos in start..start + n_gen as i32 {
         batch.clear();
         batch.push(token, pos, &[0], true)?;
-        pos += 1;
         ctx.decode(batch)?;
         token = match picker {
             Picker::Random => {

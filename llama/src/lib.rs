@@ -37,6 +37,7 @@ mod error;
 pub mod generate;
 mod memory;
 mod model;
+mod quantize;
 mod sampler;
 mod state;
 mod vocab;
@@ -53,5 +54,6 @@ pub use context::{
 };
 pub use error::{Error, Result};
 pub use model::{LoadMode, MetadataValue, Model, ModelParams, SplitMode};
+pub use quantize::{FileType, QuantizeParams, quantize};
 pub use sampler::{Candidates, CustomSampler, SamplePath, Sampler, SamplerChain, TokenData};
 pub use vocab::{Detokenizer, Token, TokenAttrs, Vocab};

@@ -181,6 +181,15 @@ pub(crate) fn path_to_cstring(path: &Path) -> Result<CString> {
 }
 
 /// Checks what llama.cpp would otherwise report only as NULL.
+/// Checks a GGUF model file the way [`Model::load`] does before handing
+/// it to another llama.cpp reader (the quantizer), returning its C path.
+pub(crate) fn check_gguf_file(path: &Path) -> Result<CString> {
+    check_model_file(path)?;
+    let c_path = path_to_cstring(path)?;
+    preflight::check(path, &c_path, &[], false)?;
+    Ok(c_path)
+}
+
 fn check_model_file(path: &Path) -> Result<()> {
     let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
     let reason = if meta.is_dir() {
