@@ -11,16 +11,20 @@
 //!
 //! Extra rows (`--sampling`) time the same generation with a sampler in the
 //! loop: our greedy and top-k fast paths, and llama.cpp's own
-//! `llama_sampler_sample`, to show what sampling adds per token.
+//! `llama_sampler_sample`, to show what sampling adds per token; and the
+//! whole streaming generator (`llama::generate`: sampling, detokenizing,
+//! stop-string checks) from a one-token prompt.
 //!
 //! ```sh
 //! cargo run --release --example bench -- -p 512 -n 128 -r 5 -t 2 --sampling
 //! ```
 
+use std::ops::ControlFlow;
 use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::Parser;
+use llama::generate::{GenerateOptions, Session};
 use llama::{Batch, Context, ContextParams, Model, ModelParams, Sampler, SamplerChain, Token};
 
 #[derive(Parser, Debug)]
@@ -50,7 +54,7 @@ struct Args {
     /// Skip the warmup run.
     #[arg(long)]
     no_warmup: bool,
-    /// Also time generation with sampling in the loop.
+    /// Also time generation with sampling in the loop, and the generator.
     #[arg(long)]
     sampling: bool,
 }
@@ -196,6 +200,28 @@ impl Bench<'_> {
         Ok(samples)
     }
 
+    /// `reps` runs of the streaming generator producing `n_gen` tokens from
+    /// a one-token prompt: n_gen decodes, samples and detokenizations.
+    fn generator(&self, n_gen: usize, sampler: &mut Sampler<'static>) -> llama::Result<Vec<f64>> {
+        let mut ctx = self.context(n_gen + 1)?;
+        let prompt = [first_token(self.model, &mut Rng(1), 0)];
+        let options = GenerateOptions::default().max_tokens(n_gen).stop_at_eog(false);
+        let mut samples = Vec::with_capacity(self.args.reps);
+        for rep in 0..=self.args.reps {
+            ctx.clear_kv(false);
+            let mut session = Session::new();
+            let start = Instant::now();
+            let stats =
+                session.generate(&mut ctx, sampler, &prompt, &options)?.stream(|_| ControlFlow::Continue(()))?;
+            let elapsed = start.elapsed().as_secs_f64();
+            // The first run is the warmup.
+            if rep > 0 {
+                samples.push(stats.generated_tokens as f64 / elapsed);
+            }
+        }
+        Ok(samples)
+    }
+
     fn row(&self, test: &str, samples: &[f64]) {
         let (mean, sd) = mean_sd(samples);
         println!(
@@ -241,6 +267,10 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
             bench.row(&format!("tg{n} +top-k/p/temp (ours)"), &bench.test(0, n, Picker::Ours(&mut sampler))?);
             let mut sampler = top_k()?;
             bench.row(&format!("tg{n} +top-k/p/temp (llama.cpp)"), &bench.test(0, n, Picker::Upstream(&mut sampler))?);
+            let mut greedy = Sampler::greedy();
+            bench.row(&format!("tg{n} generate, greedy"), &bench.generator(n, &mut greedy)?);
+            let mut sampler = top_k()?;
+            bench.row(&format!("tg{n} generate, top-k/p/temp"), &bench.generator(n, &mut sampler)?);
         }
     }
     Ok(())

@@ -19,18 +19,30 @@ pub type Pos = i32;
 /// overflow; [`Context::decode`] checks the rest (token ids, sequence ids,
 /// positions) against the context before llama.cpp sees the batch.
 ///
+/// The arrays are Rust vectors that grow up to the capacity on first use
+/// and keep their memory across [`Batch::clear`], so a reused batch
+/// allocates nothing per decode.
+///
 /// [`Context::decode`]: crate::Context::decode
 pub struct Batch {
-    raw: sys::llama_batch,
+    tokens: Vec<i32>,
+    positions: Vec<Pos>,
+    n_seq_ids: Vec<i32>,
+    /// Sequence ids, `max_seqs_per_token` slots per token.
+    seq_ids: Vec<SeqId>,
+    /// `seq_ids` row pointers in the shape llama.cpp reads them; rebuilt
+    /// whenever `seq_ids` moves.
+    seq_rows: Vec<*mut SeqId>,
+    logits: Vec<i8>,
     capacity: usize,
     max_seqs_per_token: usize,
     n_outputs: usize,
 }
 
-// SAFETY: the batch owns its malloc'd arrays exclusively; nothing else holds
-// pointers to them, so moving it to another thread is fine.
+// SAFETY: the only raw pointers (`seq_rows`) point into the batch's own
+// `seq_ids` vector, which moves with it; nothing else holds them.
 unsafe impl Send for Batch {}
-// SAFETY: `&Batch` only allows reads of the arrays.
+// SAFETY: `&Batch` only allows reads of the vectors.
 unsafe impl Sync for Batch {}
 
 impl fmt::Debug for Batch {
@@ -40,15 +52,21 @@ impl fmt::Debug for Batch {
 }
 
 impl Batch {
-    /// A batch for up to `capacity` tokens, each in at most
-    /// `max_seqs_per_token` sequences (both at least 1).
-    #[doc(alias = "llama_batch_init")]
+    /// A batch for up to `capacity` tokens (at most `i32::MAX`), each in at
+    /// most `max_seqs_per_token` sequences (1 to 256). Memory is taken as
+    /// tokens are pushed, not up front.
     pub fn new(capacity: usize, max_seqs_per_token: usize) -> Batch {
-        let capacity = capacity.clamp(1, i32::MAX as usize);
-        let max_seqs_per_token = max_seqs_per_token.clamp(1, crate::context::max_sequences() as usize);
-        // SAFETY: positive sizes; `embd = 0` allocates the token array.
-        let raw = unsafe { sys::llama_batch_init(capacity as i32, 0, max_seqs_per_token as i32) };
-        Batch { raw, capacity, max_seqs_per_token, n_outputs: 0 }
+        Batch {
+            tokens: Vec::new(),
+            positions: Vec::new(),
+            n_seq_ids: Vec::new(),
+            seq_ids: Vec::new(),
+            seq_rows: Vec::new(),
+            logits: Vec::new(),
+            capacity: capacity.clamp(1, i32::MAX as usize),
+            max_seqs_per_token: max_seqs_per_token.clamp(1, crate::context::max_sequences() as usize),
+            n_outputs: 0,
+        }
     }
 
     /// A batch holding `tokens` of sequence 0 at positions `start..`, with
@@ -66,8 +84,7 @@ impl Batch {
     /// [`Error::BatchFull`] when the batch is full; [`Error::InvalidArgument`]
     /// when `seq_ids` is empty or longer than the batch allows.
     pub fn push(&mut self, token: Token, pos: Pos, seq_ids: &[SeqId], logits: bool) -> Result<()> {
-        let i = self.len();
-        if i >= self.capacity {
+        if self.len() >= self.capacity {
             return Err(Error::BatchFull { capacity: self.capacity });
         }
         if seq_ids.is_empty() || seq_ids.len() > self.max_seqs_per_token {
@@ -77,20 +94,32 @@ impl Batch {
                 seq_ids.len()
             )));
         }
-        // SAFETY: `i < capacity`, the length every array was allocated with;
-        // each `seq_id[i]` row holds `max_seqs_per_token` ids, and
-        // `seq_ids.len()` is at most that.
-        unsafe {
-            *self.raw.token.add(i) = token.0;
-            *self.raw.pos.add(i) = pos;
-            *self.raw.n_seq_id.add(i) = seq_ids.len() as i32;
-            let row = *self.raw.seq_id.add(i);
-            std::ptr::copy_nonoverlapping(seq_ids.as_ptr(), row, seq_ids.len());
-            *self.raw.logits.add(i) = logits as i8;
-        }
-        self.raw.n_tokens += 1;
+        self.tokens.push(token.0);
+        self.positions.push(pos);
+        self.n_seq_ids.push(seq_ids.len() as i32);
+        let row_start = self.seq_ids.len();
+        self.seq_ids.extend_from_slice(seq_ids);
+        self.seq_ids.resize(row_start + self.max_seqs_per_token, -1);
+        self.logits.push(logits as i8);
         self.n_outputs += logits as usize;
+        self.sync_rows();
         Ok(())
+    }
+
+    /// Keeps `seq_rows[i]` pointing at row `i` of `seq_ids`, which may have
+    /// moved when it grew.
+    fn sync_rows(&mut self) {
+        let stride = self.max_seqs_per_token;
+        let base = self.seq_ids.as_mut_ptr();
+        if self.seq_rows.first().is_some_and(|&p| p != base) {
+            self.seq_rows.clear();
+        }
+        while self.seq_rows.len() < self.tokens.len() {
+            // SAFETY: row `len` starts at `len * stride`, inside `seq_ids`,
+            // which holds `stride` slots for every pushed token.
+            let row = unsafe { base.add(self.seq_rows.len() * stride) };
+            self.seq_rows.push(row);
+        }
     }
 
     /// Appends `tokens` of one sequence at positions `start..`, requesting
@@ -103,26 +132,34 @@ impl Batch {
             return Err(Error::BatchFull { capacity: self.capacity });
         }
         let last = tokens.len().saturating_sub(1);
+        if i32::try_from(last).ok().and_then(|l| start.checked_add(l)).is_none() {
+            return Err(Error::InvalidArgument(format!("positions from {start} overflow for {} tokens", tokens.len())));
+        }
         for (k, &t) in tokens.iter().enumerate() {
             self.push(t, start + k as Pos, &[seq], logits_last && k == last)?;
         }
         Ok(())
     }
 
-    /// Removes every token; the capacity stays.
+    /// Removes every token; the capacity and the memory stay.
     pub fn clear(&mut self) {
-        self.raw.n_tokens = 0;
+        self.tokens.clear();
+        self.positions.clear();
+        self.n_seq_ids.clear();
+        self.seq_ids.clear();
+        self.seq_rows.clear();
+        self.logits.clear();
         self.n_outputs = 0;
     }
 
     /// The number of tokens.
     pub fn len(&self) -> usize {
-        self.raw.n_tokens as usize
+        self.tokens.len()
     }
 
     /// Whether the batch holds no token.
     pub fn is_empty(&self) -> bool {
-        self.raw.n_tokens == 0
+        self.tokens.is_empty()
     }
 
     /// The most tokens the batch holds.
@@ -137,30 +174,24 @@ impl Batch {
 
     /// The tokens.
     pub fn tokens(&self) -> &[Token] {
-        // SAFETY: the first `len` entries were written by `push`; `Token`
-        // is a `repr(transparent)` i32 like `llama_token`.
-        unsafe { std::slice::from_raw_parts(self.raw.token.cast::<Token>(), self.len()) }
+        // SAFETY: `Token` is a `repr(transparent)` i32.
+        unsafe { std::slice::from_raw_parts(self.tokens.as_ptr().cast::<Token>(), self.tokens.len()) }
     }
 
     /// The positions.
     pub fn positions(&self) -> &[Pos] {
-        // SAFETY: the first `len` entries were written by `push`.
-        unsafe { std::slice::from_raw_parts(self.raw.pos, self.len()) }
+        &self.positions
     }
 
-    /// The sequence ids of token `i`.
+    /// The sequence ids of token `i` (empty if there is no token `i`).
     pub fn seq_ids(&self, i: usize) -> &[SeqId] {
-        if i >= self.len() {
-            return &[];
-        }
-        // SAFETY: `i < len`; row `i` holds `n_seq_id[i]` ids written by `push`.
-        unsafe { std::slice::from_raw_parts(*self.raw.seq_id.add(i), *self.raw.n_seq_id.add(i) as usize) }
+        let (Some(&n), stride) = (self.n_seq_ids.get(i), self.max_seqs_per_token) else { return &[] };
+        &self.seq_ids[i * stride..i * stride + n as usize]
     }
 
     /// Whether token `i` requests logits.
     pub fn has_logits(&self, i: usize) -> bool {
-        // SAFETY: `i < len` is checked first.
-        i < self.len() && unsafe { *self.raw.logits.add(i) } != 0
+        self.logits.get(i).is_some_and(|&l| l != 0)
     }
 
     /// Requests (or not) the logits of token `i`.
@@ -168,25 +199,27 @@ impl Batch {
     /// # Errors
     /// [`Error::InvalidArgument`] if `i` is not a token of the batch.
     pub fn set_logits(&mut self, i: usize, logits: bool) -> Result<()> {
-        if i >= self.len() {
-            return Err(Error::InvalidArgument(format!("batch index {i} out of 0..{}", self.len())));
-        }
-        let was = self.has_logits(i);
-        // SAFETY: `i < len <= capacity`.
-        unsafe { *self.raw.logits.add(i) = logits as i8 };
+        let Some(flag) = self.logits.get_mut(i) else {
+            return Err(Error::InvalidArgument(format!("batch index {i} out of 0..{}", self.tokens.len())));
+        };
+        let was = *flag != 0;
+        *flag = logits as i8;
         self.n_outputs = self.n_outputs + logits as usize - was as usize;
         Ok(())
     }
 
+    /// The C view of the batch, valid while `self` is neither moved nor
+    /// changed. llama.cpp copies what it reads before `llama_decode`
+    /// returns and writes nothing through these pointers.
     pub(crate) fn raw(&self) -> sys::llama_batch {
-        self.raw
-    }
-}
-
-impl Drop for Batch {
-    fn drop(&mut self) {
-        // SAFETY: `raw` came from `llama_batch_init` and its `seq_id`
-        // sentinel was never touched (we only write rows below capacity).
-        unsafe { sys::llama_batch_free(self.raw) }
+        sys::llama_batch {
+            n_tokens: self.tokens.len() as i32,
+            token: self.tokens.as_ptr().cast_mut(),
+            embd: std::ptr::null_mut(),
+            pos: self.positions.as_ptr().cast_mut(),
+            n_seq_id: self.n_seq_ids.as_ptr().cast_mut(),
+            seq_id: self.seq_rows.as_ptr().cast_mut(),
+            logits: self.logits.as_ptr().cast_mut(),
+        }
     }
 }

@@ -95,6 +95,9 @@ pub enum Error {
     /// A GBNF grammar failed to parse, or a token it forbids was accepted.
     #[error("grammar error: {0}")]
     Grammar(String),
+    /// A sampler of the chain removed every candidate token.
+    #[error("a sampler removed every candidate token")]
+    NoCandidates,
     /// A sampler chain that does not end in a token-selecting sampler.
     #[error("a sampler chain must end with a token-selecting sampler (greedy, dist, mirostat, adaptive-p)")]
     NoSelector,

@@ -92,6 +92,10 @@ pub struct ModelParams {
     pub vocab_only: bool,
     /// Validate tensor data while loading.
     pub check_tensors: bool,
+    /// Let the CPU backend repack quantized weights into layouts its
+    /// kernels read faster (llama.cpp's default). Repacked weights cannot be
+    /// read back, so [`Model::save`] needs a model loaded with this off.
+    pub repack_weights: bool,
     /// GGUF metadata entries to override, by key (at most 127 bytes each).
     pub metadata_overrides: Vec<(String, MetadataValue)>,
 }
@@ -106,6 +110,7 @@ impl Default for ModelParams {
             devices: None,
             vocab_only: false,
             check_tensors: false,
+            repack_weights: true,
             metadata_overrides: Vec::new(),
         }
     }
@@ -122,6 +127,8 @@ pub struct Model {
     vocab: Vocab,
     /// Loaded with `vocab_only`: no weights, so no context can run it.
     vocab_only: bool,
+    /// Loaded with `repack_weights`: weights may not be readable back.
+    repacked: bool,
     /// The metadata overrides it was loaded with, rendered as llama.cpp
     /// renders metadata values: what [`Model::metadata`] reports for them.
     overridden: Vec<(String, String)>,
@@ -270,6 +277,7 @@ impl Model {
         raw.main_gpu = params.main_gpu;
         raw.vocab_only = params.vocab_only;
         raw.check_tensors = params.check_tensors;
+        raw.use_extra_bufts = params.repack_weights;
 
         // Pointer inputs only need to live for the load call (§1.2).
         let mut devices: Vec<sys::ggml_backend_dev_t> = Vec::new();
@@ -328,7 +336,14 @@ impl Model {
         // as long as the model (it points into the model).
         let vocab = unsafe { Vocab::from_raw(sys::llama_model_get_vocab(ptr.as_ptr())) };
         let overridden = params.metadata_overrides.iter().map(|(k, v)| (k.clone(), render_override(v))).collect();
-        Ok(Model { ptr, vocab, vocab_only: params.vocab_only, overridden, mutation: Mutex::new(()) })
+        Ok(Model {
+            ptr,
+            vocab,
+            vocab_only: params.vocab_only,
+            repacked: params.repack_weights,
+            overridden,
+            mutation: Mutex::new(()),
+        })
     }
 
     /// The raw pointer, for calls this crate does not wrap.
@@ -545,10 +560,18 @@ impl Model {
     /// once it is complete.
     ///
     /// # Errors
-    /// [`Error::Exception`] if llama.cpp throws, [`Error::Io`] if the file
-    /// cannot be moved into place.
+    /// [`Error::InvalidArgument`] for a model loaded vocab-only or with
+    /// [`ModelParams::repack_weights`] on (the default): the CPU backend's
+    /// repacked weight buffers cannot be read back, and llama.cpp would
+    /// call through a null pointer. [`Error::Exception`] if llama.cpp
+    /// throws, [`Error::Io`] if the file cannot be moved into place.
     #[doc(alias = "llama_model_save_to_file")]
     pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
+        if self.vocab_only || self.repacked {
+            return Err(Error::InvalidArgument(
+                "only a model loaded with vocab_only: false and repack_weights: false can be saved".into(),
+            ));
+        }
         let path = path.as_ref();
         let temp = temp_sibling(path);
         let c_temp = path_to_cstring(&temp)?;

@@ -24,6 +24,10 @@ use crate::error::{Error, Result, check_shim};
 use crate::sys;
 use crate::vocab::{Token, Vocab};
 
+/// The longest penalty window accepted (llama.cpp allocates it up front,
+/// and a huge one throws `bad_alloc` through the C API).
+const MAX_PENALTY_WINDOW: i32 = 1 << 20;
+
 /// What this crate knows about one sampler of a chain.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Kind {
@@ -82,9 +86,13 @@ impl Candidates<'_> {
         self.raw.sorted
     }
 
-    /// Declares whether the candidates are sorted by descending logit.
-    pub fn set_sorted(&mut self, sorted: bool) {
-        self.raw.sorted = sorted;
+    /// Declares whether the candidates are sorted by descending logit,
+    /// which later samplers rely on. A claim of `true` is checked (one pass
+    /// over the candidates) and ignored when false; returns the flag now in
+    /// effect.
+    pub fn set_sorted(&mut self, sorted: bool) -> bool {
+        self.raw.sorted = sorted && self.data().windows(2).all(|w| w[0].logit >= w[1].logit);
+        self.raw.sorted
     }
 
     /// The index of the selected candidate, if a sampler selected one.
@@ -349,24 +357,35 @@ impl<'m> SamplerChain<'m> {
     }
 
     /// Mirostat 1.0 (selects a token).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] unless `m >= 2` and `tau`, `eta` are
+    /// finite (llama.cpp would compute NaN and convert it to an integer).
     #[doc(alias = "llama_sampler_init_mirostat")]
-    #[must_use]
-    pub fn mirostat(self, vocab: &Vocab, seed: u32, tau: f32, eta: f32, m: i32) -> Self {
+    pub fn mirostat(self, vocab: &Vocab, seed: u32, tau: f32, eta: f32, m: i32) -> Result<Self> {
+        if m < 2 || !tau.is_finite() || !eta.is_finite() {
+            return Err(Error::InvalidArgument(format!(
+                "mirostat needs m >= 2 and finite tau and eta (got m {m}, tau {tau}, eta {eta})"
+            )));
+        }
         // SAFETY: copies its arguments; the vocab size is only a number.
         let raw = unsafe { sys::llama_sampler_init_mirostat(vocab.n_tokens() as i32, seed, tau, eta, m) };
-        self.push(raw, Kind::Other { selects: true })
+        Ok(self.push(raw, Kind::Other { selects: true }))
     }
 
-    /// Repetition penalties over the last `last_n` accepted tokens. A
-    /// chain skips it when `last_n <= 0` (llama.cpp clamps negative values
-    /// to 0, which disables it) or all three penalties are neutral.
+    /// Repetition penalties over the last `last_n` accepted tokens (at most
+    /// 2^20; llama.cpp allocates the window up front). A chain skips it
+    /// when `last_n <= 0` (llama.cpp clamps negative values to 0, which
+    /// disables it) or all three penalties are neutral.
     #[doc(alias = "llama_sampler_init_penalties")]
     #[must_use]
     pub fn penalties(self, last_n: i32, repeat: f32, frequency: f32, presence: f32) -> Self {
         if last_n <= 0 || (repeat == 1.0 && frequency == 0.0 && presence == 0.0) {
             return self;
         }
-        // SAFETY: copies its arguments (n_vocab is unused by this sampler).
+        let last_n = last_n.min(MAX_PENALTY_WINDOW);
+        // SAFETY: copies its arguments (n_vocab is unused by this sampler);
+        // the window is bounded, so its allocation cannot throw.
         let raw = unsafe { sys::llama_sampler_init_penalties(0, last_n, repeat, frequency, presence) };
         self.push(raw, Kind::Other { selects: false })
     }
@@ -374,8 +393,7 @@ impl<'m> SamplerChain<'m> {
     /// Adds `bias` to the logit of each listed token.
     ///
     /// # Errors
-    /// [`Error::InvalidToken`] for a token outside the vocabulary (llama.cpp
-    /// would write out of bounds).
+    /// [`Error::InvalidToken`] for a token outside the vocabulary.
     #[doc(alias = "llama_sampler_init_logit_bias")]
     pub fn logit_bias(self, vocab: &Vocab, biases: &[(Token, f32)]) -> Result<Self> {
         let raw_biases = biases
@@ -389,12 +407,13 @@ impl<'m> SamplerChain<'m> {
         Ok(self.push(raw, Kind::Other { selects: false }))
     }
 
-    /// DRY ("don't repeat yourself") penalty. Keeps a pointer to the vocab,
-    /// so the chain borrows the model.
+    /// DRY ("don't repeat yourself") penalty over the last `last_n` tokens
+    /// (at most 2^20; 0 or negative disables it). The vocabulary is only
+    /// read while building (to tokenize the sequence breakers).
     #[doc(alias = "llama_sampler_init_dry")]
     pub fn dry(
         self,
-        vocab: &'m Vocab,
+        vocab: &Vocab,
         multiplier: f32,
         base: f32,
         allowed_length: i32,
@@ -403,7 +422,9 @@ impl<'m> SamplerChain<'m> {
     ) -> Result<Self> {
         let breakers = sequence_breakers.iter().map(|s| CString::new(*s)).collect::<Result<Vec<_>, _>>()?;
         let mut ptrs: Vec<*const c_char> = breakers.iter().map(|s| s.as_ptr()).collect();
-        // SAFETY: the vocab outlives the chain ('m); the strings are copied.
+        let last_n = last_n.min(MAX_PENALTY_WINDOW);
+        // SAFETY: the vocab is live for the call and not kept; the strings
+        // are copied.
         let raw = unsafe {
             sys::llama_sampler_init_dry(
                 vocab.as_ptr(),
@@ -434,6 +455,7 @@ impl<'m> SamplerChain<'m> {
     /// [`Error::Grammar`] if the grammar does not parse.
     #[doc(alias = "llama_sampler_init_grammar")]
     pub fn grammar(self, vocab: &'m Vocab, gbnf: &str, root: &str) -> Result<Self> {
+        vocab.check_has_tokenizer()?;
         let (g, r) = (CString::new(gbnf)?, CString::new(root)?);
         let mut raw = std::ptr::null_mut();
         // SAFETY: NUL-terminated strings; the vocab outlives the chain; the
@@ -463,6 +485,7 @@ impl<'m> SamplerChain<'m> {
         trigger_patterns: &[&str],
         trigger_tokens: &[Token],
     ) -> Result<Self> {
+        vocab.check_has_tokenizer()?;
         for &t in trigger_tokens {
             vocab.check(t)?;
         }
@@ -545,6 +568,9 @@ fn resume_pending_panic_in_drop() {
 pub struct Sampler<'m> {
     chain: NonNull<sys::llama_sampler>,
     kinds: Vec<Kind>,
+    /// The chain's samplers and whether each has an `apply`: looked up once,
+    /// since a built chain never changes.
+    children: Vec<(NonNull<sys::llama_sampler>, bool)>,
     /// Set when accepting a token threw inside llama.cpp. A grammar is then
     /// left with no parse stack, and applying it would abort
     /// (`GGML_ASSERT(!stacks.empty())`), so the chain refuses to run until
@@ -593,7 +619,17 @@ impl Sampler<'static> {
 
 impl<'m> Sampler<'m> {
     fn from_parts(chain: NonNull<sys::llama_sampler>, kinds: Vec<Kind>) -> Sampler<'m> {
-        Sampler { chain, kinds, failed: None, scratch: Vec::new(), heap: Vec::new(), _vocab: PhantomData }
+        let children = (0..kinds.len())
+            .filter_map(|i| {
+                // SAFETY: `i` is below the chain's length, so this is a child
+                // the chain owns; it lives as long as the chain.
+                let child = NonNull::new(unsafe { sys::llama_sampler_chain_get(chain.as_ptr(), i as i32) })?;
+                // SAFETY: a live sampler always has an interface table.
+                let has_apply = unsafe { (*child.as_ref().iface).apply.is_some() };
+                Some((child, has_apply))
+            })
+            .collect();
+        Sampler { chain, kinds, children, failed: None, scratch: Vec::new(), heap: Vec::new(), _vocab: PhantomData }
     }
 
     /// The raw chain pointer, for calls this crate does not wrap.
@@ -612,7 +648,8 @@ impl<'m> Sampler<'m> {
         self.kinds.is_empty()
     }
 
-    /// The seed of the chain's random sampler, if it has one.
+    /// The seed of the chain's `dist` or mirostat sampler (`u32::MAX` when
+    /// it has none; the seeds of XTC and adaptive-p are not reported).
     #[doc(alias = "llama_sampler_get_seed")]
     pub fn seed(&self) -> u32 {
         // SAFETY: reads the chain's seed.
@@ -643,7 +680,9 @@ impl<'m> Sampler<'m> {
         self.check_not_failed()?;
         let logits = ctx.logits(idx)?;
         let (token, path) = self.select(logits)?;
-        self.accept(token)?;
+        // `select` only returns a token that every grammar in the chain
+        // left finite, i.e. allowed: no need to check it again.
+        self.accept_unchecked(token)?;
         Ok((token, path))
     }
 
@@ -674,21 +713,23 @@ impl<'m> Sampler<'m> {
             selected: -1,
             sorted: path == SamplePath::TopK,
         };
-        for i in first..self.kinds.len() {
-            // SAFETY: `i` is below the chain's length, so this is a child
-            // the chain owns.
-            let child = unsafe { sys::llama_sampler_chain_get(self.chain.as_ptr(), i as i32) };
-            // SAFETY: `child` is a live sampler; `cur` points into
-            // `scratch`, valid and exclusively ours during the call; the
-            // shim catches exceptions.
-            let has_apply = !child.is_null() && unsafe { (*(*child).iface).apply.is_some() };
+        for &(child, has_apply) in self.children.iter().skip(first) {
             if !has_apply {
                 continue;
             }
-            // SAFETY: as above.
-            let code = unsafe { sys::shim::llama_rs_sampler_apply(child, &mut cur) };
+            // SAFETY: `child` is a live sampler owned by our chain; `cur`
+            // points into `scratch` (or into storage a sampler set), valid
+            // and exclusively ours during the call; the shim catches
+            // exceptions.
+            let code = unsafe { sys::shim::llama_rs_sampler_apply(child.as_ptr(), &mut cur) };
             resume_pending_panic();
             check_shim(code, "llama_sampler_apply")?;
+            // Built-in samplers assert on an empty candidate list (softmax:
+            // `GGML_ASSERT(cur_p->size > 0)`), which a custom sampler can
+            // leave behind.
+            if cur.size == 0 || cur.data.is_null() {
+                return Err(Error::NoCandidates);
+            }
         }
         let Some(selected) = usize::try_from(cur.selected).ok().filter(|&s| s < cur.size) else {
             return Err(Error::NoSelector);
@@ -721,7 +762,14 @@ impl<'m> Sampler<'m> {
                 }
                 continue;
             }
-            if x > heap[0].0 {
+            // One comparison per logit in the common case; NaN also takes
+            // this branch, and llama.cpp's sort order with NaN is
+            // unspecified, so NaN sends the caller to the full path.
+            #[allow(clippy::neg_cmp_op_on_partial_ord)] // deliberately true for NaN
+            if !(x <= heap[0].0) {
+                if x.is_nan() {
+                    return false;
+                }
                 heap[0] = (x, i as i32);
                 sift_down(heap, less);
             }
@@ -754,6 +802,11 @@ impl<'m> Sampler<'m> {
                 self.check_grammar_allows(i, token)?;
             }
         }
+        self.accept_unchecked(token)
+    }
+
+    /// Accepts a token known to pass every grammar of the chain.
+    fn accept_unchecked(&mut self, token: Token) -> Result<()> {
         // SAFETY: a chain we own; the shim catches exceptions.
         let code = unsafe { sys::shim::llama_rs_sampler_accept(self.chain.as_ptr(), token.0) };
         let result = check_shim(code, "llama_sampler_accept").map_err(|e| Error::Grammar(e.to_string()));
@@ -776,16 +829,12 @@ impl<'m> Sampler<'m> {
     /// Runs grammar child `i` on the single candidate `token`: the grammar
     /// masks it to -inf if it may not come next.
     fn check_grammar_allows(&self, i: usize, token: Token) -> Result<()> {
-        // SAFETY: `i` is below the chain length.
-        let child = unsafe { sys::llama_sampler_chain_get(self.chain.as_ptr(), i as i32) };
-        if child.is_null() {
-            return Ok(());
-        }
+        let Some(&(child, _)) = self.children.get(i) else { return Ok(()) };
         let mut one = TokenData { id: token.0, logit: 0.0, p: 0.0 };
         let mut cur = sys::llama_token_data_array { data: &mut one, size: 1, selected: -1, sorted: false };
         // SAFETY: a live grammar sampler and a one-element array on our
         // stack; the shim catches exceptions.
-        let code = unsafe { sys::shim::llama_rs_sampler_apply(child, &mut cur) };
+        let code = unsafe { sys::shim::llama_rs_sampler_apply(child.as_ptr(), &mut cur) };
         check_shim(code, "llama_sampler_apply").map_err(|e| Error::Grammar(e.to_string()))?;
         if one.logit == f32::NEG_INFINITY {
             return Err(Error::Grammar(format!("token {token} is not allowed by the grammar here")));

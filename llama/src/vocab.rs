@@ -115,10 +115,15 @@ impl Vocab {
     }
 
     fn check_with_text(&self, token: Token) -> Result<Token> {
-        if !self.has_vocab {
-            return Err(Error::InvalidArgument("the model has no vocabulary".into()));
-        }
+        self.check_has_tokenizer()?;
         self.check(token)
+    }
+
+    /// A vocabulary of type NONE has no tokenizer, and llama.cpp asserts on
+    /// every call that needs one (tokenizing, token texts, grammar token
+    /// literals).
+    pub(crate) fn check_has_tokenizer(&self) -> Result<()> {
+        if self.has_vocab { Ok(()) } else { Err(Error::InvalidArgument("the model has no vocabulary".into())) }
     }
 
     /// Tokenizes `text`. Control tokens written in the text (such as
@@ -128,7 +133,8 @@ impl Vocab {
     /// asks for them.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for text over 2 GiB.
+    /// [`Error::InvalidArgument`] for text over 2 GiB or a model without a
+    /// vocabulary.
     #[doc(alias = "llama_tokenize")]
     pub fn tokenize(&self, text: &str, add_bos: bool) -> Result<Vec<Token>> {
         let mut out = Vec::new();
@@ -153,6 +159,7 @@ impl Vocab {
     /// # Errors
     /// As [`Vocab::tokenize`].
     pub fn tokenize_into(&self, text: &str, add_bos: bool, parse_special: bool, out: &mut Vec<Token>) -> Result<()> {
+        self.check_has_tokenizer()?;
         let len = i32::try_from(text.len()).map_err(|_| Error::InvalidArgument("text longer than 2 GiB".into()))?;
         out.clear();
         // A token covers at least one byte, plus BOS/EOS.

@@ -11,6 +11,8 @@
 //! * `llama_model::load_hparams` (src/llama-model.cpp): `block_count` in
 //!   `1..=LLAMA_MAX_LAYERS`, `nextn_predict_layers <= block_count`, the
 //!   expert-count rules, a known `rope.scaling.type`;
+//! * `rope.scaling.factor` / `rope.scale_linear` finite and `>= 0`
+//!   (context creation turns `1/factor` into an integer);
 //! * the graph: RMS/layer norm epsilons must be `>= 0` (`GGML_ASSERT(eps >=
 //!   0.0f)` in ggml-cpu), and more KV heads than query heads overflows the
 //!   K/V widths (`GGML_ASSERT(ggml_nelements(a) == ne0*ne1*ne2)` in a
@@ -197,6 +199,22 @@ pub(super) fn check(path: &Path, c_path: &CStr, overrides: &[(String, MetadataVa
         && !ROPE_SCALING_TYPES.contains(&s.as_str())
     {
         return Err(invalid(format!("unknown {} `{s}`", key("rope.scaling.type"))));
+    }
+
+    let float = |name: &str| match lookup(&key(name)) {
+        Some(MetadataValue::Float(v)) => Some(*v as f32),
+        Some(_) => None,
+        None => gguf.scalar_f32(&key(name)),
+    };
+    // llama.cpp takes 1/factor as the trained frequency scale, and context
+    // creation converts a NaN result to an integer (undefined behaviour)
+    // while writing it into the shared model.
+    for name in ["rope.scaling.factor", "rope.scale_linear"] {
+        if let Some(f) = float(name)
+            && !(f.is_finite() && f >= 0.0)
+        {
+            return Err(invalid(format!("{} = {f} must be a finite number >= 0", key(name))));
+        }
     }
 
     for name in ["attention.layer_norm_rms_epsilon", "attention.layer_norm_epsilon"] {
