@@ -136,6 +136,57 @@ fn overflow_error_stops_at_the_boundary() {
     assert!(matches!(error, Some(Error::ContextFull { .. })), "{error:?}");
 }
 
+/// A prompt of exactly the context length fills it: `n_past` reaches
+/// `n_ctx` (not below it, as the docs once said), the first token is still
+/// sampled from the prompt's logits, and the next decode reports a full
+/// context.
+#[test]
+fn a_prompt_of_exactly_n_ctx_tokens_fills_the_context() {
+    let model = tiny_model();
+    let mut ctx = model.new_context(&params(256, 64)).unwrap();
+    let n_ctx = ctx.n_ctx() as usize;
+    assert_eq!(ctx.n_ctx_seq() as usize, n_ctx);
+    let mut sampler = Sampler::greedy();
+    let mut session = Session::new();
+    let full = prompt(n_ctx, 3);
+    let options = GenerateOptions::default().stop_at_eog(false);
+    let mut generation = session.generate(&mut ctx, &mut sampler, &full, &options).unwrap();
+    assert_eq!(generation.n_past(), 0, "nothing is decoded before the first piece is asked for");
+    let (_, error) = collect(&mut generation);
+    assert!(matches!(error, Some(Error::ContextFull { n_ctx: n }) if n as usize == n_ctx), "{error:?}");
+    assert_eq!(generation.n_past(), n_ctx);
+    assert_eq!(generation.stats().prompt_evaluated, n_ctx);
+    assert_eq!(generation.stats().generated_tokens, 1, "one token sampled, no room to decode it");
+    drop(generation);
+    assert_eq!(session.tokens(), &full[..]);
+    assert_eq!(ctx.seq_pos_max(0).unwrap(), Some(n_ctx as i32 - 1));
+}
+
+/// One session over contexts with different `n_batch`: its batch follows
+/// the context it runs on (chunked prefill in the context's `n_batch`).
+#[test]
+fn a_session_sizes_its_batch_for_each_context() {
+    let model = tiny_model();
+    let options = GenerateOptions::default().max_tokens(3).stop_at_eog(false);
+    let mut sampler = Sampler::greedy();
+    let p = prompt(150, 5);
+    let mut reference = None;
+    let mut session = Session::new();
+    for n_batch in [32, 128, 7, 512] {
+        let mut ctx = model.new_context(&params(512, n_batch)).unwrap();
+        let mut generation = session.generate(&mut ctx, &mut sampler, &p, &options).unwrap();
+        let (pieces, error) = collect(&mut generation);
+        assert!(error.is_none(), "n_batch {n_batch}: {error:?}");
+        assert_eq!(generation.stats().prompt_evaluated, p.len(), "a new context starts empty");
+        drop(generation);
+        let tokens = session.tokens().to_vec();
+        assert_eq!(tokens.len(), p.len() + 2);
+        let reference = reference.get_or_insert_with(|| (pieces.concat(), tokens.clone()));
+        assert_eq!(reference.1, tokens, "n_batch {n_batch} samples the same tokens");
+        assert_eq!(reference.0, pieces.concat());
+    }
+}
+
 #[test]
 fn prompt_must_fit_and_be_valid() {
     let model = tiny_model();

@@ -14,7 +14,7 @@ use std::path::Path;
 use llama::{
     Batch, ContextParams, Detokenizer, Error, MetadataValue, Model, ModelParams, Pooling, Sampler, SamplerChain, Token,
 };
-use llama_suite::synthetic::{TINY_EOS_ID, TINY_VOCAB_SIZE};
+use llama_suite::synthetic::{TINY_BOS_ID, TINY_EOS_ID, TINY_VOCAB_SIZE};
 use safe_api::*;
 
 /// A context over the tiny model with `n_seq` sequences.
@@ -732,4 +732,539 @@ fn an_aborted_decode_is_an_error_and_the_context_recovers() {
     let logits = decode_seq(&mut ctx, &prompt, 0, 0);
     let mut fresh = model.new_context(&small_params()).unwrap();
     assert_same_logits(&decode_seq(&mut fresh, &prompt, 0, 0), &logits, "after an aborted decode");
+}
+
+// ------------------------------------------------ hand-written tiny models
+//
+// The synthetic generator writes llama models only. These tiny GGUF files of
+// other architectures reach llama.cpp's paths for encoder-decoder (T5),
+// memory-less (BERT) and recurrent (Mamba) models: random F32 weights, a
+// small SentencePiece vocabulary, written byte by byte (GGUF v3).
+
+/// A GGUF v3 file under construction: metadata and F32 tensors.
+struct GgufFile {
+    kv: Vec<u8>,
+    n_kv: u64,
+    tensors: Vec<(String, Vec<u64>, Vec<f32>)>,
+    rng: u64,
+    n_vocab: u64,
+}
+
+fn put_str(out: &mut Vec<u8>, s: &str) {
+    out.extend((s.len() as u64).to_le_bytes());
+    out.extend(s.as_bytes());
+}
+
+impl GgufFile {
+    // GGUF value types (gguf.h).
+    const U32: u32 = 4;
+    const I32: u32 = 5;
+    const F32: u32 = 6;
+    const BOOL: u32 = 7;
+    const STR: u32 = 8;
+    const ARR: u32 = 9;
+
+    /// A file of architecture `arch` with the tiny vocabulary: `<unk>`,
+    /// `<s>`, `</s>`, the 256 byte tokens, then a few words.
+    fn new(arch: &str) -> GgufFile {
+        let mut f = GgufFile { kv: Vec::new(), n_kv: 0, tensors: Vec::new(), rng: 0x2545_f491_4f6c_dd1d, n_vocab: 0 };
+        f.str("general.architecture", arch);
+        let mut texts: Vec<String> = ["<unk>", "<s>", "</s>"].map(String::from).to_vec();
+        texts.extend((0..=255u8).map(|b| format!("<0x{b:02X}>")));
+        texts.extend(["▁", "a", "b", "c", "▁a", "▁b", "▁c", "▁ab", "▁abc"].map(String::from));
+        // llama_token_type: UNKNOWN 2, CONTROL 3, BYTE 6, NORMAL 1.
+        let types: Vec<i32> =
+            (0..texts.len()).map(|i| [2, 3, 3].get(i).copied().unwrap_or(if i < 259 { 6 } else { 1 })).collect();
+        let scores: Vec<f32> = (0..texts.len()).map(|i| -(i as f32)).collect();
+        f.n_vocab = texts.len() as u64;
+        f.str("tokenizer.ggml.model", "llama");
+        f.array("tokenizer.ggml.tokens", Self::STR, &texts, |out, s| put_str(out, s));
+        f.array("tokenizer.ggml.scores", Self::F32, &scores, |out, x| out.extend(x.to_le_bytes()));
+        f.array("tokenizer.ggml.token_type", Self::I32, &types, |out, x| out.extend(x.to_le_bytes()));
+        f
+    }
+
+    fn key(&mut self, key: &str, ty: u32) -> &mut Vec<u8> {
+        self.n_kv += 1;
+        put_str(&mut self.kv, key);
+        self.kv.extend(ty.to_le_bytes());
+        &mut self.kv
+    }
+
+    fn str(&mut self, key: &str, value: &str) {
+        put_str(self.key(key, Self::STR), value);
+    }
+
+    fn u32(&mut self, key: &str, value: u32) {
+        self.key(key, Self::U32).extend(value.to_le_bytes());
+    }
+
+    fn f32(&mut self, key: &str, value: f32) {
+        self.key(key, Self::F32).extend(value.to_le_bytes());
+    }
+
+    fn bool(&mut self, key: &str, value: bool) {
+        self.key(key, Self::BOOL).push(value as u8);
+    }
+
+    fn array<T>(&mut self, key: &str, ty: u32, items: &[T], put: impl Fn(&mut Vec<u8>, &T)) {
+        let out = self.key(key, Self::ARR);
+        out.extend(ty.to_le_bytes());
+        out.extend((items.len() as u64).to_le_bytes());
+        for item in items {
+            put(out, item);
+        }
+    }
+
+    /// An F32 tensor of shape `ne` (ggml order): `center` plus uniform
+    /// noise in `[-spread, spread)`.
+    fn tensor(&mut self, name: &str, ne: &[u64], center: f32, spread: f32) {
+        let n: u64 = ne.iter().product();
+        let data = (0..n)
+            .map(|_| {
+                // xorshift64: deterministic weights, so runs are reproducible.
+                self.rng ^= self.rng << 13;
+                self.rng ^= self.rng >> 7;
+                self.rng ^= self.rng << 17;
+                center + spread * ((self.rng >> 40) as f32 / (1u64 << 23) as f32 - 1.0)
+            })
+            .collect();
+        self.tensors.push((name.to_owned(), ne.to_vec(), data));
+    }
+
+    /// A weight matrix `[n_in, n_out]` with variance-preserving noise.
+    fn matrix(&mut self, name: &str, n_in: u64, n_out: u64) {
+        self.tensor(name, &[n_in, n_out], 0.0, (3.0 / n_in as f32).sqrt());
+    }
+
+    fn ones(&mut self, name: &str, n: u64) {
+        self.tensor(name, &[n], 1.0, 0.0);
+    }
+
+    fn write(&self, path: &Path) {
+        const ALIGN: usize = 32; // GGUF's default alignment
+        let mut out = b"GGUF".to_vec();
+        out.extend(3u32.to_le_bytes());
+        out.extend((self.tensors.len() as u64).to_le_bytes());
+        out.extend(self.n_kv.to_le_bytes());
+        out.extend(&self.kv);
+        let mut offset = 0u64;
+        for (name, ne, data) in &self.tensors {
+            put_str(&mut out, name);
+            out.extend((ne.len() as u32).to_le_bytes());
+            for d in ne {
+                out.extend(d.to_le_bytes());
+            }
+            out.extend(0u32.to_le_bytes()); // GGML_TYPE_F32
+            out.extend(offset.to_le_bytes());
+            offset += (4 * data.len()).next_multiple_of(ALIGN) as u64;
+        }
+        for (_, _, data) in &self.tensors {
+            out.resize(out.len().next_multiple_of(ALIGN), 0);
+            for x in data {
+                out.extend(x.to_le_bytes());
+            }
+        }
+        fs::write(path, out).unwrap();
+    }
+
+    fn load(&self, dir: &Path, name: &str) -> Model {
+        let path = dir.join(name);
+        self.write(&path);
+        Model::load(&path, &ModelParams::default()).unwrap_or_else(|e| panic!("load {name}: {e}"))
+    }
+}
+
+const HAND_EMBD: u64 = 16;
+
+/// A one-layer T5 (encoder-decoder): n_embd 16, 2 heads, n_ff 32; or,
+/// without `decoder`, its encoder alone (`t5encoder`).
+fn tiny_t5(dir: &Path, decoder: bool) -> Model {
+    let (e, ff, heads, buckets) = (HAND_EMBD, 32, 2, 8);
+    let arch = if decoder { "t5" } else { "t5encoder" };
+    let mut f = GgufFile::new(arch);
+    let v = f.n_vocab;
+    f.u32(&format!("{arch}.context_length"), 64);
+    f.u32(&format!("{arch}.embedding_length"), e as u32);
+    f.u32(&format!("{arch}.feed_forward_length"), ff as u32);
+    f.u32(&format!("{arch}.block_count"), 1);
+    f.u32(&format!("{arch}.attention.head_count"), heads as u32);
+    f.f32(&format!("{arch}.attention.layer_norm_rms_epsilon"), 1e-6);
+    f.u32(&format!("{arch}.attention.relative_buckets_count"), buckets as u32);
+    f.tensor("token_embd.weight", &[e, v], 0.0, 1.0);
+    f.ones("enc.output_norm.weight", e);
+    f.matrix("output.weight", e, v);
+    let parts: &[&str] = if decoder {
+        f.u32("t5.decoder_start_token_id", 0);
+        f.ones("dec.output_norm.weight", e);
+        &["enc", "dec"]
+    } else {
+        &["enc"]
+    };
+    for &part in parts {
+        f.ones(&format!("{part}.blk.0.attn_norm.weight"), e);
+        f.tensor(&format!("{part}.blk.0.attn_rel_b.weight"), &[heads, buckets], 0.0, 0.5);
+        for m in ["attn_q", "attn_k", "attn_v", "attn_o"] {
+            f.matrix(&format!("{part}.blk.0.{m}.weight"), e, e);
+        }
+        if part == "dec" {
+            f.ones("dec.blk.0.cross_attn_norm.weight", e);
+            for m in ["cross_attn_q", "cross_attn_k", "cross_attn_v", "cross_attn_o"] {
+                f.matrix(&format!("dec.blk.0.{m}.weight"), e, e);
+            }
+        }
+        f.ones(&format!("{part}.blk.0.ffn_norm.weight"), e);
+        f.matrix(&format!("{part}.blk.0.ffn_up.weight"), e, ff);
+        f.matrix(&format!("{part}.blk.0.ffn_down.weight"), ff, e);
+    }
+    f.load(dir, &format!("tiny-{arch}.gguf"))
+}
+
+/// A one-layer BERT: an embedding model without a KV cache.
+fn tiny_bert(dir: &Path) -> Model {
+    let (e, ff, n_ctx) = (HAND_EMBD, 32, 64);
+    let mut f = GgufFile::new("bert");
+    let v = f.n_vocab;
+    f.u32("bert.context_length", n_ctx as u32);
+    f.u32("bert.embedding_length", e as u32);
+    f.u32("bert.feed_forward_length", ff as u32);
+    f.u32("bert.block_count", 1);
+    f.u32("bert.attention.head_count", 2);
+    f.f32("bert.attention.layer_norm_epsilon", 1e-12);
+    f.bool("bert.attention.causal", false);
+    f.u32("tokenizer.ggml.token_type_count", 2);
+    f.tensor("token_embd.weight", &[e, v], 0.0, 1.0);
+    f.tensor("position_embd.weight", &[e, n_ctx], 0.0, 0.1);
+    f.ones("token_embd_norm.weight", e);
+    f.tensor("token_embd_norm.bias", &[e], 0.0, 0.0);
+    for m in ["attn_q", "attn_k", "attn_v", "attn_output"] {
+        f.matrix(&format!("blk.0.{m}.weight"), e, e);
+    }
+    for norm in ["attn_output_norm", "layer_output_norm"] {
+        f.ones(&format!("blk.0.{norm}.weight"), e);
+        f.tensor(&format!("blk.0.{norm}.bias"), &[e], 0.0, 0.0);
+    }
+    f.matrix("blk.0.ffn_up.weight", e, ff);
+    f.matrix("blk.0.ffn_down.weight", ff, e);
+    f.load(dir, "tiny-bert.gguf")
+}
+
+/// A two-layer Mamba: a recurrent model, one state per sequence.
+fn tiny_mamba(dir: &Path) -> Model {
+    let (e, d_inner, d_state, d_conv, dt_rank) = (HAND_EMBD, 2 * HAND_EMBD, 4, 4, 2);
+    let mut f = GgufFile::new("mamba");
+    let v = f.n_vocab;
+    f.u32("mamba.context_length", 1024);
+    f.u32("mamba.embedding_length", e as u32);
+    f.u32("mamba.feed_forward_length", 0);
+    f.u32("mamba.attention.head_count", 0);
+    f.u32("mamba.block_count", 2);
+    f.u32("mamba.ssm.conv_kernel", d_conv as u32);
+    f.u32("mamba.ssm.inner_size", d_inner as u32);
+    f.u32("mamba.ssm.state_size", d_state as u32);
+    f.u32("mamba.ssm.time_step_rank", dt_rank as u32);
+    f.f32("mamba.attention.layer_norm_rms_epsilon", 1e-5);
+    f.tensor("token_embd.weight", &[e, v], 0.0, 1.0);
+    f.ones("output_norm.weight", e);
+    f.tensor("output.weight", &[e, v], 0.0, 2.0 * (3.0 / e as f32).sqrt());
+    for il in 0..2 {
+        let t = |name: &str| format!("blk.{il}.{name}");
+        f.ones(&t("attn_norm.weight"), e);
+        f.matrix(&t("ssm_in.weight"), e, 2 * d_inner);
+        f.tensor(&t("ssm_conv1d.weight"), &[d_conv, d_inner], 0.0, 0.5);
+        f.tensor(&t("ssm_conv1d.bias"), &[d_inner], 0.0, 0.1);
+        f.matrix(&t("ssm_x.weight"), d_inner, dt_rank + 2 * d_state);
+        f.matrix(&t("ssm_dt.weight"), dt_rank, d_inner);
+        f.tensor(&t("ssm_dt.bias"), &[d_inner], -2.0, 0.5);
+        // A = -exp(A_log): negative, so the state decays.
+        f.tensor(&t("ssm_a"), &[d_state, d_inner], -1.0, 0.5);
+        f.ones(&t("ssm_d"), d_inner);
+        f.matrix(&t("ssm_out.weight"), d_inner, e);
+    }
+    f.load(dir, "tiny-mamba.gguf")
+}
+
+/// Decoding a T5 model before encoding aborts in llama.cpp
+/// (`GGML_ASSERT(!cross->seq_ids_enc.empty() && "llama_encode must be called
+/// first")`); the wrapper refuses. The encoder output lives in the context,
+/// so clearing the KV cache keeps it.
+#[test]
+fn an_encoder_decoder_model_decodes_only_after_encoding() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_t5(dir.path(), true);
+    assert!(model.has_encoder() && model.has_decoder());
+    let start = model.decoder_start_token().expect("decoder start token");
+    let n_vocab = model.vocab().n_tokens();
+    let mut ctx = model.new_context(&small_params()).unwrap();
+    let input = [Token(260), Token(261), Token(262), Token(TINY_EOS_ID)];
+    let first_step = Batch::from_tokens(&[start], 0);
+
+    let err = ctx.decode(&first_step).unwrap_err();
+    assert!(matches!(err, Error::InvalidArgument(ref m) if m.contains("encode")), "{err:?}");
+    assert_eq!(ctx.seq_pos_max(0).unwrap(), None);
+
+    ctx.encode(&Batch::from_tokens(&input, 0)).unwrap();
+    // The encoder computes no logits (the rows llama.cpp would hand out
+    // were never written), and embeddings are off.
+    for i in [0, 3, -1, -4, 4, -5] {
+        assert!(matches!(ctx.logits(i), Err(Error::NoOutput(_))), "logits({i}) after encode");
+        assert!(matches!(ctx.embeddings(i), Err(Error::NoOutput(_))), "embeddings({i}) after encode");
+    }
+
+    ctx.decode(&first_step).unwrap();
+    let logits = ctx.logits(-1).unwrap().to_vec();
+    assert_eq!(logits.len(), n_vocab);
+    assert!(logits.iter().all(|x| x.is_finite()));
+    assert!(logits.iter().any(|&x| x != logits[0]), "a real row, not a zeroed buffer");
+    let next = Token(argmax(&logits) as i32);
+    let mut step = Batch::new(1, 1);
+    step.push(next, 1, &[0], true).unwrap();
+    ctx.decode(&step).unwrap();
+    let second = ctx.logits(0).unwrap().to_vec();
+
+    // Clearing the KV cache keeps the encoder output: decoding again gives
+    // the same logits.
+    ctx.clear_kv(false);
+    ctx.decode(&first_step).unwrap();
+    assert_eq!(ctx.logits(-1).unwrap(), &logits[..]);
+    ctx.decode(&step).unwrap();
+    assert_eq!(ctx.logits(0).unwrap(), &second[..]);
+
+    // A new input: clear the decoder's cache (llama.cpp checks even the
+    // encoder's positions against it), encode, and decode from the start.
+    ctx.clear_kv(false);
+    ctx.encode(&Batch::from_tokens(&[Token(265), Token(266), Token(TINY_EOS_ID)], 0)).unwrap();
+    ctx.decode(&first_step).unwrap();
+    assert_ne!(ctx.logits(-1).unwrap(), &logits[..]);
+
+    // With embeddings on, the encoder's per-token output can be read.
+    let mut emb = model.new_context(&small_params().embeddings(true).pooling(Pooling::None)).unwrap();
+    emb.encode(&Batch::from_tokens(&input, 0)).unwrap();
+    for i in 0..input.len() as i32 {
+        let row = emb.embeddings(i).unwrap();
+        assert_eq!(row.len(), model.n_embd_out());
+        assert!(row.iter().all(|x| x.is_finite()));
+    }
+    let first_row = emb.embeddings(0).unwrap().to_vec();
+    assert_eq!(emb.embeddings(-4).unwrap(), &first_row[..]);
+    assert!(emb.logits(0).is_err());
+}
+
+/// An encoder-only T5 has no cross-attention: it decodes without encoding
+/// first (llama.cpp runs its encoder graph), and computes no logits.
+#[test]
+fn an_encoder_only_model_needs_no_encode_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_t5(dir.path(), false);
+    assert!(model.has_encoder() && !model.has_decoder());
+    let input = [Token(260), Token(261), Token(262), Token(TINY_EOS_ID)];
+    let mut ctx = model.new_context(&small_params().embeddings(true).pooling(Pooling::None)).unwrap();
+    ctx.encode(&Batch::from_tokens(&input, 0)).unwrap();
+    let encoded: Vec<Vec<f32>> = (0..4).map(|i| ctx.embeddings(i).unwrap().to_vec()).collect();
+    assert!(encoded.iter().all(|r| r.len() == model.n_embd_out() && r.iter().all(|x| x.is_finite())));
+    assert!(ctx.logits(3).is_err());
+
+    // (The encoder attends both ways only in a non-causal context.)
+    let params = small_params().embeddings(true).pooling(Pooling::None).attention(llama::Attention::NonCausal);
+    let mut ctx = model.new_context(&params).unwrap();
+    ctx.decode(&Batch::from_tokens(&input, 0)).unwrap();
+    assert!(matches!(ctx.logits(-1), Err(Error::NoOutput(_))), "the encoder graph computes no logits");
+    for (i, row) in encoded.iter().enumerate() {
+        assert_same_logits(row, ctx.embeddings(i as i32).unwrap(), "decode = encode for an encoder-only model");
+    }
+}
+
+/// T5's cross-attention aborts (`GGML_ASSERT(!ubatch->equal_seqs())`) on a
+/// cache with one stream per sequence; several sequences need kv_unified.
+#[test]
+fn an_encoder_decoder_model_needs_a_unified_cache_for_several_sequences() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_t5(dir.path(), true);
+    let err = model.new_context(&small_params().n_ctx(512).n_seq_max(2)).unwrap_err();
+    assert!(matches!(err, Error::InvalidArgument(ref m) if m.contains("kv_unified")), "{err:?}");
+
+    let mut ctx = model.new_context(&small_params().n_ctx(512).n_seq_max(2).kv_unified(true)).unwrap();
+    let start = model.decoder_start_token().unwrap();
+    let mut input = Batch::new(8, 1);
+    input.push_sequence(&[Token(260), Token(261), Token(TINY_EOS_ID)], 0, 0, false).unwrap();
+    input.push_sequence(&[Token(262), Token(TINY_EOS_ID)], 0, 1, false).unwrap();
+    ctx.encode(&input).unwrap();
+    let mut both = Batch::new(2, 1);
+    both.push(start, 0, &[0], true).unwrap();
+    both.push(start, 0, &[1], true).unwrap();
+    ctx.decode(&both).unwrap();
+    let (a, b) = (ctx.logits(0).unwrap().to_vec(), ctx.logits(1).unwrap().to_vec());
+    assert_ne!(a, b, "each sequence attends to its own encoder input");
+}
+
+/// Without a KV cache, llama.cpp runs `decode` as `encode`: every token is
+/// an output and no logits are computed, whatever the batch asked for.
+#[test]
+fn a_model_without_a_cache_decodes_through_the_encoder() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_bert(dir.path());
+    let input = [Token(TINY_BOS_ID), Token(260), Token(261), Token(262)];
+
+    let mut ctx = model.new_context(&small_params()).unwrap();
+    ctx.decode(&Batch::from_tokens(&input, 0)).unwrap();
+    for i in [0, 3, -1] {
+        assert!(matches!(ctx.logits(i), Err(Error::NoOutput(_))), "logits({i}) of an embedding model");
+    }
+
+    let mut emb = model.new_context(&small_params().embeddings(true).pooling(Pooling::None)).unwrap();
+    // Logits asked for the last token only, yet every token is an output.
+    emb.decode(&Batch::from_tokens(&input, 0)).unwrap();
+    let rows: Vec<Vec<f32>> = (0..4).map(|i| emb.embeddings(i).unwrap().to_vec()).collect();
+    assert!(rows.iter().all(|r| r.len() == model.n_embd_out() && r.iter().all(|x| x.is_finite())));
+    assert_ne!(rows[0], rows[1]);
+    for k in 1..=4 {
+        assert_eq!(emb.embeddings(-k).unwrap(), &rows[4 - k as usize][..], "embeddings(-{k})");
+    }
+    assert!(matches!(emb.embeddings(-5), Err(Error::NoOutput(_))));
+    assert!(matches!(emb.embeddings(4), Err(Error::NoOutput(_))));
+    assert!(emb.logits(3).is_err());
+    // `encode` is the same pass.
+    emb.encode(&Batch::from_tokens(&input, 0)).unwrap();
+    assert_eq!(emb.embeddings(2).unwrap(), &rows[2][..]);
+}
+
+/// After a logits-only decode, turning embeddings on computes none: the
+/// outputs are those of the last decode (llama.cpp would read a NULL
+/// buffer, and a debug build aborts).
+#[test]
+fn outputs_are_those_the_last_decode_produced() {
+    let model = tiny_model();
+    let prompt = tokens(model.vocab(), "the quick brown fox");
+    let n = prompt.len() as i32;
+    for pooling in [Pooling::None, Pooling::Mean] {
+        let mut ctx = model.new_context(&small_params().pooling(pooling)).unwrap();
+        ctx.decode(&Batch::from_tokens(&prompt, 0)).unwrap();
+        let logits = ctx.logits(-1).unwrap().to_vec();
+        ctx.set_embeddings(true).unwrap();
+        for i in [-1, 0, n - 1] {
+            assert!(matches!(ctx.embeddings(i), Err(Error::NoOutput(_))), "{pooling:?}: embeddings({i})");
+        }
+        assert!(matches!(ctx.sequence_embeddings(0), Err(Error::NoOutput(0))), "{pooling:?}");
+        assert_eq!(ctx.logits(-1).unwrap(), &logits[..], "the logits are still there");
+
+        // The next decode runs with embeddings: every token is an output.
+        let mut b = Batch::new(2, 1);
+        b.push_sequence(&[Token(300), Token(301)], n, 0, false).unwrap();
+        ctx.decode(&b).unwrap();
+        if pooling == Pooling::None {
+            assert_eq!(ctx.embeddings(0).unwrap().len(), model.n_embd_out());
+            let last = ctx.embeddings(-1).unwrap().to_vec();
+            // Turning embeddings off does not take back what was computed.
+            ctx.set_embeddings(false).unwrap();
+            assert_eq!(ctx.embeddings(1).unwrap(), &last[..]);
+        } else {
+            let pooled = ctx.sequence_embeddings(0).unwrap().to_vec();
+            assert_eq!(pooled.len(), model.n_embd_out());
+            ctx.set_embeddings(false).unwrap();
+            assert_eq!(ctx.sequence_embeddings(0).unwrap(), &pooled[..]);
+            // A cleared cache invalidates the pooled output too.
+            ctx.clear_kv(false);
+            assert!(matches!(ctx.sequence_embeddings(0), Err(Error::NoOutput(0))));
+        }
+    }
+}
+
+#[test]
+fn thread_counts_above_ggml_s_limit_are_rejected() {
+    let model = tiny_model();
+    for (what, params) in [
+        ("n_threads 100000", small_params().n_threads(100_000)),
+        ("n_threads 513", small_params().n_threads(513)),
+        ("n_threads_batch 65536", small_params().n_threads_batch(65_536)),
+        ("n_threads_batch i32::MAX", small_params().n_threads_batch(i32::MAX)),
+    ] {
+        let err = model.new_context(&params).unwrap_err();
+        assert!(matches!(err, Error::InvalidArgument(ref m) if m.contains("512")), "{what}: {err:?}");
+    }
+    let mut ctx = model.new_context(&small_params()).unwrap();
+    for (a, b) in [(513, 1), (1, 513), (i32::MAX, 1), (1, 65_536)] {
+        assert!(matches!(ctx.set_n_threads(a, b), Err(Error::InvalidArgument(_))), "set_n_threads({a}, {b})");
+    }
+    assert_eq!(ctx.n_threads(), (1, 1), "a rejected change keeps the old counts");
+    ctx.set_n_threads(512, 512).unwrap();
+    assert_eq!(ctx.n_threads(), (512, 512));
+    ctx.set_n_threads(1, 2).unwrap();
+    decode_seq(&mut ctx, &tokens(model.vocab(), "Hello"), 0, 0);
+}
+
+/// A recurrent model's state cannot drop its last token: `redecode_last`
+/// says so instead of failing later with a misleading batch error, and
+/// leaves the cache as it was.
+#[test]
+fn redecode_last_explains_a_recurrent_cache() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_mamba(dir.path());
+    assert!(model.is_recurrent());
+    let mut ctx = model.new_context(&small_params()).unwrap();
+    let prompt = [Token(TINY_BOS_ID), Token(260), Token(261), Token(262)];
+    let logits = decode_seq(&mut ctx, &prompt, 0, 0);
+    let err = ctx.redecode_last(&prompt, 0).unwrap_err();
+    assert!(matches!(err, Error::State(ref m) if m.contains("recurrent")), "{err:?}");
+    assert_eq!(ctx.seq_pos_max(0).unwrap(), Some(3), "the cache is unchanged");
+    // The advised recovery: clear and decode everything again.
+    ctx.seq_rm(Some(0), None, None).unwrap();
+    assert_same_logits(&logits, &decode_seq(&mut ctx, &prompt, 0, 0), "mamba after clear and redecode");
+}
+
+/// A recurrent model's session reuses its cached state when the next prompt
+/// continues it (the sliding-window check must not run: its cache reports
+/// the last position as the first), and the result is that of a fresh run.
+#[test]
+fn a_recurrent_session_reuses_a_continued_prompt() {
+    use llama::generate::{GenerateOptions, Session};
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_mamba(dir.path());
+    assert_eq!(model.n_swa(), 0);
+    let params = small_params().n_ctx(512);
+    let mut ctx = model.new_context(&params).unwrap();
+    let mut sampler = Sampler::greedy();
+    let options = GenerateOptions::default().max_tokens(4).stop_at_eog(false);
+    let first: Vec<Token> = [TINY_BOS_ID, 260, 261, 262, 263, 264].map(Token).to_vec();
+
+    let mut session = Session::new();
+    let mut generation = session.generate(&mut ctx, &mut sampler, &first, &options).unwrap();
+    while let Some(piece) = generation.next_piece() {
+        piece.unwrap();
+    }
+    assert_eq!(generation.stats().prompt_evaluated, first.len());
+    drop(generation);
+    let cached = session.tokens().to_vec();
+    assert_eq!(cached.len(), first.len() + 3, "the last of 4 sampled tokens is not decoded yet");
+    assert_eq!(ctx.seq_pos_min(0).unwrap(), ctx.seq_pos_max(0).unwrap(), "one state, at the last position");
+
+    // The next turn continues everything cached: only the new tokens run.
+    let mut second = cached.clone();
+    second.extend([Token(265), Token(266)]);
+    let run = |session: &mut Session, ctx: &mut llama::Context<'_>, sampler: &mut Sampler<'_>| {
+        let mut generation = session.generate(ctx, sampler, &second, &options).unwrap();
+        let mut text = String::new();
+        while let Some(piece) = generation.next_piece() {
+            text.push_str(piece.unwrap());
+        }
+        let evaluated = generation.stats().prompt_evaluated;
+        drop(generation);
+        (evaluated, text, session.tokens().to_vec())
+    };
+    let (evaluated, text, tokens_after) = run(&mut session, &mut ctx, &mut sampler);
+    assert_eq!(evaluated, 2);
+    let mut fresh_ctx = model.new_context(&params).unwrap();
+    let (fresh_evaluated, fresh_text, fresh_tokens) = run(&mut Session::new(), &mut fresh_ctx, &mut sampler);
+    assert_eq!(fresh_evaluated, second.len());
+    assert_eq!(tokens_after, fresh_tokens, "reusing the state samples what a fresh run samples");
+    assert_eq!(text, fresh_text);
+
+    // A prompt that diverges inside the cached tokens cannot cut the state
+    // back: the sequence is cleared and decoded whole.
+    let mut diverged = first.clone();
+    diverged[3] = Token(267);
+    let mut generation = session.generate(&mut ctx, &mut sampler, &diverged, &options).unwrap();
+    while let Some(piece) = generation.next_piece() {
+        piece.unwrap();
+    }
+    assert_eq!(generation.stats().prompt_evaluated, diverged.len());
 }

@@ -172,9 +172,9 @@ impl ContextParams {
         n_ubatch: u32 => n_ubatch;
         /// Number of independent sequences (1..=256).
         n_seq_max: u32 => n_seq_max;
-        /// Threads for single-token decoding.
+        /// Threads for single-token decoding (1..=512, ggml's `GGML_MAX_N_THREADS`).
         n_threads: i32 => n_threads (Some);
-        /// Threads for prompt (batch) processing.
+        /// Threads for prompt (batch) processing (1..=512, ggml's `GGML_MAX_N_THREADS`).
         n_threads_batch: i32 => n_threads_batch (Some);
         /// Element type of the K cache.
         type_k: KvType => type_k;
@@ -214,10 +214,39 @@ pub fn max_sequences() -> u32 {
     unsafe { sys::llama_max_parallel_sequences() as u32 }
 }
 
+/// The most threads a context may use: ggml's `GGML_MAX_N_THREADS`. More
+/// crash ggml's thread pool (OpenMP exits the process, a division by zero
+/// from 65536 on, a NULL memset near `i32::MAX`).
+pub(crate) const MAX_THREADS: i32 = 512;
+
 /// The machine's available parallelism, llama.cpp's thread-count default
 /// replaced by what the OS reports.
 pub(crate) fn default_threads() -> i32 {
-    std::thread::available_parallelism().map_or(4, |n| n.get().min(512) as i32)
+    std::thread::available_parallelism().map_or(4, |n| n.get().min(MAX_THREADS as usize) as i32)
+}
+
+/// Checks thread counts against `1..=MAX_THREADS`.
+fn check_threads(n_threads: i32, n_threads_batch: i32) -> Result<()> {
+    for (what, n) in [("n_threads", n_threads), ("n_threads_batch", n_threads_batch)] {
+        if !(1..=MAX_THREADS).contains(&n) {
+            return Err(Error::InvalidArgument(format!("{what} must be 1..={MAX_THREADS}, got {n}")));
+        }
+    }
+    Ok(())
+}
+
+/// An encoder-decoder model's (T5's) cross-attention aborts
+/// (`GGML_ASSERT(!ubatch->equal_seqs())`) on the equal-length micro-batches
+/// that a cache with one stream per sequence makes, so such models need
+/// one sequence or a unified cache.
+fn check_encoder_streams(has_encoder: bool, n_seq_max: u32, kv_unified: bool) -> Result<()> {
+    if has_encoder && n_seq_max > 1 && !kv_unified {
+        return Err(Error::InvalidArgument(format!(
+            "an encoder-decoder model with n_seq_max {n_seq_max} needs kv_unified \
+             (llama.cpp's cross-attention cannot run on one cache stream per sequence)"
+        )));
+    }
+    Ok(())
 }
 
 /// Performance counters of a context.
@@ -282,9 +311,22 @@ pub struct Context<'m> {
     per_token_embeddings: bool,
     /// Mean pooling with sizes that make llama.cpp abort (see `new`).
     mean_pooling_blocked: bool,
+    /// The context has a memory module (KV cache); without one llama.cpp
+    /// runs `decode` as `encode`.
+    has_memory: bool,
+    /// An encoder-decoder model whose decoder reads the encoder output
+    /// (cross-attention): decoding needs a successful `encode` first.
+    needs_encoder_output: bool,
+    /// A successful `encode` stored its output in the context (llama.cpp's
+    /// `cross` state, which lives in the context, not the KV cache: clearing
+    /// or loading the cache keeps it, and a later failed encode leaves it).
+    encoded: bool,
     /// For each token of the last decoded batch: its output row, or -1.
     output_rows: Vec<i32>,
     n_outputs: i32,
+    /// What the last pass wrote, decided when it ran (the settings may have
+    /// changed since): the outputs are checked against this.
+    produced: Produced,
     /// Per-sequence scratch for position checks (no allocation per decode).
     next_pos: Vec<i32>,
     /// Per-sequence token counts of the batch being validated (scratch).
@@ -297,6 +339,17 @@ pub struct Context<'m> {
 // the server runs all context work on one thread of its choosing). It is not
 // Sync: all access goes through `&mut self`.
 unsafe impl Send for Context<'_> {}
+
+/// The kinds of output the last decode or encode wrote.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Produced {
+    /// Logits rows, one per output.
+    logits: bool,
+    /// Per-token embedding rows, one per output.
+    token_embeddings: bool,
+    /// Pooled per-sequence embeddings.
+    pooled: bool,
+}
 
 impl fmt::Debug for Context<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -314,8 +367,10 @@ impl<'m> Context<'m> {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for parameters llama.cpp would abort on
-    /// (`n_seq_max` above 256 or above `n_batch`, zero threads, mean-pooled
-    /// embeddings with sizes [`Context::set_embeddings`] refuses);
+    /// (`n_seq_max` above 256 or above `n_batch`, thread counts outside
+    /// `1..=512` (ggml's `GGML_MAX_N_THREADS`), mean-pooled embeddings with sizes
+    /// [`Context::set_embeddings`] refuses, an encoder-decoder model with
+    /// several sequences but no `kv_unified`);
     /// [`Error::ContextCreate`] for a model loaded with
     /// [`vocab_only`](crate::ModelParams::vocab_only), and when llama.cpp
     /// refuses the parameters (e.g. a quantized V cache without flash
@@ -350,9 +405,8 @@ impl<'m> Context<'m> {
         }
         let threads = p.n_threads.unwrap_or_else(default_threads);
         let threads_batch = p.n_threads_batch.unwrap_or(threads);
-        if threads < 1 || threads_batch < 1 {
-            return Err(Error::InvalidArgument("thread counts must be at least 1".into()));
-        }
+        check_threads(threads, threads_batch)?;
+        check_encoder_streams(model.has_encoder(), p.n_seq_max, p.kv_unified)?;
 
         // SAFETY: returns a plain struct of defaults.
         let mut raw = unsafe { sys::llama_context_default_params() };
@@ -432,8 +486,14 @@ impl<'m> Context<'m> {
             // min(n_ctx, n_ubatch) outputs; mean pooling multiplies the two
             // and GGML_ASSERT(ggml_can_mul_mat) aborts when they differ.
             mean_pooling_blocked: mean_pooling && n_seq_max > 0 && n_ctx.min(n_ubatch) % n_seq_max != 0,
+            has_memory,
+            // Of the models with an encoder, only those with a decoder too
+            // (T5) cross-attend; an encoder-only T5 decodes without it.
+            needs_encoder_output: model.has_encoder() && model.has_decoder(),
+            encoded: false,
             output_rows: Vec::with_capacity(n_batch as usize),
             n_outputs: 0,
+            produced: Produced::default(),
             next_pos: vec![0; n_seq_max as usize],
             seq_tokens: vec![0; n_seq_max as usize],
             abort,
@@ -496,12 +556,10 @@ impl<'m> Context<'m> {
     /// Changes the thread counts.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for a count below 1.
+    /// [`Error::InvalidArgument`] for a count outside `1..=512` (ggml's `GGML_MAX_N_THREADS`).
     #[doc(alias = "llama_set_n_threads")]
     pub fn set_n_threads(&mut self, n_threads: i32, n_threads_batch: i32) -> Result<()> {
-        if n_threads < 1 || n_threads_batch < 1 {
-            return Err(Error::InvalidArgument("thread counts must be at least 1".into()));
-        }
+        check_threads(n_threads, n_threads_batch)?;
         // SAFETY: valid counts on a live context we hold exclusively.
         unsafe { sys::llama_set_n_threads(self.ptr.as_ptr(), n_threads, n_threads_batch) };
         Ok(())
@@ -660,9 +718,12 @@ impl<'m> Context<'m> {
         Ok(())
     }
 
+    /// Records the outputs of a decode through the KV cache: the tokens
+    /// that asked for logits, or every token while embeddings are on. An
+    /// encoder-only model (T5 encoder) runs its encoder graph there, which
+    /// computes no logits.
     fn record_outputs(&mut self, batch: &Batch, ok: bool) {
-        self.output_rows.clear();
-        self.n_outputs = 0;
+        self.invalidate_outputs();
         if !ok {
             return;
         }
@@ -675,6 +736,31 @@ impl<'m> Context<'m> {
                 self.output_rows.push(-1);
             }
         }
+        self.produced = Produced {
+            logits: self.model.has_decoder(),
+            token_embeddings: self.embeddings && self.per_token_embeddings,
+            pooled: self.embeddings && !self.per_token_embeddings,
+        };
+    }
+
+    /// Records the outputs of llama.cpp's encoder path (`encode`, or
+    /// `decode` on a context without memory, which llama.cpp forwards to
+    /// it): every token is an output, whatever the batch asked for. Its
+    /// graph computes logits only for the memory-less diffusion models
+    /// (an encoder's or an embedding model's graph ends at the hidden
+    /// state); embeddings only while they are on.
+    fn record_encoder_outputs(&mut self, batch: &Batch, ok: bool) {
+        self.invalidate_outputs();
+        if !ok {
+            return;
+        }
+        self.output_rows.extend(0..batch.len() as i32);
+        self.n_outputs = batch.len() as i32;
+        self.produced = Produced {
+            logits: !self.model.has_encoder() && self.model.is_diffusion(),
+            token_embeddings: self.embeddings && self.per_token_embeddings,
+            pooled: self.embeddings && !self.per_token_embeddings,
+        };
     }
 
     /// Runs the model on a batch, adding its tokens to the KV cache and
@@ -692,16 +778,33 @@ impl<'m> Context<'m> {
     /// [`Error::Aborted`] (2), [`Error::InvalidBatch`] (-1),
     /// [`Error::AllocationFailed`] (-2), [`Error::ComputeFailed`] (-3);
     /// [`Error::Exception`] if it threw.
+    /// [`Error::InvalidArgument`] for an encoder-decoder model (T5) before
+    /// the first successful [`Context::encode`]: its decoder attends to the
+    /// encoder output, and llama.cpp aborts without one.
+    ///
+    /// A context without a KV cache (BERT-like models) runs the batch
+    /// through the encoder instead: every token is then an output, and
+    /// only diffusion models compute logits.
     #[doc(alias = "llama_decode")]
     pub fn decode(&mut self, batch: &Batch) -> Result<()> {
+        if self.needs_encoder_output && !self.encoded {
+            return Err(Error::InvalidArgument(
+                "this encoder-decoder model decodes against the encoder output: call encode first".into(),
+            ));
+        }
         self.validate(batch)?;
         let mut code = 0;
         // SAFETY: the batch was validated against this context above (sizes,
         // token and sequence ids, positions), its arrays hold `len` entries,
-        // and the shim catches exceptions.
+        // an encoder-decoder model has an encoder output to attend to, and
+        // the shim catches exceptions.
         let shim = unsafe { sys::shim::llama_rs_decode(self.ptr.as_ptr(), batch.raw(), &mut code) };
         let result = check_shim(shim, "llama_decode").and_then(|()| check_decode(code));
-        self.record_outputs(batch, result.is_ok());
+        if self.has_memory {
+            self.record_outputs(batch, result.is_ok());
+        } else {
+            self.record_encoder_outputs(batch, result.is_ok());
+        }
         result
     }
 
@@ -713,9 +816,15 @@ impl<'m> Context<'m> {
     /// [`Context::decode`]: llama.cpp's encoder path builds a graph that
     /// reads the KV cache without preparing it, and crashes); otherwise as
     /// [`Context::decode`], and the batch must fit in one micro-batch.
+    ///
+    /// Every token of the batch is an output. The encoder computes no
+    /// logits (except a diffusion model's); its per-token output is
+    /// readable through [`Context::embeddings`] while embeddings are on.
+    /// llama.cpp checks the batch's positions against the KV cache even
+    /// here: clear the decoder's sequences before encoding a new input.
     #[doc(alias = "llama_encode")]
     pub fn encode(&mut self, batch: &Batch) -> Result<()> {
-        if !self.model.has_encoder() && !self.memory().is_null() {
+        if !self.model.has_encoder() && self.has_memory {
             return Err(Error::InvalidArgument(
                 "encode needs a model with an encoder (T5-like) or without a KV cache (BERT-like); \
                  decoder-only models use decode"
@@ -734,13 +843,10 @@ impl<'m> Context<'m> {
         // SAFETY: as in `decode`, plus the micro-batch bound checked above.
         let shim = unsafe { sys::shim::llama_rs_encode(self.ptr.as_ptr(), batch.raw(), &mut code) };
         let result = check_shim(shim, "llama_encode").and_then(|()| check_decode(code));
-        // The encoder outputs every token.
-        self.output_rows.clear();
-        self.n_outputs = 0;
-        if result.is_ok() {
-            self.output_rows.extend(0..batch.len() as i32);
-            self.n_outputs = batch.len() as i32;
-        }
+        self.record_encoder_outputs(batch, result.is_ok());
+        // llama.cpp stores the encoder output only at the very end of a
+        // successful encode; a failed one keeps the previous output.
+        self.encoded |= result.is_ok();
         result
     }
 
@@ -760,13 +866,19 @@ impl<'m> Context<'m> {
     /// The slice borrows the context, so it cannot outlive the next decode.
     ///
     /// # Errors
-    /// [`Error::NoOutput`] if that token did not request logits.
+    /// [`Error::NoOutput`] if that token did not request logits, or the
+    /// last pass computed none (an [`Context::encode`], or a decode of a
+    /// context without a KV cache, of a model other than a diffusion one).
     #[doc(alias = "llama_get_logits_ith")]
     pub fn logits(&mut self, i: i32) -> Result<&[f32]> {
         let i = self.output_index(i)?;
-        // SAFETY: `i` names an output of the last decode, so llama.cpp
-        // returns a row of n_vocab floats that stays valid until the next
-        // call that takes `&mut self`, which the returned borrow prevents.
+        if !self.produced.logits {
+            return Err(Error::NoOutput(i));
+        }
+        // SAFETY: `i` names an output of the last pass, which wrote logits,
+        // so llama.cpp returns a row of n_vocab floats that stays valid
+        // until the next call that takes `&mut self`, which the returned
+        // borrow prevents.
         let ptr = unsafe { sys::llama_get_logits_ith(self.ptr.as_ptr(), i) };
         if ptr.is_null() {
             return Err(Error::NoOutput(i));
@@ -776,23 +888,25 @@ impl<'m> Context<'m> {
     }
 
     /// The embedding of batch token `i` of the last decode (negative: from
-    /// the end), `n_embd_out` floats. Needs `embeddings(true)` and
-    /// [`Pooling::None`] (or a model whose default is no pooling): with
-    /// pooling, llama.cpp computes only the per-sequence embeddings of
-    /// [`Context::sequence_embeddings`].
+    /// the end), `n_embd_out` floats. Needs embeddings on during that
+    /// decode and [`Pooling::None`] (or a model whose default is no
+    /// pooling): with pooling, llama.cpp computes only the per-sequence
+    /// embeddings of [`Context::sequence_embeddings`].
     ///
     /// # Errors
-    /// [`Error::NoOutput`] if there is no such output, embeddings are off,
-    /// or the context pools them.
+    /// [`Error::NoOutput`] if there is no such output, embeddings were off
+    /// during the last decode (turning them on afterwards does not compute
+    /// any), or the context pools them.
     #[doc(alias = "llama_get_embeddings_ith")]
     pub fn embeddings(&mut self, i: i32) -> Result<&[f32]> {
         let i = self.output_index(i)?;
-        if !self.embeddings || !self.per_token_embeddings {
+        if !self.produced.token_embeddings {
             return Err(Error::NoOutput(i));
         }
-        // SAFETY: as in `logits`; the row has n_embd_out floats.
+        // SAFETY: as in `logits`: the last pass ran with embeddings on, so
+        // the buffer exists and holds a row of n_embd_out floats for `i`.
         let ptr = unsafe { sys::llama_get_embeddings_ith(self.ptr.as_ptr(), i) };
-        if ptr.is_null() || !self.embeddings {
+        if ptr.is_null() {
             return Err(Error::NoOutput(i));
         }
         // SAFETY: see above.
@@ -803,10 +917,15 @@ impl<'m> Context<'m> {
     /// other than `None`): `n_embd_out` floats, or `n_cls_out` for `Rank`.
     ///
     /// # Errors
-    /// [`Error::InvalidSeqId`]; [`Error::NoOutput`] without pooled output.
+    /// [`Error::InvalidSeqId`]; [`Error::NoOutput`] without pooled output
+    /// of `seq` from the last decode (embeddings off during it, the
+    /// sequence not in it, or the cache cleared or loaded since).
     #[doc(alias = "llama_get_embeddings_seq")]
     pub fn sequence_embeddings(&mut self, seq: SeqId) -> Result<&[f32]> {
         self.check_seq(seq)?;
+        if !self.produced.pooled {
+            return Err(Error::NoOutput(seq));
+        }
         // SAFETY: a valid sequence id; the result is NULL or a row valid
         // until the next decode, which the borrow prevents.
         let (ptr, rank) = unsafe {
@@ -815,7 +934,7 @@ impl<'m> Context<'m> {
                 sys::llama_pooling_type(self.ptr.as_ptr()) == sys::llama_pooling_type::LLAMA_POOLING_TYPE_RANK,
             )
         };
-        if ptr.is_null() || !self.embeddings {
+        if ptr.is_null() {
             return Err(Error::NoOutput(seq));
         }
         let len = if rank {
@@ -850,9 +969,12 @@ impl<'m> Context<'m> {
         unsafe { sys::llama_perf_context_reset(self.ptr.as_ptr()) }
     }
 
+    /// Forgets the outputs of the last pass (after anything that makes
+    /// them stale: a failed pass, a cache clear or state load).
     pub(crate) fn invalidate_outputs(&mut self) {
         self.output_rows.clear();
         self.n_outputs = 0;
+        self.produced = Produced::default();
     }
 }
 
@@ -871,5 +993,32 @@ impl Model {
     /// As [`Context::new`].
     pub fn new_context(&self, params: &ContextParams) -> Result<Context<'_>> {
         Context::new(self, params)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encoder_models_need_one_stream() {
+        // Decoder-only models: any layout.
+        assert!(check_encoder_streams(false, 4, false).is_ok());
+        assert!(check_encoder_streams(false, 1, false).is_ok());
+        // Encoder-decoder models: one sequence, or a unified cache.
+        assert!(check_encoder_streams(true, 1, false).is_ok());
+        assert!(check_encoder_streams(true, 4, true).is_ok());
+        let err = check_encoder_streams(true, 2, false).unwrap_err();
+        assert!(matches!(err, Error::InvalidArgument(ref m) if m.contains("kv_unified")), "{err:?}");
+    }
+
+    #[test]
+    fn thread_counts_are_bounded_by_ggml() {
+        assert!(check_threads(1, 1).is_ok());
+        assert!(check_threads(MAX_THREADS, MAX_THREADS).is_ok());
+        for (a, b) in [(0, 1), (1, 0), (-1, 1), (MAX_THREADS + 1, 1), (1, MAX_THREADS + 1), (i32::MAX, i32::MIN)] {
+            assert!(matches!(check_threads(a, b), Err(Error::InvalidArgument(_))), "({a}, {b})");
+        }
+        assert!((1..=MAX_THREADS).contains(&default_threads()));
     }
 }

@@ -386,7 +386,7 @@ impl StopMatcher {
 /// sequence, always with the same [`Context`]; if the context's cache is
 /// changed behind the session's back, the next run notices that the
 /// cache's end no longer matches and decodes the whole prompt again.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Session {
     /// `tokens[..n_cached]` are at positions `0..n_cached` of `seq`; a run
     /// in progress keeps its prompt and the sampled, not yet decoded token
@@ -394,12 +394,29 @@ pub struct Session {
     tokens: Vec<Token>,
     n_cached: usize,
     seq: SeqId,
-    batch: Option<Batch>,
+    /// The batch of the prefill and decode loop; [`Session::generate`]
+    /// replaces it with one of the context's `n_batch` when that differs.
+    batch: Batch,
     stop: StopMatcher,
     /// The text of the last sampled token.
     piece: String,
     /// The text handed out by [`Generation::next_piece`].
     out: String,
+}
+
+impl Default for Session {
+    fn default() -> Self {
+        Session {
+            tokens: Vec::new(),
+            n_cached: 0,
+            seq: 0,
+            // A placeholder: `generate` sizes the batch for its context.
+            batch: Batch::new(1, 1),
+            stop: StopMatcher::default(),
+            piece: String::new(),
+            out: String::new(),
+        }
+    }
 }
 
 impl Session {
@@ -435,10 +452,12 @@ impl Session {
     /// This call only prepares the run: it reuses the longest common prefix
     /// of `prompt` and the cached tokens (removing the rest of the
     /// sequence from the cache; when the whole prompt is cached, its last
-    /// token is decoded again for its logits; a cache that cannot remove
-    /// part of a sequence, like a recurrent model's, is cleared). The
-    /// prefill and the sampling run as the returned [`Generation`] is
-    /// driven. The sampler is used as it is (not reset).
+    /// token is decoded again for its logits). A recurrent model's cache
+    /// holds one state per sequence, which cannot drop its last tokens: it
+    /// is reused when the prompt continues all of the cached tokens (the
+    /// usual next turn of a chat) and cleared otherwise. The prefill and
+    /// the sampling run as the returned [`Generation`] is driven. The
+    /// sampler is used as it is (not reset).
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for an empty prompt or one longer than
@@ -471,7 +490,6 @@ impl Session {
 
         // What is in the cache: the record of the last run on this
         // sequence, if the cache still ends where that record says.
-        self.tokens.truncate(self.n_cached);
         if self.seq != seq {
             self.seq = seq;
             self.n_cached = 0;
@@ -501,8 +519,8 @@ impl Session {
         self.n_cached = n_match;
 
         let n_batch = ctx.n_batch() as usize;
-        if self.batch.as_ref().is_none_or(|b| b.capacity() != n_batch) {
-            self.batch = Some(Batch::new(n_batch, 1));
+        if self.batch.capacity() != n_batch {
+            self.batch = Batch::new(n_batch, 1);
         }
         self.stop.set_stops(&options.stop);
         self.piece.clear();
@@ -537,14 +555,19 @@ impl Session {
 
 /// Whether the cache of `seq` still holds every position that tokens
 /// decoded from `n_past` on attend to. A sliding-window cache without
-/// `swa_full` forgets positions older than the window.
+/// `swa_full` forgets positions older than the window; without a sliding
+/// window nothing is forgotten. (The check must not run then: a recurrent
+/// or hybrid model's cache reports its last position as its first, which
+/// would fail it and defeat prefix reuse.)
 fn swa_window_present(ctx: &mut Context<'_>, seq: SeqId, n_past: usize) -> Result<bool> {
+    let window = ctx.model().n_swa();
+    if window == 0 {
+        return Ok(true);
+    }
     let Some(pos_min) = ctx.seq_pos_min(seq)? else {
         return Ok(true);
     };
-    let window = ctx.model().n_swa();
-    let threshold = if window > 0 { n_past.saturating_sub(window) } else { 0 };
-    Ok(pos_min as usize <= threshold)
+    Ok(pos_min as usize <= n_past.saturating_sub(window))
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -614,7 +637,9 @@ impl Generation<'_, '_, '_> {
     }
 
     /// Tokens now in the KV cache of the sequence: the position the next
-    /// token will be decoded at. Stays below the context length.
+    /// token will be decoded at. At most the context length of a sequence
+    /// ([`Context::n_ctx_seq`]); equal to it when the context is full (for
+    /// example after a prompt of exactly that many tokens).
     pub fn n_past(&self) -> usize {
         self.session.n_cached
     }
@@ -780,9 +805,7 @@ impl Generation<'_, '_, '_> {
     fn prefill(&mut self) -> Result<()> {
         let start = Instant::now();
         self.start = Some(start);
-        let Some(batch) = self.session.batch.as_mut() else {
-            return Err(Error::InvalidArgument("the session has no batch".into()));
-        };
+        let batch = &mut self.session.batch;
         let total = self.session.tokens.len();
         while self.session.n_cached < total {
             if self.abort.is_aborted() {
@@ -813,9 +836,7 @@ impl Generation<'_, '_, '_> {
                 Overflow::Shift => self.shift()?,
             }
         }
-        let Some(batch) = self.session.batch.as_mut() else {
-            return Err(Error::InvalidArgument("the session has no batch".into()));
-        };
+        let batch = &mut self.session.batch;
         batch.clear();
         batch.push(token, self.session.n_cached as Pos, &[self.seq], true)?;
         if let Err(e) = self.ctx.decode(batch) {

@@ -279,13 +279,23 @@ impl Context<'_> {
     /// logits are available at index 0 (or -1) for sampling.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for an empty `tokens`; decode errors.
+    /// [`Error::InvalidArgument`] for an empty `tokens`;
+    /// [`Error::InvalidSeqId`]; [`Error::State`] when the cache cannot
+    /// remove the last token (a recurrent model's state: clear the sequence
+    /// and decode all of `tokens` again instead); decode errors.
     pub fn redecode_last(&mut self, tokens: &[Token], seq: SeqId) -> Result<()> {
         let Some(&last) = tokens.last() else {
             return Err(Error::InvalidArgument("redecode_last needs at least one token".into()));
         };
-        let pos = (tokens.len() - 1) as i32;
-        self.seq_rm(Some(seq), Some(pos), None)?;
+        let pos = i32::try_from(tokens.len() - 1)
+            .map_err(|_| Error::InvalidArgument(format!("{} tokens do not fit i32 positions", tokens.len())))?;
+        if !self.seq_rm(Some(seq), Some(pos), None)? {
+            return Err(Error::State(
+                "redecode_last cannot remove the last token of a recurrent cache; clear the sequence and decode \
+                 all its tokens again"
+                    .into(),
+            ));
+        }
         let mut batch = Batch::new(1, 1);
         batch.push(last, pos, &[seq], true)?;
         self.decode(&batch)
