@@ -6,7 +6,13 @@
 //! - `batched_decode/N`: one step of N sequences together (aggregate tokens);
 //! - `kv_type/T`: a single-token step at depth 1024 with a T (f16, q8_0) KV cache;
 //! - `prompt_cache/{cold,reused}`: time to first token for a 1,024-token
-//!   shared prefix + 16 new tokens, decoding everything vs reusing the prefix.
+//!   shared prefix + 16 new tokens, decoding everything vs reusing the prefix;
+//! - `sampling/*`: one sample from Gemma's 262,144-entry logits row, our
+//!   `Sampler::sample` (greedy and top-k shortcuts) vs llama.cpp's
+//!   `llama_sampler_sample` on the same chain;
+//! - `validation/N`: what `Context::decode` checks in Rust before calling
+//!   llama.cpp, for an N-token batch (the batch fails the check at its last
+//!   token, so llama.cpp never runs).
 //!
 //! Each measurement times only the decode (and the sampling for the prompt
 //! cache); restoring the cache between iterations is excluded.
@@ -211,5 +217,44 @@ fn prompt_cache(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, prefill, decode, batched_decode, kv_type, prompt_cache);
+fn sampling(c: &mut Criterion) {
+    let mut group = c.benchmark_group("sampling");
+    group.sample_size(30).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2));
+    let mut ctx = model().new_context(&params(512)).expect("context");
+    decode_prompt(&mut ctx, &prompt(32, 17), 0, 0);
+    let top_k = || llama::SamplerChain::new().top_k(40).top_p(0.95, 1).temp(0.8).dist(1234).build().expect("chain");
+    for (name, mut ours, mut upstream) in
+        [("greedy", Sampler::greedy(), Sampler::greedy()), ("top-k-p-temp", top_k(), top_k())]
+    {
+        group.bench_function(BenchmarkId::new(name, "ours"), |b| b.iter(|| ours.sample(&mut ctx, -1).expect("sample")));
+        group.bench_function(BenchmarkId::new(name, "llama.cpp"), |b| {
+            b.iter(|| {
+                // SAFETY: a chain ending in a selecting sampler; the last
+                // decode requested logits for its last token.
+                unsafe { llama::sys::llama_sampler_sample(upstream.as_ptr(), ctx.as_ptr(), -1) }
+            })
+        });
+    }
+    group.finish();
+}
+
+fn validation(c: &mut Criterion) {
+    let mut group = c.benchmark_group("validation");
+    group.sample_size(30).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2));
+    let mut ctx = model().new_context(&params(1024)).expect("context");
+    for n in [1usize, 512] {
+        let mut tokens = prompt(n, 19);
+        // An id outside the vocabulary at the very end: every check runs,
+        // then decode returns Err before llama.cpp is called.
+        *tokens.last_mut().expect("n > 0") = Token(i32::MAX);
+        let batch = Batch::from_tokens(&tokens, 0);
+        group.throughput(Throughput::Elements(n as u64));
+        group.bench_function(BenchmarkId::from_parameter(n), |b| {
+            b.iter(|| assert!(ctx.decode(black_box(&batch)).is_err()))
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, prefill, decode, batched_decode, kv_type, prompt_cache, sampling, validation);
 criterion_main!(benches);

@@ -754,24 +754,27 @@ impl<'m> Sampler<'m> {
         let heap = &mut self.heap;
         heap.clear();
         let less = |a: &(f32, i32), b: &(f32, i32)| a.0 < b.0;
-        for (i, &x) in logits.iter().enumerate() {
-            if heap.len() < keep {
-                heap.push((x, i as i32));
-                if heap.len() == keep {
-                    heap.sort_unstable_by(|a, b| a.0.total_cmp(&b.0));
-                }
+        // Fill the heap from the first `keep` logits.
+        let filled = keep.min(logits.len());
+        heap.extend(logits[..filled].iter().enumerate().map(|(i, &x)| (x, i as i32)));
+        heap.sort_unstable_by(|a, b| a.0.total_cmp(&b.0));
+        // Then look only into chunks whose maximum beats the heap's
+        // smallest; NaN (whose order in llama.cpp's sort is unspecified)
+        // sends the caller to the full path.
+        for (c, chunk) in logits[filled..].chunks(LANES).enumerate() {
+            let (max, nan) = chunk_max(chunk);
+            if nan {
+                return false;
+            }
+            if max <= heap[0].0 {
                 continue;
             }
-            // One comparison per logit in the common case; NaN also takes
-            // this branch, and llama.cpp's sort order with NaN is
-            // unspecified, so NaN sends the caller to the full path.
-            #[allow(clippy::neg_cmp_op_on_partial_ord)] // deliberately true for NaN
-            if !(x <= heap[0].0) {
-                if x.is_nan() {
-                    return false;
+            let base = filled + c * LANES;
+            for (j, &x) in chunk.iter().enumerate() {
+                if x > heap[0].0 {
+                    heap[0] = (x, (base + j) as i32);
+                    sift_down(heap, less);
                 }
-                heap[0] = (x, i as i32);
-                sift_down(heap, less);
             }
         }
         if heap.iter().any(|e| e.0.is_nan()) {
@@ -900,36 +903,104 @@ fn sift_down(heap: &mut [(f32, i32)], less: impl Fn(&(f32, i32), &(f32, i32)) ->
     }
 }
 
-/// The index of the first largest value, as llama.cpp's greedy sampler
-/// picks it. Vectorised in lanes of 8.
-///
-/// NaN never compares greater, so llama.cpp skips NaNs, except a NaN at
-/// index 0, where its scan starts and then stays.
+/// Lanes of the vectorised scans below: one AVX-512 register, two AVX2 ones.
+const LANES: usize = 16;
+
+/// The index of the first largest value, exactly as llama.cpp's greedy
+/// sampler picks it (a sequential scan with `>`: NaN is skipped unless it
+/// stands first). One pass, vectorised: each lane keeps the first index of
+/// its own maximum, and the lanes are merged by value, then by index.
 pub(crate) fn argmax(values: &[f32]) -> usize {
     if values.first().is_some_and(|v| v.is_nan()) {
         return 0;
     }
-    const LANES: usize = 8;
     let chunks = values.chunks_exact(LANES);
-    let tail = chunks.remainder();
-    let mut lanes = [f32::NEG_INFINITY; LANES];
-    for chunk in chunks {
+    let tail_start = values.len() - chunks.remainder().len();
+    let mut best = [f32::NEG_INFINITY; LANES];
+    let mut best_index = [u32::MAX; LANES];
+    for (c, chunk) in chunks.enumerate() {
+        let base = (c * LANES) as u32;
         for j in 0..LANES {
-            lanes[j] = if chunk[j] > lanes[j] { chunk[j] } else { lanes[j] };
+            let take = chunk[j] > best[j];
+            best[j] = if take { chunk[j] } else { best[j] };
+            best_index[j] = if take { base + j as u32 } else { best_index[j] };
         }
     }
-    let mut max = lanes.iter().copied().fold(f32::NEG_INFINITY, |a, b| if b > a { b } else { a });
-    for &x in tail {
+    let (mut max, mut index) = (f32::NEG_INFINITY, usize::MAX);
+    for j in 0..LANES {
+        let i = best_index[j] as usize;
+        if best_index[j] != u32::MAX && (best[j] > max || (best[j] == max && i < index)) {
+            (max, index) = (best[j], i);
+        }
+    }
+    for (i, &x) in values.iter().enumerate().skip(tail_start) {
         if x > max {
-            max = x;
+            (max, index) = (x, i);
         }
     }
-    values.iter().position(|&x| x == max).unwrap_or(0)
+    if index == usize::MAX {
+        // Nothing above -inf: the sequential rule keeps index 0.
+        return 0;
+    }
+    index
+}
+
+/// The largest value of each chunk of [`LANES`] (vectorised), and whether
+/// the chunk holds a NaN.
+#[inline]
+fn chunk_max(chunk: &[f32]) -> (f32, bool) {
+    let mut max = f32::NEG_INFINITY;
+    let mut nan = false;
+    for &x in chunk {
+        max = if x > max { x } else { max };
+        nan |= x.is_nan();
+    }
+    (max, nan)
 }
 
 #[cfg(test)]
 mod tests {
     use super::argmax;
+
+    /// llama.cpp's greedy rule, sequentially.
+    fn sequential(values: &[f32]) -> usize {
+        let mut selected = 0;
+        for i in 1..values.len() {
+            if values[i] > values[selected] {
+                selected = i;
+            }
+        }
+        selected
+    }
+
+    #[test]
+    fn argmax_equals_the_sequential_rule() {
+        let mut state = 0x1234_5678_9abc_def0u64;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for len in [0usize, 1, 2, 15, 16, 17, 31, 33, 100, 1000] {
+            for _ in 0..200 {
+                // Few distinct values, so ties are common; some -inf and NaN.
+                let v: Vec<f32> = (0..len)
+                    .map(|_| match next() % 20 {
+                        0 => f32::NAN,
+                        1 => f32::NEG_INFINITY,
+                        r => (r % 5) as f32,
+                    })
+                    .collect();
+                if v.first().is_some_and(|x| x.is_nan()) {
+                    assert_eq!(argmax(&v), 0);
+                    continue;
+                }
+                assert_eq!(argmax(&v), sequential(&v), "{v:?}");
+            }
+        }
+        assert_eq!(argmax(&[f32::NEG_INFINITY, f32::NAN, f32::NEG_INFINITY]), 0);
+    }
 
     #[test]
     fn argmax_takes_the_first_of_equal_maxima() {
