@@ -408,57 +408,13 @@ fn state_seq_set_data_on_device_with_bad_data_throws() {
     assert_eq!(ctx.last_logits(), restored);
 }
 
-/// Writes a rank-`rank` LoRA adapter for `blk.0.attn_q.weight` of the tiny
-/// model (`n_embd` × `n_embd`) with ggml's GGUF writer.
-fn write_lora(path: &Path, n_embd: i64, rank: i64) {
-    let set_str = |gguf, k: &str, v: &str| {
-        let (k, v) = (CString::new(k).unwrap(), CString::new(v).unwrap());
-        // SAFETY: a live gguf context and NUL-terminated strings it copies.
-        unsafe { sys::gguf_set_val_str(gguf, k.as_ptr(), v.as_ptr()) }
-    };
-    // SAFETY: all calls below work on the contexts created here, freed at
-    // the end (gguf first: it points at tensor data in the ggml pool); the
-    // pool is sized for both tensors and their data, so ggml does not
-    // abort; tensor names are unique and under GGML_MAX_NAME; each data
-    // pointer is valid for `ggml_nbytes` bytes of f32.
-    unsafe {
-        let gguf = sys::gguf_init_empty();
-        set_str(gguf, "general.architecture", "llama");
-        set_str(gguf, "general.type", "adapter");
-        set_str(gguf, "adapter.type", "lora");
-        let alpha = CString::new("adapter.lora.alpha").unwrap();
-        sys::gguf_set_val_f32(gguf, alpha.as_ptr(), rank as f32);
-
-        let bytes = 2 * (n_embd * rank * 4) as usize + 2 * (sys::ggml_tensor_overhead() + 64);
-        let ggml =
-            sys::ggml_init(sys::ggml_init_params { mem_size: bytes, mem_buffer: ptr::null_mut(), no_alloc: false });
-        assert!(!ggml.is_null());
-        for (suffix, ne0, ne1, seed) in [("lora_a", n_embd, rank, 3), ("lora_b", rank, n_embd, 5)] {
-            let t = sys::ggml_new_tensor_2d(ggml, sys::ggml_type::GGML_TYPE_F32, ne0, ne1);
-            assert!(!t.is_null());
-            let name = CString::new(format!("blk.0.attn_q.weight.{suffix}")).unwrap();
-            sys::ggml_set_name(t, name.as_ptr());
-            let n = (ne0 * ne1) as usize;
-            let data = std::slice::from_raw_parts_mut((*t).data.cast::<f32>(), n);
-            for (i, x) in data.iter_mut().enumerate() {
-                *x = (((i * seed) % 17) as f32 - 8.0) * 0.1;
-            }
-            sys::gguf_add_tensor(gguf, t);
-        }
-        let p = c_path(path);
-        assert!(sys::gguf_write_to_file(gguf, p.as_ptr(), false), "write {}", path.display());
-        sys::gguf_free(gguf);
-        sys::ggml_free(ggml);
-    }
-}
-
 #[test]
 fn set_adapters_lora_normal_and_injected() {
     init();
     let dir = tempfile::tempdir().unwrap();
     let lora_path = dir.path().join("lora.gguf");
     let spec = TinyModelSpec::default();
-    write_lora(&lora_path, i64::from(spec.n_embd), 4);
+    llama_suite::synthetic::write_tiny_lora(&lora_path, &spec, 4).unwrap();
 
     let model = Model::tiny();
     let lora_c = c_path(&lora_path);
