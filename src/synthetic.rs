@@ -715,6 +715,31 @@ fn write_gguf(path: &Path, spec: &TinyModelSpec) -> io::Result<()> {
     w.write(path)
 }
 
+/// Writes a rank-`rank` LoRA adapter for the tiny model of `spec`: low-rank
+/// deltas `lora_a` (`n_embd` × `rank`) and `lora_b` (`rank` × `n_embd`) for
+/// the query projection of layer 0, with alpha = rank (scale 1), values
+/// from the spec's seed. Not atomic: write to a fresh path.
+pub fn write_tiny_lora(path: &Path, spec: &TinyModelSpec, rank: u32) -> io::Result<()> {
+    validate(spec)?;
+    if rank == 0 || rank > spec.n_embd {
+        return Err(invalid_input(format!("LoRA rank {rank} must be in 1..={}", spec.n_embd)));
+    }
+    let plan = [
+        TensorDef { name: "blk.0.attn_q.weight.lora_a".into(), ne: vec![spec.n_embd, rank], init: Init::Uniform(0.5) },
+        TensorDef { name: "blk.0.attn_q.weight.lora_b".into(), ne: vec![rank, spec.n_embd], init: Init::Uniform(0.5) },
+    ];
+    let bytes = (spec.n_embd as usize) * (rank as usize) * 4;
+    let mut w = ModelWriter::new(2 * ModelWriter::pool_bytes(bytes))?;
+    w.set_str("general.architecture", "llama")?;
+    w.set_str("general.type", "adapter")?;
+    w.set_str("adapter.type", "lora")?;
+    w.set_f32("adapter.lora.alpha", rank as f32)?;
+    for def in &plan {
+        w.add_f32_tensor(def, &def.values(spec.seed ^ 0x10_4A))?;
+    }
+    w.write(path)
+}
+
 /// The id of a normal piece, for tests; `None` if it is not in the table.
 #[cfg(test)]
 fn normal_piece_id(piece: &str) -> Option<usize> {
@@ -815,29 +840,4 @@ mod tests {
         assert_eq!(keys.len(), variants.len() + 1);
         assert_eq!(spec_key(&base), spec_key(&TinyModelSpec::default()));
     }
-}
-
-/// Writes a rank-`rank` LoRA adapter for the tiny model of `spec`: low-rank
-/// deltas `lora_a` (`n_embd` × `rank`) and `lora_b` (`rank` × `n_embd`) for
-/// the query projection of layer 0, with alpha = rank (scale 1), values
-/// from the spec's seed. Not atomic: write to a fresh path.
-pub fn write_tiny_lora(path: &Path, spec: &TinyModelSpec, rank: u32) -> io::Result<()> {
-    validate(spec)?;
-    if rank == 0 || rank > spec.n_embd {
-        return Err(invalid_input(format!("LoRA rank {rank} must be in 1..={}", spec.n_embd)));
-    }
-    let plan = [
-        TensorDef { name: "blk.0.attn_q.weight.lora_a".into(), ne: vec![spec.n_embd, rank], init: Init::Uniform(0.5) },
-        TensorDef { name: "blk.0.attn_q.weight.lora_b".into(), ne: vec![rank, spec.n_embd], init: Init::Uniform(0.5) },
-    ];
-    let bytes = (spec.n_embd as usize) * (rank as usize) * 4;
-    let mut w = ModelWriter::new(2 * ModelWriter::pool_bytes(bytes))?;
-    w.set_str("general.architecture", "llama")?;
-    w.set_str("general.type", "adapter")?;
-    w.set_str("adapter.type", "lora")?;
-    w.set_f32("adapter.lora.alpha", rank as f32)?;
-    for def in &plan {
-        w.add_f32_tensor(def, &def.values(spec.seed ^ 0x10_4A))?;
-    }
-    w.write(path)
 }
