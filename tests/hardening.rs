@@ -61,6 +61,49 @@ fn a_false_sorted_claim_is_refused() {
     assert_eq!(row[token.0 as usize], best, "the chain kept the worst tokens");
 }
 
+/// Forces the end-of-sequence token to win, whatever came before.
+struct ForceEos;
+impl CustomSampler for ForceEos {
+    fn apply(&mut self, candidates: &mut Candidates<'_>) {
+        for c in candidates.data_mut() {
+            if c.id == llama_suite::synthetic::TINY_EOS_ID {
+                c.logit = f32::MAX;
+            }
+        }
+    }
+    fn clone_sampler(&self) -> Box<dyn CustomSampler> {
+        Box::new(ForceEos)
+    }
+}
+
+#[test]
+fn a_sampler_after_the_grammar_cannot_force_a_forbidden_end() {
+    // The grammar masks EOS (it needs two more characters), the custom
+    // sampler unmasks it, greedy picks it: accepting it would make
+    // llama.cpp abort ("fatal error" in llama_grammar_accept_impl).
+    let model = tiny_model();
+    let mut ctx = model.new_context(&small_params()).unwrap();
+    let tokens = model.vocab().tokenize("Hello world", true).unwrap();
+    ctx.decode(&Batch::from_tokens(&tokens, 0)).unwrap();
+    let mut sampler = SamplerChain::new()
+        .grammar(model.vocab(), r#"root ::= "ab""#, "root")
+        .unwrap()
+        .custom(ForceEos)
+        .greedy()
+        .build()
+        .unwrap();
+    assert!(matches!(sampler.sample(&mut ctx, -1), Err(Error::Grammar(_))));
+    // temp(inf) turns masked logits into NaN, which llama.cpp's greedy may pick.
+    let mut sampler = SamplerChain::new()
+        .grammar(model.vocab(), r#"root ::= "ab""#, "root")
+        .unwrap()
+        .temp(f32::INFINITY)
+        .greedy()
+        .build()
+        .unwrap();
+    let _ = sampler.sample(&mut ctx, -1); // Ok or Err, never an abort
+}
+
 #[test]
 fn mirostat_parameters_that_give_nan_are_refused() {
     let model = tiny_model();
@@ -109,6 +152,7 @@ fn a_model_without_a_tokenizer_cannot_tokenize_or_build_grammars() {
         SamplerChain::new().grammar_lazy(vocab, "root ::= \"a\"", "root", &["x"], &[]),
         Err(Error::InvalidArgument(_))
     ));
+    assert!(matches!(SamplerChain::new().infill(vocab), Err(Error::InvalidArgument(_))));
 }
 
 #[test]

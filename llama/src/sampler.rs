@@ -360,7 +360,9 @@ impl<'m> SamplerChain<'m> {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] unless `m >= 2` and `tau`, `eta` are
-    /// finite (llama.cpp would compute NaN and convert it to an integer).
+    /// finite (otherwise llama.cpp's estimate is NaN from the start). Put
+    /// no sampler that can leave a single candidate (e.g. `top_k(1)`) in
+    /// front of it: its estimate is then 0/0 as well.
     #[doc(alias = "llama_sampler_init_mirostat")]
     pub fn mirostat(self, vocab: &Vocab, seed: u32, tau: f32, eta: f32, m: i32) -> Result<Self> {
         if m < 2 || !tau.is_finite() || !eta.is_finite() {
@@ -440,12 +442,16 @@ impl<'m> SamplerChain<'m> {
     }
 
     /// Fill-in-the-middle post-processing. Keeps a pointer to the vocab.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a model without a vocabulary (the
+    /// sampler renders tokens as text, where llama.cpp would abort).
     #[doc(alias = "llama_sampler_init_infill")]
-    #[must_use]
-    pub fn infill(self, vocab: &'m Vocab) -> Self {
+    pub fn infill(self, vocab: &'m Vocab) -> Result<Self> {
+        vocab.check_has_tokenizer()?;
         // SAFETY: the vocab outlives the chain ('m).
         let raw = unsafe { sys::llama_sampler_init_infill(vocab.as_ptr()) };
-        self.push(raw, Kind::Other { selects: false })
+        Ok(self.push(raw, Kind::Other { selects: false }))
     }
 
     /// Constrains output to a GBNF grammar starting at rule `root`. Keeps a
@@ -619,8 +625,10 @@ impl Sampler<'static> {
 
 impl<'m> Sampler<'m> {
     fn from_parts(chain: NonNull<sys::llama_sampler>, kinds: Vec<Kind>) -> Sampler<'m> {
+        // Every sampler added was non-NULL, so chain_get finds one per kind
+        // (a NULL would only shorten the list, never misalign it).
         let children = (0..kinds.len())
-            .filter_map(|i| {
+            .map_while(|i| {
                 // SAFETY: `i` is below the chain's length, so this is a child
                 // the chain owns; it lives as long as the chain.
                 let child = NonNull::new(unsafe { sys::llama_sampler_chain_get(chain.as_ptr(), i as i32) })?;
@@ -632,7 +640,9 @@ impl<'m> Sampler<'m> {
         Sampler { chain, kinds, children, failed: None, scratch: Vec::new(), heap: Vec::new(), _vocab: PhantomData }
     }
 
-    /// The raw chain pointer, for calls this crate does not wrap.
+    /// The raw chain pointer, for calls this crate does not wrap. Samplers
+    /// must not be added to or removed from the chain through it: this
+    /// wrapper keeps pointers to the chain's members.
     pub fn as_ptr(&mut self) -> *mut sys::llama_sampler {
         self.chain.as_ptr()
     }
@@ -680,9 +690,15 @@ impl<'m> Sampler<'m> {
         self.check_not_failed()?;
         let logits = ctx.logits(idx)?;
         let (token, path) = self.select(logits)?;
-        // `select` only returns a token that every grammar in the chain
-        // left finite, i.e. allowed: no need to check it again.
-        self.accept_unchecked(token)?;
+        // A sampler after the grammar (a custom one, logit bias, penalties,
+        // temperature) can turn a masked logit finite again, and accepting
+        // a token the grammar forbids throws, or aborts for an end token:
+        // check it against each grammar first (one candidate, cheap).
+        if self.kinds.contains(&Kind::Grammar) {
+            self.accept(token)?;
+        } else {
+            self.accept_unchecked(token)?;
+        }
         Ok((token, path))
     }
 
@@ -737,7 +753,7 @@ impl<'m> Sampler<'m> {
         // SAFETY: `selected < size`, and `data` holds `size` entries (samplers
         // may replace `data`, but must keep it valid until sampling ends).
         let chosen = unsafe { *cur.data.add(selected) };
-        if self.kinds.contains(&Kind::Grammar) && chosen.logit == f32::NEG_INFINITY {
+        if self.kinds.contains(&Kind::Grammar) && (chosen.logit.is_nan() || chosen.logit == f32::NEG_INFINITY) {
             return Err(Error::Grammar("the grammar allows none of the candidate tokens".into()));
         }
         Ok((Token(chosen.id), path))
@@ -781,6 +797,12 @@ impl<'m> Sampler<'m> {
             return false;
         }
         heap.sort_unstable_by(|a, b| b.0.total_cmp(&a.0));
+        // For k > 128 llama.cpp buckets logits with `int(6.4 * x + 64)`,
+        // which overflows for huge values and misplaces them: leave those
+        // rows to llama.cpp's own code.
+        if k > 128 && heap[0].0 >= 3.0e8 {
+            return false;
+        }
         // Distinct values only: then the top k and their order are unique.
         if heap.windows(2).any(|w| w[0].0 == w[1].0) {
             return false;
