@@ -317,3 +317,20 @@ fn a_chat_template_override_is_the_models_template() {
         "<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\nYo<end_of_turn>\n<start_of_turn>model\n"
     );
 }
+
+#[test]
+fn small_model_and_library_facts() {
+    let model = safe_api::tiny_model();
+    assert_eq!(model.rope_type(), llama::RopeType::Normal, "llama uses GPT-J style RoPE");
+    assert_eq!(model.n_embd_inp(), model.n_embd());
+    assert_eq!(model.n_layer_nextn(), 0);
+    assert!(!model.vocab().adds_sep());
+    assert!(llama::version().starts_with("0."), "{}", llama::version());
+
+    let name = llama::split_path("/models/m", 2, 4).unwrap();
+    assert_eq!(name, "/models/m-00002-of-00004.gguf");
+    assert_eq!(llama::split_prefix(&name, 2, 4).as_deref(), Some("/models/m"));
+    assert_eq!(llama::split_prefix(&name, 3, 4), None);
+    assert!(llama::split_path("/models/m", 0, 4).is_err());
+    assert!(llama::split_path("/models/m", 5, 4).is_err());
+}

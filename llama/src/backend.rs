@@ -214,6 +214,18 @@ pub fn devices() -> Vec<Device> {
         .collect()
 }
 
+/// The version of the linked llama.cpp, e.g. `0.5.0`.
+#[doc(alias = "llama_version")]
+pub fn version() -> &'static str {
+    // SAFETY: returns a pointer to a static NUL-terminated string.
+    let ptr = unsafe { sys::llama_version() };
+    if ptr.is_null() {
+        return "";
+    }
+    // SAFETY: non-null, static, NUL-terminated.
+    unsafe { CStr::from_ptr(ptr) }.to_str().unwrap_or("")
+}
+
 /// Microseconds since the backend was initialised.
 #[doc(alias = "llama_time_us")]
 pub fn time_us() -> i64 {

@@ -45,7 +45,7 @@ mod vocab;
 pub use adapter::LoraAdapter;
 pub use backend::{
     Device, DeviceKind, devices, init, supports_gpu_offload, supports_mlock, supports_mmap, supports_rpc, system_info,
-    time_us,
+    time_us, version,
 };
 pub use batch::{Batch, Pos, SeqId};
 pub use chat::{ChatMessage, apply_chat_template, builtin_chat_templates};
@@ -53,7 +53,7 @@ pub use context::{
     AbortHandle, Attention, Context, ContextParams, FlashAttention, KvType, PerfCounters, Pooling, max_sequences,
 };
 pub use error::{Error, Result};
-pub use model::{LoadMode, MetadataValue, Model, ModelParams, SplitMode};
+pub use model::{LoadMode, MetadataValue, Model, ModelParams, RopeType, SplitMode, split_path, split_prefix};
 pub use quantize::{FileType, QuantizeParams, quantize};
 pub use sampler::{Candidates, CustomSampler, SamplePath, Sampler, SamplerChain, TokenData};
 pub use vocab::{Detokenizer, Token, TokenAttrs, Vocab};

@@ -61,6 +61,62 @@ pub enum SplitMode {
     Tensor,
 }
 
+/// How a model applies rotary position embeddings (RoPE).
+#[non_exhaustive]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeType {
+    /// No RoPE.
+    None,
+    /// Original (GPT-J style, adjacent pairs).
+    Normal,
+    /// GPT-NeoX style (halves).
+    Neox,
+    /// Multi-section RoPE (vision-language models).
+    MRope,
+    /// Interleaved multi-section RoPE.
+    InterleavedMRope,
+    /// Vision encoders.
+    Vision,
+    /// A value newer than this crate.
+    Other(i32),
+}
+
+/// The file name of split `split_no` (1-based) of `split_count` for a
+/// model named `prefix`: `<prefix>-00002-of-00004.gguf`.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] for a NUL byte or an out-of-range number.
+#[doc(alias = "llama_split_path")]
+pub fn split_path(prefix: &str, split_no: u32, split_count: u32) -> Result<String> {
+    if split_no == 0 || split_no > split_count || split_count > 99_999 {
+        return Err(Error::InvalidArgument(format!("split {split_no} of {split_count} is out of range")));
+    }
+    let c_prefix = CString::new(prefix)?;
+    read_string(|buf, len| {
+        // SAFETY: `buf` is valid for `len` bytes and the prefix is
+        // NUL-terminated; llama.cpp writes with snprintf. Split numbers are
+        // 0-based in C.
+        unsafe { sys::llama_split_path(buf, len, c_prefix.as_ptr(), (split_no - 1) as i32, split_count as i32) }
+    })
+    .ok_or_else(|| Error::InvalidArgument("llama_split_path failed".into()))
+}
+
+/// The model prefix of a split file name, if `path` is split `split_no`
+/// (1-based) of `split_count`: the inverse of [`split_path`].
+#[doc(alias = "llama_split_prefix")]
+pub fn split_prefix(path: &str, split_no: u32, split_count: u32) -> Option<String> {
+    if split_no == 0 || split_no > split_count || split_count > 99_999 {
+        return None;
+    }
+    let c_path = CString::new(path).ok()?;
+    let prefix = read_string(|buf, len| {
+        // SAFETY: as in `split_path`; llama.cpp returns 0 when the name does
+        // not end with the expected postfix.
+        unsafe { sys::llama_split_prefix(buf, len, c_path.as_ptr(), (split_no - 1) as i32, split_count as i32) }
+    })?;
+    (!prefix.is_empty()).then_some(prefix)
+}
+
 /// A value that replaces a GGUF metadata entry at load time.
 #[derive(Clone, Debug, PartialEq)]
 pub enum MetadataValue {
@@ -547,6 +603,37 @@ impl Model {
     pub fn is_hybrid(&self) -> bool {
         // SAFETY: a pure read of a live model.
         unsafe { sys::llama_model_is_hybrid(self.as_ptr()) }
+    }
+
+    /// The width of the input embeddings (differs from [`Model::n_embd`]
+    /// in a few architectures).
+    #[doc(alias = "llama_model_n_embd_inp")]
+    pub fn n_embd_inp(&self) -> usize {
+        // SAFETY: a pure read of a live model.
+        unsafe { sys::llama_model_n_embd_inp(self.as_ptr()) }.max(0) as usize
+    }
+
+    /// The number of next-token-prediction (MTP) layers.
+    #[doc(alias = "llama_model_n_layer_nextn")]
+    pub fn n_layer_nextn(&self) -> usize {
+        // SAFETY: a pure read of a live model.
+        unsafe { sys::llama_model_n_layer_nextn(self.as_ptr()) }.max(0) as usize
+    }
+
+    /// How the model applies rotary position embeddings.
+    #[doc(alias = "llama_model_rope_type")]
+    pub fn rope_type(&self) -> RopeType {
+        use sys::llama_rope_type as r;
+        // SAFETY: a pure read of a live model.
+        match unsafe { sys::llama_model_rope_type(self.as_ptr()) } {
+            r::LLAMA_ROPE_TYPE_NONE => RopeType::None,
+            r::LLAMA_ROPE_TYPE_NORM => RopeType::Normal,
+            r::LLAMA_ROPE_TYPE_NEOX => RopeType::Neox,
+            r::LLAMA_ROPE_TYPE_MROPE => RopeType::MRope,
+            r::LLAMA_ROPE_TYPE_IMROPE => RopeType::InterleavedMRope,
+            r::LLAMA_ROPE_TYPE_VISION => RopeType::Vision,
+            other => RopeType::Other(other),
+        }
     }
 
     /// Whether the model is a diffusion model.

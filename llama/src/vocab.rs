@@ -352,6 +352,14 @@ impl Vocab {
         unsafe { sys::llama_vocab_get_add_bos(self.as_ptr()) }
     }
 
+    /// Whether tokenizing with `add_bos` adds separator tokens (BERT-style
+    /// pairs).
+    #[doc(alias = "llama_vocab_get_add_sep")]
+    pub fn adds_sep(&self) -> bool {
+        // SAFETY: a pure read of the live vocab.
+        unsafe { sys::llama_vocab_get_add_sep(self.as_ptr()) }
+    }
+
     /// Whether tokenizing with `add_bos` also appends an end token.
     #[doc(alias = "llama_vocab_get_add_eos")]
     pub fn adds_eos(&self) -> bool {
