@@ -769,29 +769,12 @@ impl<'m> Sampler<'m> {
         let keep = k + 1;
         let heap = &mut self.heap;
         heap.clear();
-        let less = |a: &(f32, i32), b: &(f32, i32)| a.0 < b.0;
         // Fill the heap from the first `keep` logits.
         let filled = keep.min(logits.len());
         heap.extend(logits[..filled].iter().enumerate().map(|(i, &x)| (x, i as i32)));
         heap.sort_unstable_by(|a, b| a.0.total_cmp(&b.0));
-        // Then look only into chunks whose maximum beats the heap's
-        // smallest; NaN (whose order in llama.cpp's sort is unspecified)
-        // sends the caller to the full path.
-        for (c, chunk) in logits[filled..].chunks(LANES).enumerate() {
-            let (max, nan) = chunk_max(chunk);
-            if nan {
-                return false;
-            }
-            if max <= heap[0].0 {
-                continue;
-            }
-            let base = filled + c * LANES;
-            for (j, &x) in chunk.iter().enumerate() {
-                if x > heap[0].0 {
-                    heap[0] = (x, (base + j) as i32);
-                    sift_down(heap, less);
-                }
-            }
+        if !scan_top_k(logits, filled, heap) {
+            return false;
         }
         if heap.iter().any(|e| e.0.is_nan()) {
             return false;
@@ -933,6 +916,25 @@ const LANES: usize = 16;
 /// stands first). One pass, vectorised: each lane keeps the first index of
 /// its own maximum, and the lanes are merged by value, then by index.
 pub(crate) fn argmax(values: &[f32]) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: the CPU supports AVX-512F (checked at run time, cached by std).
+        return unsafe { argmax_avx512(values) };
+    }
+    argmax_generic(values)
+}
+
+/// [`argmax_generic`] compiled for AVX-512, where the compiler vectorises
+/// the value-and-index selection (measured: 15 µs instead of 63-70 µs for
+/// a 262,144-entry row; AVX2 alone gains little, so it is not worth a path).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn argmax_avx512(values: &[f32]) -> usize {
+    argmax_generic(values)
+}
+
+#[inline(always)]
+fn argmax_generic(values: &[f32]) -> usize {
     if values.first().is_some_and(|v| v.is_nan()) {
         return 0;
     }
@@ -967,9 +969,50 @@ pub(crate) fn argmax(values: &[f32]) -> usize {
     index
 }
 
+/// Offers `logits[from..]` to the min-heap of the best values (sorted
+/// ascending on entry, so a valid heap). Looks only into chunks whose
+/// maximum beats the heap's smallest. Returns false on NaN, whose order in
+/// llama.cpp's sort is unspecified (the caller then takes the full path).
+fn scan_top_k(logits: &[f32], from: usize, heap: &mut [(f32, i32)]) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: the CPU supports AVX-512F (checked at run time, cached by std).
+        return unsafe { scan_top_k_avx512(logits, from, heap) };
+    }
+    scan_top_k_generic(logits, from, heap)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn scan_top_k_avx512(logits: &[f32], from: usize, heap: &mut [(f32, i32)]) -> bool {
+    scan_top_k_generic(logits, from, heap)
+}
+
+#[inline(always)]
+fn scan_top_k_generic(logits: &[f32], from: usize, heap: &mut [(f32, i32)]) -> bool {
+    let less = |a: &(f32, i32), b: &(f32, i32)| a.0 < b.0;
+    for (c, chunk) in logits[from..].chunks(LANES).enumerate() {
+        let (max, nan) = chunk_max(chunk);
+        if nan {
+            return false;
+        }
+        if max <= heap[0].0 {
+            continue;
+        }
+        let base = from + c * LANES;
+        for (j, &x) in chunk.iter().enumerate() {
+            if x > heap[0].0 {
+                heap[0] = (x, (base + j) as i32);
+                sift_down(heap, less);
+            }
+        }
+    }
+    true
+}
+
 /// The largest value of each chunk of [`LANES`] (vectorised), and whether
 /// the chunk holds a NaN.
-#[inline]
+#[inline(always)]
 fn chunk_max(chunk: &[f32]) -> (f32, bool) {
     let mut max = f32::NEG_INFINITY;
     let mut nan = false;
@@ -982,7 +1025,7 @@ fn chunk_max(chunk: &[f32]) -> (f32, bool) {
 
 #[cfg(test)]
 mod tests {
-    use super::argmax;
+    use super::{argmax, argmax_generic};
 
     /// llama.cpp's greedy rule, sequentially.
     fn sequential(values: &[f32]) -> usize {
@@ -1019,6 +1062,7 @@ mod tests {
                     continue;
                 }
                 assert_eq!(argmax(&v), sequential(&v), "{v:?}");
+                assert_eq!(argmax_generic(&v), sequential(&v), "{v:?}");
             }
         }
         assert_eq!(argmax(&[f32::NEG_INFINITY, f32::NAN, f32::NEG_INFINITY]), 0);
