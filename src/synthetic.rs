@@ -157,6 +157,40 @@ const MAX_DATA_BYTES: u64 = 1 << 31;
 /// otherwise the I/O error of creating, writing or renaming the file (the
 /// parent folder must exist: [`io::ErrorKind::NotFound`] if it does not).
 pub fn write_tiny_llama(path: &Path, spec: &TinyModelSpec) -> io::Result<()> {
+    write_tiny(path, spec, Arch::Llama)
+}
+
+/// Writes a tiny Mamba (recurrent state-space) model for `spec` to `path`:
+/// `n_layer` blocks of `n_embd` with llama.cpp's only supported expansion
+/// factor (inner size `2 * n_embd`), convolution kernel 4, state size 8,
+/// time-step rank 4; the attention and feed-forward fields are unused. Its
+/// cache is llama.cpp's recurrent memory (one state per sequence), for
+/// tests of what only recurrent models do. Written as
+/// [`write_tiny_llama`] writes.
+///
+/// # Errors
+/// As [`write_tiny_llama`].
+pub fn write_tiny_mamba(path: &Path, spec: &TinyModelSpec) -> io::Result<()> {
+    write_tiny(path, spec, Arch::Mamba)
+}
+
+/// The architectures the writer knows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Arch {
+    Llama,
+    Mamba,
+}
+
+impl Arch {
+    fn name(self) -> &'static str {
+        match self {
+            Arch::Llama => "llama",
+            Arch::Mamba => "mamba",
+        }
+    }
+}
+
+fn write_tiny(path: &Path, spec: &TinyModelSpec, arch: Arch) -> io::Result<()> {
     validate(spec)?;
     let file_name = path.file_name().ok_or_else(|| invalid_input(format!("no file name in {}", path.display())))?;
     let dir = match path.parent() {
@@ -166,7 +200,7 @@ pub fn write_tiny_llama(path: &Path, spec: &TinyModelSpec) -> io::Result<()> {
 
     let (tmp, file) = create_unique_temp(&dir, &file_name.to_string_lossy())?;
     drop(file);
-    let result = write_gguf(&tmp, spec).and_then(|()| fs::rename(&tmp, path));
+    let result = write_gguf(&tmp, spec, arch).and_then(|()| fs::rename(&tmp, path));
     if result.is_err() {
         // Best effort: the temporary name is ours alone.
         let _ = fs::remove_file(&tmp);
@@ -187,13 +221,25 @@ pub fn write_tiny_llama(path: &Path, spec: &TinyModelSpec) -> io::Result<()> {
 ///
 /// As [`write_tiny_llama`], plus the error of creating the folder.
 pub fn tiny_llama_path(spec: &TinyModelSpec) -> io::Result<PathBuf> {
+    tiny_path(spec, Arch::Llama)
+}
+
+/// [`tiny_llama_path`] for the Mamba model of [`write_tiny_mamba`].
+///
+/// # Errors
+/// As [`tiny_llama_path`].
+pub fn tiny_mamba_path(spec: &TinyModelSpec) -> io::Result<PathBuf> {
+    tiny_path(spec, Arch::Mamba)
+}
+
+fn tiny_path(spec: &TinyModelSpec, arch: Arch) -> io::Result<PathBuf> {
     /// Keeps threads of one process from writing the same model twice.
     static GENERATE: Mutex<()> = Mutex::new(());
 
     validate(spec)?;
     let dir = std::env::temp_dir().join("llama-rs-tiny");
     fs::create_dir_all(&dir)?;
-    let path = dir.join(format!("tiny-llama-{:016x}.gguf", spec_key(spec)));
+    let path = dir.join(format!("tiny-{}-{:016x}.gguf", arch.name(), spec_key(spec, arch)));
     if is_complete_gguf(&path) {
         return Ok(path);
     }
@@ -202,7 +248,7 @@ pub fn tiny_llama_path(spec: &TinyModelSpec) -> io::Result<PathBuf> {
     if is_complete_gguf(&path) {
         return Ok(path);
     }
-    match write_tiny_llama(&path, spec) {
+    match write_tiny(&path, spec, arch) {
         Ok(()) => Ok(path),
         // Another process may have won the race and hold the file open
         // (where that blocks a rename); its file is as good as ours.
@@ -250,9 +296,10 @@ fn data_bytes(spec: &TinyModelSpec) -> Option<u64> {
 }
 
 /// A stable (cross-process, cross-version) hash naming the cached file.
-fn spec_key(spec: &TinyModelSpec) -> u64 {
+fn spec_key(spec: &TinyModelSpec, arch: Arch) -> u64 {
     let mut h = Fnv1a::new();
-    h.write(b"llama-rs tiny llama");
+    h.write(b"llama-rs tiny ");
+    h.write(arch.name().as_bytes());
     h.write(&GENERATOR_VERSION.to_le_bytes());
     for v in [spec.n_layer, spec.n_embd, spec.n_head, spec.n_head_kv, spec.n_ff, spec.n_ctx_train] {
         h.write(&v.to_le_bytes());
@@ -355,6 +402,8 @@ enum Init {
     Ones,
     /// Uniform in [-a, a).
     Uniform(f32),
+    /// Every value the same.
+    Const(f32),
 }
 
 /// One weight tensor of the model: name, ggml shape (`ne[0]` is the row
@@ -376,6 +425,7 @@ impl TensorDef {
         let n = self.n_elements().unwrap_or(0) as usize;
         match self.init {
             Init::Ones => vec![1.0; n],
+            Init::Const(c) => vec![c; n],
             Init::Uniform(a) => {
                 let mut h = Fnv1a::new();
                 h.write(self.name.as_bytes());
@@ -418,6 +468,42 @@ fn tensor_plan(spec: &TinyModelSpec) -> Vec<TensorDef> {
             def(blk("ffn_gate"), &[n_embd, spec.n_ff], wide),
             def(blk("ffn_down"), &[spec.n_ff, n_embd], Init::Uniform(he_bound(spec.n_ff))),
             def(blk("ffn_up"), &[n_embd, spec.n_ff], wide),
+        ]);
+    }
+    plan
+}
+
+/// Mamba's state-space sizes (see [`write_tiny_mamba`]).
+const MAMBA_D_CONV: u32 = 4;
+const MAMBA_D_STATE: u32 = 8;
+const MAMBA_DT_RANK: u32 = 4;
+
+/// The tensors of a Mamba model; shapes follow
+/// `llama_model_mamba::load_arch_tensors`.
+fn mamba_tensor_plan(spec: &TinyModelSpec) -> Vec<TensorDef> {
+    let n_vocab = TINY_VOCAB_SIZE as u32;
+    let n_embd = spec.n_embd;
+    let d_inner = 2 * n_embd;
+    let def = |name: String, ne: &[u32], init| TensorDef { name, ne: ne.to_vec(), init };
+    let mut plan = vec![
+        def("token_embd.weight".into(), &[n_embd, n_vocab], Init::Uniform(1.0)),
+        def("output_norm.weight".into(), &[n_embd], Init::Ones),
+        def("output.weight".into(), &[n_embd, n_vocab], Init::Uniform(OUTPUT_GAIN * he_bound(n_embd))),
+    ];
+    for i in 0..spec.n_layer {
+        let blk = |t: &str| format!("blk.{i}.{t}");
+        plan.extend([
+            def(blk("attn_norm.weight"), &[n_embd], Init::Ones),
+            def(blk("ssm_in.weight"), &[n_embd, 2 * d_inner], Init::Uniform(he_bound(n_embd))),
+            def(blk("ssm_conv1d.weight"), &[MAMBA_D_CONV, d_inner], Init::Uniform(he_bound(MAMBA_D_CONV))),
+            def(blk("ssm_conv1d.bias"), &[d_inner], Init::Uniform(0.1)),
+            def(blk("ssm_x.weight"), &[d_inner, MAMBA_DT_RANK + 2 * MAMBA_D_STATE], Init::Uniform(he_bound(d_inner))),
+            def(blk("ssm_dt.weight"), &[MAMBA_DT_RANK, d_inner], Init::Uniform(he_bound(MAMBA_DT_RANK))),
+            def(blk("ssm_dt.bias"), &[d_inner], Init::Uniform(0.1)),
+            // A = -exp(A_log) < 0 keeps the recurrence stable.
+            def(blk("ssm_a"), &[MAMBA_D_STATE, d_inner], Init::Const(-1.0)),
+            def(blk("ssm_d"), &[d_inner], Init::Ones),
+            def(blk("ssm_out.weight"), &[d_inner, n_embd], Init::Uniform(he_bound(d_inner))),
         ]);
     }
     plan
@@ -672,8 +758,11 @@ impl ModelWriter {
 }
 
 /// Builds the model for `spec` and writes it to `path` (not atomically).
-fn write_gguf(path: &Path, spec: &TinyModelSpec) -> io::Result<()> {
-    let plan = tensor_plan(spec);
+fn write_gguf(path: &Path, spec: &TinyModelSpec, arch: Arch) -> io::Result<()> {
+    let plan = match arch {
+        Arch::Llama => tensor_plan(spec),
+        Arch::Mamba => mamba_tensor_plan(spec),
+    };
     let mem_size = plan.iter().try_fold(0usize, |acc, t| {
         let bytes = usize::try_from(t.n_elements()?).ok()?.checked_mul(4)?;
         acc.checked_add(ModelWriter::pool_bytes(bytes))
@@ -681,20 +770,32 @@ fn write_gguf(path: &Path, spec: &TinyModelSpec) -> io::Result<()> {
     let mem_size = mem_size.ok_or_else(|| invalid_input("tiny model too large"))?;
     let mut w = ModelWriter::new(mem_size)?;
 
-    let arch = "llama";
-    let key = |k: &str| format!("{arch}.{k}");
-    w.set_str("general.architecture", arch)?;
-    w.set_str("general.name", "llama-rs tiny synthetic llama")?;
+    let name = arch.name();
+    let key = |k: &str| format!("{name}.{k}");
+    w.set_str("general.architecture", name)?;
+    w.set_str("general.name", &format!("llama-rs tiny synthetic {name}"))?;
     w.set_u32(&key("vocab_size"), TINY_VOCAB_SIZE as u32)?;
     w.set_u32(&key("context_length"), spec.n_ctx_train)?;
     w.set_u32(&key("embedding_length"), spec.n_embd)?;
     w.set_u32(&key("block_count"), spec.n_layer)?;
-    w.set_u32(&key("feed_forward_length"), spec.n_ff)?;
-    w.set_u32(&key("attention.head_count"), spec.n_head)?;
-    w.set_u32(&key("attention.head_count_kv"), spec.n_head_kv)?;
-    w.set_u32(&key("rope.dimension_count"), spec.n_embd / spec.n_head)?;
-    w.set_f32(&key("rope.freq_base"), ROPE_FREQ_BASE)?;
     w.set_f32(&key("attention.layer_norm_rms_epsilon"), RMS_EPS)?;
+    match arch {
+        Arch::Llama => {
+            w.set_u32(&key("feed_forward_length"), spec.n_ff)?;
+            w.set_u32(&key("attention.head_count"), spec.n_head)?;
+            w.set_u32(&key("attention.head_count_kv"), spec.n_head_kv)?;
+            w.set_u32(&key("rope.dimension_count"), spec.n_embd / spec.n_head)?;
+            w.set_f32(&key("rope.freq_base"), ROPE_FREQ_BASE)?;
+        }
+        Arch::Mamba => {
+            w.set_u32(&key("feed_forward_length"), 0)?;
+            w.set_u32(&key("attention.head_count"), 0)?;
+            w.set_u32(&key("ssm.conv_kernel"), MAMBA_D_CONV)?;
+            w.set_u32(&key("ssm.inner_size"), 2 * spec.n_embd)?;
+            w.set_u32(&key("ssm.state_size"), MAMBA_D_STATE)?;
+            w.set_u32(&key("ssm.time_step_rank"), MAMBA_DT_RANK)?;
+        }
+    }
 
     let vocab = tiny_vocab();
     w.set_str("tokenizer.ggml.model", "llama")?;
@@ -835,9 +936,10 @@ mod tests {
             TinyModelSpec { n_ctx_train: 4096, ..base },
             TinyModelSpec { seed: 43, ..base },
         ];
-        let mut keys: HashSet<u64> = variants.iter().map(spec_key).collect();
-        keys.insert(spec_key(&base));
-        assert_eq!(keys.len(), variants.len() + 1);
-        assert_eq!(spec_key(&base), spec_key(&TinyModelSpec::default()));
+        let mut keys: HashSet<u64> = variants.iter().map(|s| spec_key(s, Arch::Llama)).collect();
+        keys.insert(spec_key(&base, Arch::Llama));
+        keys.insert(spec_key(&base, Arch::Mamba));
+        assert_eq!(keys.len(), variants.len() + 2);
+        assert_eq!(spec_key(&base, Arch::Llama), spec_key(&TinyModelSpec::default(), Arch::Llama));
     }
 }

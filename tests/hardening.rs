@@ -226,3 +226,252 @@ fn saving_needs_readable_weights() {
     assert!(error < 1e-6, "the saved copy computes other logits: nmse {error}");
     assert_eq!(safe_api::argmax(&rows[0]), safe_api::argmax(&rows[1]));
 }
+
+/// Writes a chosen token id into the candidates and selects it.
+struct SelectId(i32);
+impl CustomSampler for SelectId {
+    fn apply(&mut self, candidates: &mut Candidates<'_>) {
+        candidates.data_mut()[0].id = self.0;
+        candidates.select(0).unwrap();
+    }
+    fn selects(&self) -> bool {
+        true
+    }
+    fn clone_sampler(&self) -> Box<dyn CustomSampler> {
+        Box::new(SelectId(self.0))
+    }
+}
+
+/// Writes a chosen token id into the first candidate, for a later sampler.
+struct WriteId(i32);
+impl CustomSampler for WriteId {
+    fn apply(&mut self, candidates: &mut Candidates<'_>) {
+        for c in candidates.data_mut() {
+            c.logit = f32::MIN;
+        }
+        candidates.data_mut()[0] = llama::TokenData { id: self.0, logit: 10.0, p: 0.0 };
+    }
+    fn clone_sampler(&self) -> Box<dyn CustomSampler> {
+        Box::new(WriteId(self.0))
+    }
+}
+
+#[test]
+fn accepting_an_id_outside_the_vocabulary_is_an_error() {
+    // adaptive-p asserts its pending token is not LLAMA_TOKEN_NULL (-1)
+    // when accepting -1 (GGML_ASSERT in llama-sampler.cpp).
+    let mut adaptive = SamplerChain::new().adaptive_p(0.5, 0.9, 1).build().unwrap();
+    for bad in [-1, -2, i32::MIN] {
+        let err = adaptive.accept(Token(bad)).unwrap_err();
+        assert!(matches!(err, Error::InvalidToken { token, .. } if token == bad), "{bad}: {err:?}");
+    }
+    adaptive.accept(Token(5)).unwrap();
+    // A chain built with a vocabulary knows its size.
+    let model = tiny_model();
+    let vocab = model.vocab();
+    let n_vocab = vocab.n_tokens() as i32;
+    let mut bound = SamplerChain::new().dry(vocab, 0.8, 1.75, 2, 64, &["\n"]).unwrap().dist(1).build().unwrap();
+    let err = bound.accept(Token(n_vocab)).unwrap_err();
+    assert!(matches!(err, Error::InvalidToken { token, n_vocab: n } if token == n_vocab && n == n_vocab), "{err:?}");
+    bound.accept(Token(n_vocab - 1)).unwrap();
+}
+
+#[test]
+fn a_custom_sampler_cannot_select_an_id_outside_the_vocabulary() {
+    let model = tiny_model();
+    let n_vocab = model.vocab().n_tokens() as i32;
+    let mut ctx = model.new_context(&small_params()).unwrap();
+    let tokens = model.vocab().tokenize("Hello world", true).unwrap();
+    ctx.decode(&Batch::from_tokens(&tokens, 0)).unwrap();
+    for bad in [-1, n_vocab, i32::MAX] {
+        // Selected by the custom sampler itself...
+        let mut own = SamplerChain::new().custom(SelectId(bad)).build().unwrap();
+        let err = own.sample(&mut ctx, -1).unwrap_err();
+        assert!(matches!(err, Error::InvalidToken { token, .. } if token == bad), "{bad}: {err:?}");
+        // ...or written for a later selecting sampler to pick (adaptive-p's
+        // accept would assert on -1).
+        let mut later = SamplerChain::new().custom(WriteId(bad)).top_k(1).adaptive_p(0.5, 0.9, 1).build().unwrap();
+        let err = later.sample(&mut ctx, -1).unwrap_err();
+        assert!(matches!(err, Error::InvalidToken { token, .. } if token == bad), "{bad}: {err:?}");
+        let mut dist = SamplerChain::new().custom(WriteId(bad)).dist(1).build().unwrap();
+        let err = dist.sample(&mut ctx, -1).unwrap_err();
+        assert!(matches!(err, Error::InvalidToken { token, .. } if token == bad), "{bad}: {err:?}");
+    }
+    // A valid id goes through.
+    let mut fine = SamplerChain::new().custom(SelectId(7)).build().unwrap();
+    assert_eq!(fine.sample(&mut ctx, -1).unwrap(), Token(7));
+}
+
+#[test]
+fn a_sampler_built_for_one_model_refuses_another_models_context() {
+    let model_a = tiny_model();
+    let model_b = tiny_model();
+    let mut ctx_b = model_b.new_context(&small_params()).unwrap();
+    let tokens = model_b.vocab().tokenize("Hello world", true).unwrap();
+    ctx_b.decode(&Batch::from_tokens(&tokens, 0)).unwrap();
+    let mut grammar_a =
+        SamplerChain::new().grammar(model_a.vocab(), r#"root ::= "ab""#, "root").unwrap().greedy().build().unwrap();
+    assert!(matches!(grammar_a.sample(&mut ctx_b, -1), Err(Error::WrongModel(_))));
+    let mut bias_a =
+        SamplerChain::new().logit_bias(model_a.vocab(), &[(Token(3), 1.0)]).unwrap().greedy().build().unwrap();
+    assert!(matches!(bias_a.sample(&mut ctx_b, -1), Err(Error::WrongModel(_))));
+    // A chain cannot mix two models' vocabularies either.
+    let mixed =
+        SamplerChain::new().logit_bias(model_a.vocab(), &[]).unwrap().dry(model_b.vocab(), 0.8, 1.75, 2, 64, &[]);
+    assert!(matches!(mixed, Err(Error::WrongModel(_))));
+    // The same chains work with their own model's contexts, and chains
+    // without a vocabulary with any.
+    let mut grammar_b =
+        SamplerChain::new().grammar(model_b.vocab(), r#"root ::= "ab""#, "root").unwrap().greedy().build().unwrap();
+    grammar_b.sample(&mut ctx_b, -1).unwrap();
+    llama::Sampler::greedy().sample(&mut ctx_b, -1).unwrap();
+}
+
+#[test]
+fn context_sizes_llama_cpp_cannot_represent_are_refused() {
+    let model = tiny_model();
+    for params in [
+        small_params().n_ctx(u32::MAX),
+        small_params().n_ctx(u32::MAX - 100),
+        small_params().n_ctx(i32::MAX as u32),
+        small_params().n_batch(u32::MAX),
+        small_params().n_ubatch(u32::MAX),
+    ] {
+        let err = model.new_context(&params).unwrap_err();
+        assert!(matches!(err, Error::InvalidArgument(ref m) if m.contains("at most")), "{params:?}: {err:?}");
+    }
+}
+
+#[test]
+fn a_context_whose_decode_threw_refuses_to_run_again() {
+    let model = tiny_model();
+    let mut ctx = model.new_context(&small_params()).unwrap();
+    let tokens = model.vocab().tokenize("Hello world", true).unwrap();
+    let batch = Batch::from_tokens(&tokens, 0);
+    // SAFETY: only sets a thread-local flag of the shim: the next guarded
+    // call on this thread throws inside its try block.
+    unsafe { llama::sys::shim::llama_rs_shim_inject_exception() };
+    let err = ctx.decode(&batch).unwrap_err();
+    assert!(matches!(err, Error::Exception { function: "llama_decode", .. }), "{err:?}");
+    for _ in 0..2 {
+        let err = ctx.decode(&batch).unwrap_err();
+        assert!(matches!(err, Error::Poisoned { function: "llama_decode", .. }), "{err:?}");
+    }
+    // A new context works.
+    let mut fresh = model.new_context(&small_params()).unwrap();
+    fresh.decode(&batch).unwrap();
+}
+
+#[test]
+fn a_session_does_not_trust_a_cache_changed_behind_its_back() {
+    use llama::generate::{GenerateOptions, Session};
+    let model = tiny_model();
+    let vocab = model.vocab();
+    let prompt = vocab.tokenize("Hello world, the quick brown fox", true).unwrap();
+    let other = vocab.tokenize("Lorem ipsum dolor sit amet, consectetur", true).unwrap();
+    assert!(other.len() >= prompt.len());
+    let options = GenerateOptions::default().max_tokens(4);
+    let run = |session: &mut Session, ctx: &mut llama::Context<'_>| {
+        let mut sampler = llama::Sampler::greedy();
+        let mut generation = session.generate(ctx, &mut sampler, &prompt, &options).unwrap();
+        let mut text = String::new();
+        while let Some(piece) = generation.next_piece() {
+            text.push_str(piece.unwrap());
+        }
+        (text, generation.stats().prompt_evaluated)
+    };
+    let mut ctx = model.new_context(&small_params()).unwrap();
+    let mut session = Session::new();
+    let (first, evaluated) = run(&mut session, &mut ctx);
+    assert_eq!(evaluated, prompt.len());
+    // Unchanged cache: only the last prompt token is decoded again.
+    let (again, evaluated) = run(&mut session, &mut ctx);
+    assert_eq!((again.as_str(), evaluated), (first.as_str(), 1));
+
+    // Cleared and refilled, to the same length, with other tokens: the
+    // session's record says the prompt is cached, but it is not.
+    let cached = session.tokens().len();
+    ctx.clear_kv(false);
+    ctx.decode(&Batch::from_tokens(&other[..cached], 0)).unwrap();
+    let (after_refill, evaluated) = run(&mut session, &mut ctx);
+    assert_eq!(evaluated, prompt.len(), "the whole prompt is decoded again");
+    assert_eq!(after_refill, first);
+
+    // Another context with the same layout, holding other tokens.
+    let mut ctx2 = model.new_context(&small_params()).unwrap();
+    ctx2.decode(&Batch::from_tokens(&other[..session.tokens().len()], 0)).unwrap();
+    let (elsewhere, evaluated) = run(&mut session, &mut ctx2);
+    assert_eq!(evaluated, prompt.len());
+    assert_eq!(elsewhere, first);
+}
+
+#[test]
+fn loading_and_freeing_lora_adapters_races_no_context_creation_or_decode() {
+    // llama_adapter_lora_init/free insert into and erase from the model's
+    // adapter set, which context creation and graph reservation iterate:
+    // the model's adapter lock serialises them. A stress test (bounded
+    // count, no timing); ThreadSanitizer would flag the unlocked version.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("lora.gguf");
+    llama_suite::synthetic::write_tiny_lora(&path, &llama_suite::synthetic::TinyModelSpec::default(), 4).unwrap();
+    let model = tiny_model();
+    let tokens = model.vocab().tokenize("Hello", true).unwrap();
+    std::thread::scope(|scope| {
+        let loader = scope.spawn(|| {
+            for _ in 0..200 {
+                let adapter = model.load_lora(&path).unwrap();
+                drop(adapter);
+            }
+        });
+        let user = scope.spawn(|| {
+            for _ in 0..50 {
+                let mut ctx = model.new_context(&small_params()).unwrap();
+                ctx.decode(&Batch::from_tokens(&tokens, 0)).unwrap();
+            }
+        });
+        loader.join().unwrap();
+        user.join().unwrap();
+    });
+}
+
+#[test]
+fn a_recurrent_sequence_state_with_several_cells_is_refused() {
+    let path = llama_suite::synthetic::tiny_mamba_path(&llama_suite::synthetic::TinyModelSpec::default()).unwrap();
+    let model = Model::load(&path, &ModelParams::default()).unwrap();
+    assert!(model.is_recurrent() && !model.is_hybrid());
+    let mut ctx = model.new_context(&small_params().n_seq_max(2)).unwrap();
+    let tokens = model.vocab().tokenize("Hello world, the quick brown fox", true).unwrap();
+    ctx.decode(&Batch::from_tokens(&tokens, 0)).unwrap();
+    let saved = ctx.save_seq_state(0).unwrap();
+    // llama.cpp's magic, the sequence id, then one cell: the count, the
+    // cell's position and an empty sequence list.
+    assert_eq!(u32::from_ne_bytes(saved[8..12].try_into().unwrap()), 1);
+    // The genuine state restores into the other sequence.
+    ctx.load_seq_state(&saved, 1).unwrap();
+    assert_eq!(ctx.seq_pos_max(1).unwrap(), Some(tokens.len() as i32 - 1));
+
+    // Claim two cells (llama.cpp would put both in one and assert).
+    let mut crafted = saved[..8].to_vec();
+    crafted.extend_from_slice(&2u32.to_ne_bytes());
+    crafted.extend_from_slice(&saved[12..20]);
+    crafted.extend_from_slice(&0i32.to_ne_bytes());
+    crafted.extend_from_slice(&0u32.to_ne_bytes());
+    crafted.extend_from_slice(&saved[20..]);
+    let err = ctx.load_seq_state(&crafted, 1).unwrap_err();
+    assert!(matches!(err, Error::State(ref m) if m.contains("one cell")), "{err:?}");
+    // The same bytes from a file.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("seq.state");
+    ctx.save_seq_state_file(&file, 0, &tokens).unwrap();
+    let mut bytes = std::fs::read(&file).unwrap();
+    let at = 12 + 4 * tokens.len();
+    assert_eq!(bytes[at..at + 4], 1u32.to_ne_bytes());
+    bytes[at..at + 4].copy_from_slice(&2u32.to_ne_bytes());
+    std::fs::write(&file, &bytes).unwrap();
+    let err = ctx.load_seq_state_file(&file, 1).unwrap_err();
+    assert!(matches!(err, Error::State(ref m) if m.contains("one cell")), "{err:?}");
+    // The context still works.
+    let mut batch = Batch::new(1, 1);
+    batch.push(tokens[0], tokens.len() as i32, &[0], true).unwrap();
+    ctx.decode(&batch).unwrap();
+}

@@ -19,7 +19,7 @@ pub struct LoraAdapter<'m> {
 }
 
 // SAFETY: the adapter's weights are read-only once loaded; freeing is
-// serialised through the model's mutation lock and needs ownership.
+// serialised through the model's adapter lock and needs ownership.
 unsafe impl Send for LoraAdapter<'_> {}
 // SAFETY: `&LoraAdapter` only allows reads of metadata.
 unsafe impl Sync for LoraAdapter<'_> {}
@@ -44,10 +44,11 @@ impl Model {
             return Err(Error::Adapter(format!("{} is not a LoRA GGUF file", path.display())));
         }
         let c_path = path_to_cstring(path)?;
-        let _guard = self.mutation.lock().unwrap_or_else(|e| e.into_inner());
+        let _guard = self.adapters_write();
         crate::backend::clear_last_error();
         // SAFETY: a live model and a NUL-terminated path; the call mutates
-        // the model's adapter set, which the mutation lock serialises. It
+        // the model's adapter set, which the write lock serialises against
+        // every reader of the set (context creation, decode). It
         // catches its own exceptions and returns NULL.
         let ptr = unsafe { sys::llama_adapter_lora_init(self.as_ptr(), c_path.as_ptr()) };
         let ptr = NonNull::new(ptr).ok_or_else(|| {
@@ -82,10 +83,10 @@ impl LoraAdapter<'_> {
 
 impl Drop for LoraAdapter<'_> {
     fn drop(&mut self) {
-        let _guard = self.model.mutation.lock().unwrap_or_else(|e| e.into_inner());
+        let _guard = self.model.adapters_write();
         // SAFETY: the model is alive (borrowed), no context still uses the
-        // adapter (contexts borrow it), and the lock serialises the
-        // mutation of the model's adapter set.
+        // adapter (contexts borrow it), and the write lock serialises the
+        // change of the model's adapter set against its readers.
         unsafe { sys::llama_adapter_lora_free(self.ptr.as_ptr()) }
     }
 }

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::ptr::NonNull;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use crate::backend;
 use crate::batch::{Batch, Pos, SeqId};
@@ -214,6 +214,15 @@ pub fn max_sequences() -> u32 {
     unsafe { sys::llama_max_parallel_sequences() as u32 }
 }
 
+/// The largest `n_ctx`, `n_batch` and `n_ubatch` accepted: positions are
+/// `i32`, and llama.cpp pads the context size up to a multiple of 256 in a
+/// `u32`, which wraps above `u32::MAX - 255`.
+pub(crate) const MAX_TOKENS: u32 = (i32::MAX as u32) & !255;
+
+/// Identifies each context ever created in this process (see
+/// [`Context::id`]): a session remembers which context holds its cache.
+static NEXT_CONTEXT_ID: AtomicU64 = AtomicU64::new(1);
+
 /// The most threads a context may use: ggml's `GGML_MAX_N_THREADS`. More
 /// crash ggml's thread pool (OpenMP exits the process, a division by zero
 /// from 65536 on, a NULL memset near `i32::MAX`).
@@ -332,6 +341,17 @@ pub struct Context<'m> {
     /// Per-sequence token counts of the batch being validated (scratch).
     seq_tokens: Vec<u32>,
     abort: Arc<AtomicBool>,
+    /// Unique in this process: see [`Context::id`].
+    id: u64,
+    /// Per sequence, bumped by every change to its cached tokens other
+    /// than appending (remove, copy into, shift, clear, state load): see
+    /// [`Context::seq_epoch`].
+    epochs: Vec<u64>,
+    /// Set when a decode or encode threw inside llama.cpp: its scheduler
+    /// may be half-reserved (`sched_reserve` clears its "needs reserve"
+    /// flag before the allocations that throw), so the context refuses to
+    /// run again.
+    poisoned: Option<(&'static str, String)>,
 }
 
 // SAFETY: a llama_context may be moved between threads: it has no thread
@@ -394,6 +414,13 @@ impl<'m> Context<'m> {
         if p.n_batch == 0 {
             return Err(Error::InvalidArgument("n_batch must be at least 1".into()));
         }
+        for (what, n) in [("n_ctx", p.n_ctx), ("n_batch", p.n_batch), ("n_ubatch", p.n_ubatch)] {
+            if n > MAX_TOKENS {
+                return Err(Error::InvalidArgument(format!(
+                    "{what} must be at most {MAX_TOKENS} (positions are i32), got {n}"
+                )));
+            }
+        }
         let n_ctx = if p.n_ctx == 0 { model.n_ctx_train() } else { p.n_ctx };
         // llama.cpp clamps n_batch to n_ctx and then aborts when
         // n_seq_max > n_batch (the output buffer reserve).
@@ -449,10 +476,14 @@ impl<'m> Context<'m> {
         raw.abort_callback_data = Arc::as_ptr(&abort).cast_mut().cast();
 
         backend::clear_last_error();
+        let adapters = model.adapters_read();
         // SAFETY: a live model and parameters built from the defaults with
         // valid enum values; the abort flag lives in `abort`, which the
-        // context keeps. llama_init_from_model catches its exceptions.
+        // context keeps. llama_init_from_model catches its exceptions. It
+        // reads the model's LoRA set (graph size), which the read lock
+        // keeps from changing meanwhile.
         let ptr = unsafe { sys::llama_init_from_model(model.as_ptr(), raw) };
+        drop(adapters);
         let ptr = NonNull::new(ptr)
             .ok_or_else(|| Error::ContextCreate(backend::last_error_or("llama_init_from_model returned NULL")))?;
         // SAFETY: `ptr` is a live context; these are reads of its settings.
@@ -491,12 +522,18 @@ impl<'m> Context<'m> {
             // (T5) cross-attend; an encoder-only T5 decodes without it.
             needs_encoder_output: model.has_encoder() && model.has_decoder(),
             encoded: false,
-            output_rows: Vec::with_capacity(n_batch as usize),
+            // Grown by the first decode to that batch's size: n_batch
+            // itself can be huge (it is not clamped for a model without a
+            // KV cache).
+            output_rows: Vec::new(),
             n_outputs: 0,
             produced: Produced::default(),
             next_pos: vec![0; n_seq_max as usize],
             seq_tokens: vec![0; n_seq_max as usize],
             abort,
+            id: NEXT_CONTEXT_ID.fetch_add(1, Ordering::Relaxed),
+            epochs: vec![0; n_seq_max as usize],
+            poisoned: None,
         };
         if p.embeddings {
             ctx.set_embeddings(true)?;
@@ -613,6 +650,49 @@ impl<'m> Context<'m> {
 
     pub(crate) fn is_kv_unified(&self) -> bool {
         self.kv_unified
+    }
+
+    /// A number that no other context of this process has: together with
+    /// [`Context::seq_epoch`] it tells whether cached tokens are still
+    /// what a caller last saw.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// How often the cached tokens of `seq` were changed other than by
+    /// appending to them: removed, shifted, overwritten by a copy, cleared
+    /// or loaded from saved state. A caller that remembers what the cache
+    /// holds (like [`generate::Session`](crate::generate::Session)) can
+    /// trust its record only while this number is unchanged.
+    ///
+    /// # Errors
+    /// [`Error::InvalidSeqId`].
+    pub fn seq_epoch(&self, seq: SeqId) -> Result<u64> {
+        self.check_seq(seq)?;
+        Ok(self.epochs[seq as usize])
+    }
+
+    /// Records a change to the cache of `seq` (every sequence for `None`).
+    pub(crate) fn bump_epoch(&mut self, seq: Option<SeqId>) {
+        match seq {
+            Some(s) if s >= 0 && (s as usize) < self.epochs.len() => self.epochs[s as usize] += 1,
+            _ => self.epochs.iter_mut().for_each(|e| *e += 1),
+        }
+    }
+
+    /// Refuses to run a context whose last decode or encode threw.
+    fn check_not_poisoned(&self) -> Result<()> {
+        match &self.poisoned {
+            None => Ok(()),
+            Some((function, message)) => Err(Error::Poisoned { function, message: message.clone() }),
+        }
+    }
+
+    /// Poisons the context if `result` is a caught C++ exception.
+    fn poison_on_exception(&mut self, result: &Result<()>) {
+        if let Err(Error::Exception { function, message }) = result {
+            self.poisoned = Some((function, message.clone()));
+        }
     }
 
     /// Checks everything llama.cpp would abort on, or reject with a less
@@ -787,6 +867,7 @@ impl<'m> Context<'m> {
     /// only diffusion models compute logits.
     #[doc(alias = "llama_decode")]
     pub fn decode(&mut self, batch: &Batch) -> Result<()> {
+        self.check_not_poisoned()?;
         if self.needs_encoder_output && !self.encoded {
             return Err(Error::InvalidArgument(
                 "this encoder-decoder model decodes against the encoder output: call encode first".into(),
@@ -794,12 +875,16 @@ impl<'m> Context<'m> {
         }
         self.validate(batch)?;
         let mut code = 0;
+        let adapters = self.model.adapters_read();
         // SAFETY: the batch was validated against this context above (sizes,
         // token and sequence ids, positions), its arrays hold `len` entries,
         // an encoder-decoder model has an encoder output to attend to, and
-        // the shim catches exceptions.
+        // the shim catches exceptions. A graph re-reserve reads the model's
+        // LoRA set, which the read lock keeps from changing meanwhile.
         let shim = unsafe { sys::shim::llama_rs_decode(self.ptr.as_ptr(), batch.raw(), &mut code) };
+        drop(adapters);
         let result = check_shim(shim, "llama_decode").and_then(|()| check_decode(code));
+        self.poison_on_exception(&result);
         if self.has_memory {
             self.record_outputs(batch, result.is_ok());
         } else {
@@ -824,6 +909,7 @@ impl<'m> Context<'m> {
     /// here: clear the decoder's sequences before encoding a new input.
     #[doc(alias = "llama_encode")]
     pub fn encode(&mut self, batch: &Batch) -> Result<()> {
+        self.check_not_poisoned()?;
         if !self.model.has_encoder() && self.has_memory {
             return Err(Error::InvalidArgument(
                 "encode needs a model with an encoder (T5-like) or without a KV cache (BERT-like); \
@@ -840,9 +926,12 @@ impl<'m> Context<'m> {
             )));
         }
         let mut code = 0;
+        let adapters = self.model.adapters_read();
         // SAFETY: as in `decode`, plus the micro-batch bound checked above.
         let shim = unsafe { sys::shim::llama_rs_encode(self.ptr.as_ptr(), batch.raw(), &mut code) };
+        drop(adapters);
         let result = check_shim(shim, "llama_encode").and_then(|()| check_decode(code));
+        self.poison_on_exception(&result);
         self.record_encoder_outputs(batch, result.is_ok());
         // llama.cpp stores the encoder output only at the very end of a
         // successful encode; a failed one keeps the previous output.

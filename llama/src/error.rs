@@ -110,6 +110,36 @@ pub enum Error {
     /// A LoRA adapter or control vector was rejected.
     #[error("adapter error: {0}")]
     Adapter(String),
+    /// An input so large that llama.cpp's processing of it would exhaust
+    /// memory or the stack (see [`Vocab::tokenize`](crate::Vocab::tokenize)
+    /// and grammars).
+    #[error("{what} is too large (limit {limit})")]
+    InputTooLarge {
+        /// What was too large.
+        what: &'static str,
+        /// The limit, in the unit of `what` (bytes, tokens, levels).
+        limit: usize,
+    },
+    /// An object made for one model was used with another (a sampler
+    /// holding vocabulary ids, a generation session, saved state).
+    #[error("{0} belongs to another model or context")]
+    WrongModel(&'static str),
+    /// A decode or encode threw inside llama.cpp, which can leave the
+    /// context's compute scheduler half-reserved: the context refuses to
+    /// run again. Drop it and create a new one.
+    #[error("the context is unusable after llama.cpp threw in {function}: {message}")]
+    Poisoned {
+        /// The C function that threw.
+        function: &'static str,
+        /// The exception's message.
+        message: String,
+    },
+    /// A memory allocation in Rust (sized from the input) failed.
+    #[error("cannot allocate {bytes} bytes")]
+    OutOfMemory {
+        /// The size requested.
+        bytes: usize,
+    },
     /// A string argument contains a NUL byte.
     #[error("string contains a NUL byte: {0}")]
     Nul(#[from] std::ffi::NulError),
@@ -130,6 +160,14 @@ impl Error {
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Error {
         Error::Io { path: path.into(), source }
     }
+}
+
+/// Grows `v` to hold `additional` more elements, or returns
+/// [`Error::OutOfMemory`] instead of aborting the process when the size
+/// (which comes from the caller's input) cannot be allocated.
+pub(crate) fn try_reserve<T>(v: &mut Vec<T>, additional: usize) -> Result<()> {
+    v.try_reserve(additional)
+        .map_err(|_| Error::OutOfMemory { bytes: additional.saturating_mul(std::mem::size_of::<T>()) })
 }
 
 /// Turns a shim return code into a `Result`, fetching the exception message.

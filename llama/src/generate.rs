@@ -383,9 +383,12 @@ impl StopMatcher {
 ///
 /// A session also keeps the buffers of the generation loop (batch, text),
 /// so successive runs allocate almost nothing. Use one session per
-/// sequence, always with the same [`Context`]; if the context's cache is
-/// changed behind the session's back, the next run notices that the
-/// cache's end no longer matches and decodes the whole prompt again.
+/// sequence, always with the same [`Context`]. A session trusts its record
+/// of the cache only for the context and sequence it last ran on, and only
+/// while [`Context::seq_epoch`] is unchanged and the cache ends where the
+/// record says: after any other change to the sequence (removal, shift,
+/// copy, clear, state load), or on another context, the next run decodes
+/// the whole prompt again.
 #[derive(Debug)]
 pub struct Session {
     /// `tokens[..n_cached]` are at positions `0..n_cached` of `seq`; a run
@@ -394,6 +397,10 @@ pub struct Session {
     tokens: Vec<Token>,
     n_cached: usize,
     seq: SeqId,
+    /// The context ([`Context::id`]) and the epoch of `seq` in it
+    /// ([`Context::seq_epoch`]) that the record is valid for.
+    ctx_id: u64,
+    epoch: u64,
     /// The batch of the prefill and decode loop; [`Session::generate`]
     /// replaces it with one of the context's `n_batch` when that differs.
     batch: Batch,
@@ -410,6 +417,8 @@ impl Default for Session {
             tokens: Vec::new(),
             n_cached: 0,
             seq: 0,
+            ctx_id: 0,
+            epoch: 0,
             // A placeholder: `generate` sizes the batch for its context.
             batch: Batch::new(1, 1),
             stop: StopMatcher::default(),
@@ -444,6 +453,8 @@ impl Session {
         self.tokens.clear();
         self.n_cached = 0;
         ctx.seq_rm(Some(self.seq), None, None)?;
+        self.ctx_id = ctx.id();
+        self.epoch = ctx.seq_epoch(self.seq)?;
         Ok(())
     }
 
@@ -490,8 +501,9 @@ impl Session {
 
         // What is in the cache: the record of the last run on this
         // sequence, if the cache still ends where that record says.
-        if self.seq != seq {
+        if self.seq != seq || self.ctx_id != ctx.id() || self.epoch != ctx.seq_epoch(seq)? {
             self.seq = seq;
+            self.ctx_id = ctx.id();
             self.n_cached = 0;
         }
         let end = ctx.seq_pos_max(seq)?.map_or(0, |p| p as usize + 1);
@@ -514,6 +526,7 @@ impl Session {
             ctx.seq_rm(Some(seq), None, None)?;
             n_match = 0;
         }
+        self.epoch = ctx.seq_epoch(seq)?;
         self.tokens.clear();
         self.tokens.extend_from_slice(prompt);
         self.n_cached = n_match;
@@ -862,6 +875,7 @@ impl Generation<'_, '_, '_> {
             return Err(Error::CannotShift);
         }
         self.ctx.seq_add(self.seq, Some((keep + discard) as Pos), Some(n_past as Pos), -(discard as Pos))?;
+        self.session.epoch = self.ctx.seq_epoch(self.seq)?;
         self.session.tokens.drain(keep..keep + discard);
         self.session.n_cached -= discard;
         self.stats.context_shifts += 1;

@@ -39,6 +39,7 @@ mod memory;
 mod model;
 mod quantize;
 mod sampler;
+mod stack;
 mod state;
 mod vocab;
 

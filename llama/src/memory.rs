@@ -21,6 +21,7 @@ impl Context<'_> {
         // SAFETY: the context's own memory handle (NULL-safe).
         unsafe { sys::llama_memory_clear(self.memory(), zero_data) };
         self.invalidate_outputs();
+        self.bump_epoch(None);
     }
 
     /// Removes positions `p0..p1` of `seq` (every sequence if `seq` is
@@ -35,6 +36,7 @@ impl Context<'_> {
             self.check_seq(s)?;
         }
         let (p0, p1) = bounds(p0, p1);
+        self.bump_epoch(seq);
         // SAFETY: the sequence id is -1 (all) or below n_seq_max, the only
         // precondition llama.cpp asserts on.
         Ok(unsafe { sys::llama_memory_seq_rm(self.memory(), seq.unwrap_or(-1), p0, p1) })
@@ -60,6 +62,7 @@ impl Context<'_> {
         // SAFETY: both ids are below n_seq_max and a cross-stream copy is
         // whole, the two conditions llama.cpp asserts on.
         unsafe { sys::llama_memory_seq_cp(self.memory(), src, dst, p0, p1) };
+        self.bump_epoch(Some(dst));
         Ok(())
     }
 
@@ -72,6 +75,7 @@ impl Context<'_> {
         self.check_seq(seq)?;
         // SAFETY: a valid sequence id.
         unsafe { sys::llama_memory_seq_keep(self.memory(), seq) };
+        self.bump_epoch(None);
         Ok(())
     }
 
@@ -103,6 +107,7 @@ impl Context<'_> {
         }
         // SAFETY: a valid sequence id on a cache that supports shifting.
         unsafe { sys::llama_memory_seq_add(self.memory(), seq, p0, p1, delta) };
+        self.bump_epoch(Some(seq));
         Ok(())
     }
 
@@ -123,6 +128,7 @@ impl Context<'_> {
         let (p0, p1) = bounds(p0, p1);
         // SAFETY: a valid id, a positive divisor, a cache that can shift.
         unsafe { sys::llama_memory_seq_div(self.memory(), seq, p0, p1, divisor) };
+        self.bump_epoch(Some(seq));
         Ok(())
     }
 

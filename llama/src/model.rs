@@ -4,7 +4,7 @@ use std::any::Any;
 use std::ffi::{CStr, CString, c_char, c_void};
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
-use std::sync::Mutex;
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::backend::{self, Device};
 use crate::error::{Error, Result};
@@ -188,8 +188,10 @@ pub struct Model {
     /// The metadata overrides it was loaded with, rendered as llama.cpp
     /// renders metadata values: what [`Model::metadata`] reports for them.
     overridden: Vec<(String, String)>,
-    /// Serialises the calls that mutate the model (LoRA adapter init/free).
-    pub(crate) mutation: Mutex<()>,
+    /// The model's LoRA adapter set: LoRA init and free change it
+    /// (write), context creation and every decode may iterate it when
+    /// llama.cpp sizes its compute graph (read, `graph_max_nodes`).
+    adapters: RwLock<()>,
 }
 
 // SAFETY: llama.cpp supports one model shared by many threads, each with its
@@ -197,8 +199,9 @@ pub struct Model {
 // (contexts created and decoded concurrently on one model). Every `&self`
 // method here is a read of immutable model data (llama-cpp-c-api.md §1.17:
 // "metadata and vocab getters are pure reads"; tokenization is documented
-// thread-safe); the calls that mutate the model (LoRA init/free) are
-// serialised by `mutation`, and freeing needs ownership.
+// thread-safe); the calls that mutate the model (LoRA init/free) take the
+// write side of `adapters`, the calls that read the adapter set (context
+// creation, decode, encode) its read side, and freeing needs ownership.
 unsafe impl Send for Model {}
 // SAFETY: see `Send` above.
 unsafe impl Sync for Model {}
@@ -392,14 +395,29 @@ impl Model {
         // as long as the model (it points into the model).
         let vocab = unsafe { Vocab::from_raw(sys::llama_model_get_vocab(ptr.as_ptr())) };
         let overridden = params.metadata_overrides.iter().map(|(k, v)| (k.clone(), render_override(v))).collect();
-        Ok(Model {
+        let mut model = Model {
             ptr,
             vocab,
             vocab_only: params.vocab_only,
             repacked: params.repack_weights,
             overridden,
-            mutation: Mutex::new(()),
-        })
+            adapters: RwLock::new(()),
+        };
+        let pre = model.metadata("tokenizer.ggml.pre");
+        model.vocab.set_pre_tokenizer(pre.as_deref());
+        Ok(model)
+    }
+
+    /// Shared access to the model's LoRA adapter set, for the calls that
+    /// iterate it. A poisoned lock is still usable: the guarded data is
+    /// llama.cpp's, which a Rust panic cannot leave half-changed.
+    pub(crate) fn adapters_read(&self) -> RwLockReadGuard<'_, ()> {
+        self.adapters.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Exclusive access to the model's LoRA adapter set, to change it.
+    pub(crate) fn adapters_write(&self) -> RwLockWriteGuard<'_, ()> {
+        self.adapters.write().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The raw pointer, for calls this crate does not wrap.

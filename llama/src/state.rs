@@ -70,6 +70,62 @@ fn check_state_file(ctx: &Context<'_>, path: &Path) -> Result<()> {
     check_arch_prefix(ctx, &prefix).map_err(|_| bad())
 }
 
+/// A recurrent model's cache holds one state per sequence, so a saved
+/// sequence has at most one cell; for more, llama.cpp's restore places them
+/// in one cell and asserts (`GGML_ASSERT(head + cell_count <= size)` and
+/// the position checks after it in llama-memory-recurrent.cpp) once the
+/// context has room for two (`n_seq_max` of 2 or more; with one, it refuses
+/// them itself). A pure recurrent model's cache state (`state`:
+/// after the magic and sequence id of `llama_state_seq_get_data`) starts
+/// with that cell count. A hybrid model's starts with its attention
+/// cache, whose length cannot be told from the bytes, so its sequence
+/// states are refused where the assert is reachable.
+fn check_recurrent_seq_state(ctx: &Context<'_>, state: &[u8]) -> Result<()> {
+    let model = ctx.model();
+    if model.is_hybrid() && ctx.n_seq_max() >= 2 {
+        return Err(Error::State(
+            "restoring one sequence of a hybrid (attention + recurrent) model needs n_seq_max 1: llama.cpp cannot \
+             check such data before it asserts on it"
+                .into(),
+        ));
+    }
+    if model.is_recurrent() && !model.is_hybrid() {
+        let cells = state.get(..4).map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]));
+        if cells.is_some_and(|n| n > 1) {
+            return Err(Error::State(format!(
+                "a recurrent model's sequence state holds one cell, this one {}: corrupt data",
+                cells.unwrap_or_default()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// [`check_recurrent_seq_state`] for a file written by
+/// `llama_state_seq_save_file`: magic, version, token count, tokens, then
+/// the sequence state. Files that fail the header checks are left to
+/// llama.cpp, which refuses them.
+fn check_recurrent_seq_state_file(ctx: &Context<'_>, path: &Path) -> Result<()> {
+    use std::io::{Read, Seek, SeekFrom};
+    if !ctx.model().is_recurrent() && !ctx.model().is_hybrid() {
+        return Ok(());
+    }
+    let io = |e| Error::io(path, e);
+    let mut file = std::fs::File::open(path).map_err(io)?;
+    let mut header = [0u8; 12];
+    if file.read_exact(&mut header).is_err() {
+        return Ok(());
+    }
+    let word = |i: usize| u32::from_ne_bytes([header[i], header[i + 1], header[i + 2], header[i + 3]]);
+    if word(0) != sys::LLAMA_STATE_SEQ_MAGIC || word(4) != sys::LLAMA_STATE_SEQ_VERSION {
+        return Ok(());
+    }
+    file.seek(SeekFrom::Start(12 + 4 * u64::from(word(8)))).map_err(io)?;
+    let mut state = Vec::with_capacity(4);
+    file.take(4).read_to_end(&mut state).map_err(io)?;
+    check_recurrent_seq_state(ctx, &state)
+}
+
 fn check_readable(path: &Path) -> Result<std::ffi::CString> {
     let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
     if !meta.is_file() {
@@ -115,6 +171,7 @@ impl Context<'_> {
     pub fn load_state(&mut self, data: &[u8]) -> Result<()> {
         check_arch_prefix(self, data)?;
         self.invalidate_outputs();
+        self.bump_epoch(None);
         // SAFETY: `data` is readable for its length; llama.cpp validates the
         // content and catches its own exceptions.
         let read = unsafe { sys::llama_state_set_data(self.as_ptr(), data.as_ptr(), data.len()) };
@@ -154,6 +211,7 @@ impl Context<'_> {
         let c_path = check_readable(path)?;
         check_state_file(self, path)?;
         self.invalidate_outputs();
+        self.bump_epoch(None);
         let mut tokens = vec![Token(0); self.n_ctx() as usize];
         let mut count = 0usize;
         // SAFETY: a NUL-terminated path; `tokens` has room for its length.
@@ -204,7 +262,11 @@ impl Context<'_> {
     #[doc(alias = "llama_state_seq_set_data")]
     pub fn load_seq_state(&mut self, data: &[u8], dest: SeqId) -> Result<()> {
         self.check_seq(dest)?;
+        // The cache's part follows llama.cpp's magic and the saved
+        // sequence id (4 bytes each).
+        check_recurrent_seq_state(self, data.get(8..).unwrap_or_default())?;
         self.invalidate_outputs();
+        self.bump_epoch(Some(dest));
         let mut read = 0usize;
         // SAFETY: readable bytes, a valid destination, host-memory flags
         // only (ON_DEVICE is never passed); the shim catches exceptions.
@@ -249,7 +311,9 @@ impl Context<'_> {
         self.check_seq(dest)?;
         let path = path.as_ref();
         let c_path = check_readable(path)?;
+        check_recurrent_seq_state_file(self, path)?;
         self.invalidate_outputs();
+        self.bump_epoch(Some(dest));
         let mut tokens = vec![Token(0); self.n_ctx() as usize];
         let mut count = 0usize;
         // SAFETY: a NUL-terminated path, a valid sequence, and room for

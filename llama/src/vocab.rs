@@ -4,7 +4,9 @@ use std::ffi::CStr;
 use std::fmt;
 use std::ptr::NonNull;
 
-use crate::error::{Error, Result, check_shim};
+use crate::error::{Error, Result, check_shim, try_reserve};
+use crate::sampler::REGEX_STACK_PER_BYTE;
+use crate::stack::{SendPtr, with_stack};
 use crate::sys;
 
 /// A token id. Valid ids are `0..vocab.n_tokens()`; every call that takes a
@@ -52,7 +54,55 @@ pub struct Vocab {
     ptr: NonNull<sys::llama_vocab>,
     n_tokens: i32,
     has_vocab: bool,
+    /// The pre-tokenizer splits text with `std::regex`, whose matcher
+    /// recurses once per character of a match (see `crate::stack`).
+    regex_split: bool,
 }
+
+/// The pre-tokenizers (`tokenizer.ggml.pre`) of BPE vocabularies whose
+/// regexes llama.cpp splits by hand (`unicode_regex_split_custom`), so
+/// tokenizing them needs no deep stack; every other BPE pre-tokenizer
+/// falls back to `std::regex`. The groups follow llama-vocab.cpp's mapping
+/// to the GPT-2, Llama 3 and Qwen 2 regexes; `tests/hardening.rs` tokenizes
+/// long runs on a small stack with each vocabulary fixture of the list.
+const HAND_SPLIT_PRE_TOKENIZERS: &[&str] = &[
+    // GPT-2's regex.
+    "gpt-2",
+    "phi-2",
+    "jina-es",
+    "jina-de",
+    "gigachat",
+    "jina-v2-es",
+    "jina-v2-de",
+    "a.x-4.0",
+    "mellum",
+    "modern-bert",
+    "mpt",
+    "olmo",
+    "jais",
+    "trillion",
+    "granite-docling",
+    // Llama 3's regex.
+    "llama3",
+    "llama-v3",
+    "llama-bpe",
+    "falcon3",
+    "falcon-h1",
+    "pixtral",
+    "midm-2.0",
+    "lfm2",
+    "jina-v5-nano",
+    // Qwen 2's regex.
+    "qwen2",
+    "deepseek-r1-qwen",
+    "kormo",
+    "f2llmv2",
+    "stablelm2",
+    // Checked with their fixtures only.
+    "starcoder",
+    "refact",
+    "command-r",
+];
 
 // SAFETY: the vocab is read-only after load; tokenize, detokenize and
 // token_to_piece are documented thread-safe in llama.h, the other getters
@@ -88,7 +138,26 @@ impl Vocab {
         // SAFETY: `ptr` is a live vocab (caller's contract).
         let (n_tokens, kind) =
             unsafe { (sys::llama_vocab_n_tokens(ptr.as_ptr()), sys::llama_vocab_type(ptr.as_ptr())) };
-        Vocab { ptr, n_tokens, has_vocab: kind != sys::llama_vocab_type::LLAMA_VOCAB_TYPE_NONE }
+        Vocab {
+            ptr,
+            n_tokens,
+            has_vocab: kind != sys::llama_vocab_type::LLAMA_VOCAB_TYPE_NONE,
+            regex_split: kind == sys::llama_vocab_type::LLAMA_VOCAB_TYPE_BPE,
+        }
+    }
+
+    /// Records the model's pre-tokenizer name (`tokenizer.ggml.pre`): a
+    /// BPE vocabulary split by hand needs no deep stack to tokenize.
+    pub(crate) fn set_pre_tokenizer(&mut self, pre: Option<&str>) {
+        if pre.is_some_and(|p| HAND_SPLIT_PRE_TOKENIZERS.contains(&p)) {
+            self.regex_split = false;
+        }
+    }
+
+    /// Whether tokenizing goes through `std::regex` (for tests).
+    #[doc(hidden)]
+    pub fn splits_with_regex(&self) -> bool {
+        self.regex_split
     }
 
     /// The raw pointer, for calls this crate does not wrap.
@@ -132,9 +201,18 @@ impl Vocab {
     /// templates. `add_bos` adds the model's start token(s) when the model
     /// asks for them.
     ///
+    /// Tokenizers whose pre-tokenizer falls back to `std::regex` (BPE
+    /// vocabularies other than the GPT-2, Llama 3 and Qwen 2 families, such
+    /// as deepseek-llm) recurse once per character of a match; for long
+    /// text they run on a helper thread with a stack sized for it (about
+    /// 1.3 KB per byte of address space, touched only as deep as needed).
+    ///
     /// # Errors
     /// [`Error::InvalidArgument`] for text over 2 GiB or a model without a
-    /// vocabulary.
+    /// vocabulary; [`Error::InputTooLarge`] for text whose regex
+    /// pre-tokenizer would need more than 16 GiB of stack (about 12 MiB of
+    /// text: tokenize it in pieces); [`Error::OutOfMemory`] if the token
+    /// buffer cannot be allocated.
     #[doc(alias = "llama_tokenize")]
     pub fn tokenize(&self, text: &str, add_bos: bool) -> Result<Vec<Token>> {
         let mut out = Vec::new();
@@ -162,28 +240,35 @@ impl Vocab {
         self.check_has_tokenizer()?;
         let len = i32::try_from(text.len()).map_err(|_| Error::InvalidArgument("text longer than 2 GiB".into()))?;
         out.clear();
+        let stack = if self.regex_split { text.len().saturating_mul(REGEX_STACK_PER_BYTE) } else { 0 };
         // A token covers at least one byte, plus BOS/EOS.
         let mut capacity = text.len() + 2;
         loop {
-            out.reserve(capacity);
+            try_reserve(out, capacity)?;
             let cap = i32::try_from(out.capacity()).unwrap_or(i32::MAX);
-            let mut n = 0;
-            // SAFETY: `text` is valid for `len` bytes (no NUL needed);
-            // `out` has room for `cap` tokens, and `Token` is a
-            // `repr(transparent)` i32 like `llama_token`.
-            let code = unsafe {
-                sys::shim::llama_rs_tokenize(
-                    self.as_ptr(),
-                    text.as_ptr().cast(),
-                    len,
-                    out.as_mut_ptr().cast(),
-                    cap,
-                    add_bos,
-                    parse_special,
-                    &mut n,
-                )
-            };
-            check_shim(code, "llama_tokenize")?;
+            let buf = SendPtr(out.as_mut_ptr());
+            let vocab = self;
+            let n = with_stack("the text to tokenize", stack, move || {
+                let mut n = 0;
+                // SAFETY: `text` is valid for `len` bytes (no NUL needed);
+                // `buf` has room for `cap` tokens (the caller waits for this
+                // call and does not touch `out` meanwhile), and `Token` is a
+                // `repr(transparent)` i32 like `llama_token`.
+                let code = unsafe {
+                    sys::shim::llama_rs_tokenize(
+                        vocab.as_ptr(),
+                        text.as_ptr().cast(),
+                        len,
+                        buf.get().cast(),
+                        cap,
+                        add_bos,
+                        parse_special,
+                        &mut n,
+                    )
+                };
+                // The exception message is kept by the thread that caught it.
+                check_shim(code, "llama_tokenize").map(|()| n)
+            })??;
             if n >= 0 {
                 // SAFETY: llama.cpp wrote `n <= cap` tokens.
                 unsafe { out.set_len(n as usize) };
@@ -257,8 +342,12 @@ impl Vocab {
             self.check_with_text(t)?;
         }
         let n_tokens = i32::try_from(tokens.len()).map_err(|_| Error::InvalidArgument("too many tokens".into()))?;
-        let mut buf = vec![0u8; tokens.len() * 8 + 16];
+        let mut buf = Vec::new();
+        let mut room = tokens.len().saturating_mul(8).saturating_add(16);
         loop {
+            buf.clear();
+            try_reserve(&mut buf, room)?;
+            buf.resize(room, 0);
             let cap = i32::try_from(buf.len()).unwrap_or(i32::MAX);
             let mut n = 0;
             // SAFETY: all tokens are in range; `buf` has `cap` writable bytes.
@@ -279,7 +368,7 @@ impl Vocab {
                 buf.truncate(n as usize);
                 return Ok(String::from_utf8_lossy(&buf).into_owned());
             }
-            buf.resize((-n) as usize, 0);
+            room = (-n) as usize;
         }
     }
 

@@ -21,8 +21,16 @@ use std::ptr::NonNull;
 
 use crate::context::Context;
 use crate::error::{Error, Result, check_shim};
+use crate::stack::{DeepStack, SendPtr, with_stack};
 use crate::sys;
 use crate::vocab::{Token, Vocab};
+
+mod deep;
+mod scan;
+
+pub(crate) use deep::REGEX_STACK_PER_BYTE;
+
+use scan::{argmax, scan_top_k};
 
 /// The longest penalty window accepted (llama.cpp allocates it up front,
 /// and a huge one throws `bad_alloc` through the C API).
@@ -266,7 +274,29 @@ unsafe fn custom_sampler_new(sampler: Box<dyn CustomSampler>) -> *mut sys::llama
 pub struct SamplerChain<'m> {
     chain: NonNull<sys::llama_sampler>,
     kinds: Vec<Kind>,
+    vocab: Option<VocabId>,
+    /// The stack that creating and advancing the chain's grammars needs
+    /// (see `crate::stack`).
+    grammar_stack: usize,
+    /// The chain has a lazy grammar with trigger patterns: every accepted
+    /// token's text is matched against them while it waits.
+    lazy_patterns: bool,
     _vocab: PhantomData<&'m Vocab>,
+}
+
+/// The vocabulary a chain's samplers were built with (grammar, DRY,
+/// infill, logit bias, mirostat): they hold its token ids or read its
+/// texts, so the chain may only sample from contexts of that model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct VocabId {
+    ptr: *const sys::llama_vocab,
+    n_tokens: i32,
+}
+
+impl VocabId {
+    fn of(vocab: &Vocab) -> VocabId {
+        VocabId { ptr: vocab.as_ptr(), n_tokens: vocab.n_tokens() as i32 }
+    }
 }
 
 impl fmt::Debug for SamplerChain<'_> {
@@ -314,7 +344,23 @@ impl<'m> SamplerChain<'m> {
         SamplerChain {
             chain: NonNull::new(chain).expect("llama_sampler_chain_init never returns NULL"),
             kinds: Vec::new(),
+            vocab: None,
+            grammar_stack: 0,
+            lazy_patterns: false,
             _vocab: PhantomData,
+        }
+    }
+
+    /// Records that the next sampler is built with `vocab`. All of a
+    /// chain's vocabulary-bound samplers must share one vocabulary.
+    fn bind_vocab(&mut self, vocab: &Vocab) -> Result<()> {
+        let id = VocabId::of(vocab);
+        match self.vocab {
+            Some(bound) if bound != id => Err(Error::WrongModel("a sampler of this chain")),
+            _ => {
+                self.vocab = Some(id);
+                Ok(())
+            }
         }
     }
 
@@ -364,7 +410,8 @@ impl<'m> SamplerChain<'m> {
     /// no sampler that can leave a single candidate (e.g. `top_k(1)`) in
     /// front of it: its estimate is then 0/0 as well.
     #[doc(alias = "llama_sampler_init_mirostat")]
-    pub fn mirostat(self, vocab: &Vocab, seed: u32, tau: f32, eta: f32, m: i32) -> Result<Self> {
+    pub fn mirostat(mut self, vocab: &Vocab, seed: u32, tau: f32, eta: f32, m: i32) -> Result<Self> {
+        self.bind_vocab(vocab)?;
         if m < 2 || !tau.is_finite() || !eta.is_finite() {
             return Err(Error::InvalidArgument(format!(
                 "mirostat needs m >= 2 and finite tau and eta (got m {m}, tau {tau}, eta {eta})"
@@ -397,7 +444,8 @@ impl<'m> SamplerChain<'m> {
     /// # Errors
     /// [`Error::InvalidToken`] for a token outside the vocabulary.
     #[doc(alias = "llama_sampler_init_logit_bias")]
-    pub fn logit_bias(self, vocab: &Vocab, biases: &[(Token, f32)]) -> Result<Self> {
+    pub fn logit_bias(mut self, vocab: &Vocab, biases: &[(Token, f32)]) -> Result<Self> {
+        self.bind_vocab(vocab)?;
         let raw_biases = biases
             .iter()
             .map(|&(t, bias)| vocab.check(t).map(|t| sys::llama_logit_bias { token: t.0, bias }))
@@ -414,7 +462,7 @@ impl<'m> SamplerChain<'m> {
     /// read while building (to tokenize the sequence breakers).
     #[doc(alias = "llama_sampler_init_dry")]
     pub fn dry(
-        self,
+        mut self,
         vocab: &Vocab,
         multiplier: f32,
         base: f32,
@@ -422,6 +470,7 @@ impl<'m> SamplerChain<'m> {
         last_n: i32,
         sequence_breakers: &[&str],
     ) -> Result<Self> {
+        self.bind_vocab(vocab)?;
         let breakers = sequence_breakers.iter().map(|s| CString::new(*s)).collect::<Result<Vec<_>, _>>()?;
         let mut ptrs: Vec<*const c_char> = breakers.iter().map(|s| s.as_ptr()).collect();
         let last_n = last_n.min(MAX_PENALTY_WINDOW);
@@ -447,8 +496,9 @@ impl<'m> SamplerChain<'m> {
     /// [`Error::InvalidArgument`] for a model without a vocabulary (the
     /// sampler renders tokens as text, where llama.cpp would abort).
     #[doc(alias = "llama_sampler_init_infill")]
-    pub fn infill(self, vocab: &'m Vocab) -> Result<Self> {
+    pub fn infill(mut self, vocab: &'m Vocab) -> Result<Self> {
         vocab.check_has_tokenizer()?;
+        self.bind_vocab(vocab)?;
         // SAFETY: the vocab outlives the chain ('m).
         let raw = unsafe { sys::llama_sampler_init_infill(vocab.as_ptr()) };
         Ok(self.push(raw, Kind::Other { selects: false }))
@@ -460,18 +510,36 @@ impl<'m> SamplerChain<'m> {
     /// # Errors
     /// [`Error::Grammar`] if the grammar does not parse.
     #[doc(alias = "llama_sampler_init_grammar")]
-    pub fn grammar(self, vocab: &'m Vocab, gbnf: &str, root: &str) -> Result<Self> {
+    ///
+    /// llama.cpp's grammar code recurses once per nesting level and along
+    /// chains of rules, so a deeply nested grammar runs (here and on every
+    /// token it constrains) on a helper thread with a stack sized for it
+    /// instead of overflowing the caller's.
+    pub fn grammar(mut self, vocab: &'m Vocab, gbnf: &str, root: &str) -> Result<Self> {
         vocab.check_has_tokenizer()?;
+        self.bind_vocab(vocab)?;
         let (g, r) = (CString::new(gbnf)?, CString::new(root)?);
-        let mut raw = std::ptr::null_mut();
-        // SAFETY: NUL-terminated strings; the vocab outlives the chain; the
-        // shim catches exceptions.
-        let code =
-            unsafe { sys::shim::llama_rs_sampler_init_grammar(vocab.as_ptr(), g.as_ptr(), r.as_ptr(), &mut raw) };
-        check_shim(code, "llama_sampler_init_grammar").map_err(|e| Error::Grammar(e.to_string()))?;
-        if raw.is_null() {
-            return Err(Error::Grammar(crate::backend::last_error_or("the grammar does not parse")));
-        }
+        let stack = deep::grammar_stack(gbnf);
+        let vocab_ptr = SendPtr(vocab.as_ptr().cast_mut());
+        // Errors are read inside: llama.cpp's log and the shim's exception
+        // message are kept per thread.
+        let raw = with_stack("the grammar", stack, move || {
+            crate::backend::clear_last_error();
+            let mut raw = std::ptr::null_mut();
+            // SAFETY: NUL-terminated strings; the vocab outlives the chain
+            // (and this call, which the scoped thread does not outlive);
+            // the shim catches exceptions.
+            let code = unsafe {
+                sys::shim::llama_rs_sampler_init_grammar(vocab_ptr.get().cast_const(), g.as_ptr(), r.as_ptr(), &mut raw)
+            };
+            check_shim(code, "llama_sampler_init_grammar").map_err(|e| Error::Grammar(e.to_string()))?;
+            if raw.is_null() {
+                return Err(Error::Grammar(crate::backend::last_error_or("the grammar does not parse")));
+            }
+            Ok(SendPtr(raw))
+        })??
+        .get();
+        self.grammar_stack = self.grammar_stack.max(stack);
         Ok(self.push(raw, Kind::Grammar))
     }
 
@@ -483,8 +551,15 @@ impl<'m> SamplerChain<'m> {
     /// [`Error::Grammar`] if the grammar or a pattern does not parse;
     /// [`Error::InvalidToken`] for a trigger token outside the vocabulary.
     #[doc(alias = "llama_sampler_init_grammar_lazy_patterns")]
+    ///
+    /// While the grammar waits for its trigger, llama.cpp matches each
+    /// pattern against all text generated so far, on every token: the cost
+    /// grows with that text (quadratic over a generation), and so does the
+    /// matcher's recursion, which runs on a helper thread with a stack
+    /// sized for the text once it grows past a few hundred bytes. Prefer
+    /// trigger tokens, or patterns anchored to short text.
     pub fn grammar_lazy(
-        self,
+        mut self,
         vocab: &'m Vocab,
         gbnf: &str,
         root: &str,
@@ -492,32 +567,42 @@ impl<'m> SamplerChain<'m> {
         trigger_tokens: &[Token],
     ) -> Result<Self> {
         vocab.check_has_tokenizer()?;
+        self.bind_vocab(vocab)?;
         for &t in trigger_tokens {
             vocab.check(t)?;
         }
         let (g, r) = (CString::new(gbnf)?, CString::new(root)?);
         let patterns = trigger_patterns.iter().map(|s| CString::new(*s)).collect::<Result<Vec<_>, _>>()?;
-        let mut ptrs: Vec<*const c_char> = patterns.iter().map(|s| s.as_ptr()).collect();
-        let mut raw = std::ptr::null_mut();
-        // SAFETY: NUL-terminated strings and arrays of the given lengths,
-        // all copied; the vocab outlives the chain; the shim catches
-        // exceptions (an invalid regex throws).
-        let code = unsafe {
-            sys::shim::llama_rs_sampler_init_grammar_lazy_patterns(
-                vocab.as_ptr(),
-                g.as_ptr(),
-                r.as_ptr(),
-                ptrs.as_mut_ptr(),
-                ptrs.len(),
-                trigger_tokens.as_ptr().cast(),
-                trigger_tokens.len(),
-                &mut raw,
-            )
-        };
-        check_shim(code, "llama_sampler_init_grammar_lazy_patterns").map_err(|e| Error::Grammar(e.to_string()))?;
-        if raw.is_null() {
-            return Err(Error::Grammar(crate::backend::last_error_or("the grammar does not parse")));
-        }
+        let stack = deep::grammar_stack(gbnf).max(deep::patterns_stack(trigger_patterns));
+        let vocab_ptr = SendPtr(vocab.as_ptr().cast_mut());
+        let raw = with_stack("the grammar", stack, move || {
+            crate::backend::clear_last_error();
+            let mut ptrs: Vec<*const c_char> = patterns.iter().map(|s| s.as_ptr()).collect();
+            let mut raw = std::ptr::null_mut();
+            // SAFETY: NUL-terminated strings and arrays of the given
+            // lengths, all copied; the vocab outlives the chain; the shim
+            // catches exceptions (an invalid regex throws).
+            let code = unsafe {
+                sys::shim::llama_rs_sampler_init_grammar_lazy_patterns(
+                    vocab_ptr.get().cast_const(),
+                    g.as_ptr(),
+                    r.as_ptr(),
+                    ptrs.as_mut_ptr(),
+                    ptrs.len(),
+                    trigger_tokens.as_ptr().cast(),
+                    trigger_tokens.len(),
+                    &mut raw,
+                )
+            };
+            check_shim(code, "llama_sampler_init_grammar_lazy_patterns").map_err(|e| Error::Grammar(e.to_string()))?;
+            if raw.is_null() {
+                return Err(Error::Grammar(crate::backend::last_error_or("the grammar does not parse")));
+            }
+            Ok(SendPtr(raw))
+        })??
+        .get();
+        self.grammar_stack = self.grammar_stack.max(stack);
+        self.lazy_patterns |= !trigger_patterns.is_empty();
         Ok(self.push(raw, Kind::Grammar))
     }
 
@@ -544,7 +629,11 @@ impl<'m> SamplerChain<'m> {
         let this = std::mem::ManuallyDrop::new(self);
         // SAFETY: moving the fields out of a value that will not be dropped.
         let kinds = unsafe { std::ptr::read(&this.kinds) };
-        Ok(Sampler::from_parts(this.chain, kinds))
+        let mut sampler = Sampler::from_parts(this.chain, kinds);
+        sampler.vocab = this.vocab;
+        sampler.grammar_stack = this.grammar_stack;
+        sampler.lazy_patterns = this.lazy_patterns;
+        Ok(sampler)
     }
 }
 
@@ -586,7 +675,35 @@ pub struct Sampler<'m> {
     scratch: Vec<TokenData>,
     /// Min-heap scratch for the top-k shortcut.
     heap: Vec<(f32, i32)>,
+    /// The vocabulary the chain's samplers hold ids of, if any.
+    vocab: Option<VocabId>,
+    /// The stack the chain's grammars need (see `crate::stack`).
+    grammar_stack: usize,
+    /// A lazy grammar with trigger patterns is in the chain.
+    lazy_patterns: bool,
+    /// Bytes of text accepted since the last reset: an upper bound on what
+    /// a lazy grammar's trigger patterns are matched against.
+    lazy_bytes: usize,
+    /// The helper thread that runs the chain when its grammars need more
+    /// stack than a caller's thread can be assumed to have.
+    deep: DeepStack,
     _vocab: PhantomData<&'m Vocab>,
+}
+
+/// Runs `f` with `needed` bytes of stack on `helper` (see `crate::stack`).
+/// A panic of a custom sampler that `f` caught but did not resume is handed
+/// back to this thread's pending slot, so the usual resume points see it.
+fn deep<R: Send>(helper: &mut DeepStack, needed: usize, f: impl FnOnce() -> R + Send) -> Result<R> {
+    let (r, panic) = helper.run("the grammar's recursion", needed, || {
+        let r = f();
+        (r, PENDING_PANIC.with(|p| p.borrow_mut().take()))
+    })?;
+    if let Some(payload) = panic {
+        PENDING_PANIC.with(|p| {
+            p.borrow_mut().get_or_insert(payload);
+        });
+    }
+    Ok(r)
 }
 
 // SAFETY: see `SamplerChain`. Not Sync: sampling mutates RNG state and the
@@ -637,7 +754,37 @@ impl<'m> Sampler<'m> {
                 Some((child, has_apply))
             })
             .collect();
-        Sampler { chain, kinds, children, failed: None, scratch: Vec::new(), heap: Vec::new(), _vocab: PhantomData }
+        Sampler {
+            chain,
+            kinds,
+            children,
+            failed: None,
+            scratch: Vec::new(),
+            heap: Vec::new(),
+            vocab: None,
+            grammar_stack: 0,
+            lazy_patterns: false,
+            lazy_bytes: 0,
+            deep: DeepStack::default(),
+            _vocab: PhantomData,
+        }
+    }
+
+    /// The stack that calls into the chain need now.
+    fn stack_needed(&self) -> usize {
+        let lazy = if self.lazy_patterns { self.lazy_bytes.saturating_mul(deep::REGEX_STACK_PER_BYTE) } else { 0 };
+        self.grammar_stack.max(lazy)
+    }
+
+    /// Checks a token against the vocabulary the chain was built with (any
+    /// non-negative id for a chain without one: its samplers index no
+    /// table by id).
+    fn check_token(&self, token: Token) -> Result<()> {
+        let n_vocab = self.vocab.map_or(i32::MAX, |v| v.n_tokens);
+        if token.0 < 0 || token.0 >= n_vocab {
+            return Err(Error::InvalidToken { token: token.0, n_vocab });
+        }
+        Ok(())
     }
 
     /// The raw chain pointer, for calls this crate does not wrap. Samplers
@@ -688,8 +835,21 @@ impl<'m> Sampler<'m> {
     #[doc(hidden)]
     pub fn sample_with_path(&mut self, ctx: &mut Context<'_>, idx: i32) -> Result<(Token, SamplePath)> {
         self.check_not_failed()?;
+        if let Some(vocab) = self.vocab
+            && vocab.ptr != ctx.model().vocab().as_ptr()
+        {
+            return Err(Error::WrongModel("the sampler (built with another model's vocabulary)"));
+        }
         let logits = ctx.logits(idx)?;
-        let (token, path) = self.select(logits)?;
+        let needed = self.stack_needed();
+        let (token, path) = if needed == 0 {
+            self.select(logits)?
+        } else {
+            let mut helper = std::mem::take(&mut self.deep);
+            let selected = deep(&mut helper, needed, || self.select(logits));
+            self.deep = helper;
+            selected??
+        };
         // A sampler after the grammar (a custom one, logit bias, penalties,
         // temperature) can turn a masked logit finite again, and accepting
         // a token the grammar forbids throws, or aborts for an end token:
@@ -753,6 +913,10 @@ impl<'m> Sampler<'m> {
         // SAFETY: `selected < size`, and `data` holds `size` entries (samplers
         // may replace `data`, but must keep it valid until sampling ends).
         let chosen = unsafe { *cur.data.add(selected) };
+        // A custom sampler may have written any id into the candidates.
+        if chosen.id < 0 || chosen.id as usize >= logits.len() {
+            return Err(Error::InvalidToken { token: chosen.id, n_vocab: logits.len() as i32 });
+        }
         if self.kinds.contains(&Kind::Grammar) && (chosen.logit.is_nan() || chosen.logit == f32::NEG_INFINITY) {
             return Err(Error::Grammar("the grammar allows none of the candidate tokens".into()));
         }
@@ -799,25 +963,52 @@ impl<'m> Sampler<'m> {
     /// [`Sampler::sample`] does this already for the token it returns.
     ///
     /// # Errors
-    /// [`Error::Grammar`] if a grammar in the chain forbids `token` (or it
-    /// ends generation before the grammar is complete), where llama.cpp
-    /// would throw or abort.
+    /// [`Error::InvalidToken`] for a negative id, or one outside the
+    /// vocabulary the chain was built with (grammar, DRY, infill, logit
+    /// bias, mirostat); [`Error::Grammar`] if a grammar in the chain
+    /// forbids `token` (or it ends generation before the grammar is
+    /// complete), where llama.cpp would throw or abort.
     #[doc(alias = "llama_sampler_accept")]
     pub fn accept(&mut self, token: Token) -> Result<()> {
         self.check_not_failed()?;
-        for (i, kind) in self.kinds.iter().enumerate() {
-            if *kind == Kind::Grammar {
+        self.check_token(token)?;
+        for i in 0..self.kinds.len() {
+            if self.kinds[i] == Kind::Grammar {
                 self.check_grammar_allows(i, token)?;
             }
         }
         self.accept_unchecked(token)
     }
 
+    /// The length of a token's text, which a lazy grammar appends to the
+    /// text its patterns are matched against.
+    fn piece_len(&self, token: Token) -> usize {
+        let Some(vocab) = self.vocab else { return 0 };
+        let mut n = 0;
+        let mut buf = [0u8; 64];
+        // SAFETY: the vocab outlives the chain ('m); `buf` has 64 writable
+        // bytes (a longer piece is not copied: llama.cpp returns minus its
+        // length); the shim catches the exception of an id outside the
+        // vocabulary.
+        let code = unsafe {
+            sys::shim::llama_rs_token_to_piece(vocab.ptr, token.0, buf.as_mut_ptr().cast(), 64, 0, true, &mut n)
+        };
+        if code == sys::shim::OK { n.unsigned_abs() as usize } else { 0 }
+    }
+
     /// Accepts a token known to pass every grammar of the chain.
     fn accept_unchecked(&mut self, token: Token) -> Result<()> {
-        // SAFETY: a chain we own; the shim catches exceptions.
-        let code = unsafe { sys::shim::llama_rs_sampler_accept(self.chain.as_ptr(), token.0) };
-        let result = check_shim(code, "llama_sampler_accept").map_err(|e| Error::Grammar(e.to_string()));
+        if self.lazy_patterns {
+            self.lazy_bytes = self.lazy_bytes.saturating_add(self.piece_len(token));
+        }
+        let chain = SendPtr(self.chain.as_ptr());
+        let needed = self.stack_needed();
+        let result = deep(&mut self.deep, needed, move || {
+            // SAFETY: a chain we own, used by this call alone; the shim
+            // catches exceptions.
+            let code = unsafe { sys::shim::llama_rs_sampler_accept(chain.get(), token.0) };
+            check_shim(code, "llama_sampler_accept").map_err(|e| Error::Grammar(e.to_string()))
+        })?;
         if let Err(Error::Grammar(why)) = &result {
             // E.g. a lazy grammar whose trigger replays text it rejects: the
             // grammar threw after emptying its stacks.
@@ -836,14 +1027,18 @@ impl<'m> Sampler<'m> {
 
     /// Runs grammar child `i` on the single candidate `token`: the grammar
     /// masks it to -inf if it may not come next.
-    fn check_grammar_allows(&self, i: usize, token: Token) -> Result<()> {
+    fn check_grammar_allows(&mut self, i: usize, token: Token) -> Result<()> {
         let Some(&(child, _)) = self.children.get(i) else { return Ok(()) };
-        let mut one = TokenData { id: token.0, logit: 0.0, p: 0.0 };
-        let mut cur = sys::llama_token_data_array { data: &mut one, size: 1, selected: -1, sorted: false };
-        // SAFETY: a live grammar sampler and a one-element array on our
-        // stack; the shim catches exceptions.
-        let code = unsafe { sys::shim::llama_rs_sampler_apply(child.as_ptr(), &mut cur) };
-        check_shim(code, "llama_sampler_apply").map_err(|e| Error::Grammar(e.to_string()))?;
+        let child = SendPtr(child.as_ptr());
+        let one = deep(&mut self.deep, self.grammar_stack, move || {
+            let mut one = TokenData { id: token.0, logit: 0.0, p: 0.0 };
+            let mut cur = sys::llama_token_data_array { data: &mut one, size: 1, selected: -1, sorted: false };
+            // SAFETY: a live grammar sampler of our chain and a one-element
+            // array on this stack; the shim catches exceptions.
+            let code = unsafe { sys::shim::llama_rs_sampler_apply(child.get(), &mut cur) };
+            check_shim(code, "llama_sampler_apply").map_err(|e| Error::Grammar(e.to_string()))?;
+            Ok::<_, Error>(one)
+        })??;
         if one.logit == f32::NEG_INFINITY {
             return Err(Error::Grammar(format!("token {token} is not allowed by the grammar here")));
         }
@@ -854,10 +1049,20 @@ impl<'m> Sampler<'m> {
     /// grammar starts over), also after a failed [`Sampler::accept`].
     #[doc(alias = "llama_sampler_reset")]
     pub fn reset(&mut self) {
-        // SAFETY: a chain we own. Resetting a grammar rebuilds it from its
-        // text, so a grammar left without stacks works again.
-        unsafe { sys::llama_sampler_reset(self.chain.as_ptr()) };
-        self.failed = None;
+        let chain = SendPtr(self.chain.as_ptr());
+        // Resetting a grammar parses its text again: that needs the
+        // grammar's stack.
+        let done = deep(&mut self.deep, self.grammar_stack, move || {
+            // SAFETY: a chain we own, used by this call alone. Resetting a
+            // grammar rebuilds it from its text, so a grammar left without
+            // stacks works again.
+            unsafe { sys::llama_sampler_reset(chain.get()) };
+        });
+        self.lazy_bytes = 0;
+        self.failed = match done {
+            Ok(()) => None,
+            Err(e) => Some(format!("reset failed: {e}")),
+        };
         resume_pending_panic();
     }
 
@@ -874,6 +1079,10 @@ impl<'m> Sampler<'m> {
         let copy = NonNull::new(copy).map(|chain| {
             let mut sampler = Sampler::from_parts(chain, self.kinds.clone());
             sampler.failed.clone_from(&self.failed);
+            sampler.vocab = self.vocab;
+            sampler.grammar_stack = self.grammar_stack;
+            sampler.lazy_patterns = self.lazy_patterns;
+            sampler.lazy_bytes = self.lazy_bytes;
             sampler
         });
         resume_pending_panic();
@@ -886,207 +1095,5 @@ impl Drop for Sampler<'_> {
         // SAFETY: we own the chain and every sampler in it.
         unsafe { sys::llama_sampler_free(self.chain.as_ptr()) };
         resume_pending_panic_in_drop();
-    }
-}
-
-fn sift_down(heap: &mut [(f32, i32)], less: impl Fn(&(f32, i32), &(f32, i32)) -> bool) {
-    let mut i = 0;
-    loop {
-        let (l, r) = (2 * i + 1, 2 * i + 2);
-        let mut smallest = i;
-        if l < heap.len() && less(&heap[l], &heap[smallest]) {
-            smallest = l;
-        }
-        if r < heap.len() && less(&heap[r], &heap[smallest]) {
-            smallest = r;
-        }
-        if smallest == i {
-            return;
-        }
-        heap.swap(i, smallest);
-        i = smallest;
-    }
-}
-
-/// Lanes of the vectorised scans below: one AVX-512 register, two AVX2 ones.
-const LANES: usize = 16;
-
-/// The index of the first largest value, exactly as llama.cpp's greedy
-/// sampler picks it (a sequential scan with `>`: NaN is skipped unless it
-/// stands first). One pass, vectorised: each lane keeps the first index of
-/// its own maximum, and the lanes are merged by value, then by index.
-pub(crate) fn argmax(values: &[f32]) -> usize {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f") {
-        // SAFETY: the CPU supports AVX-512F (checked at run time, cached by std).
-        return unsafe { argmax_avx512(values) };
-    }
-    argmax_generic(values)
-}
-
-/// [`argmax_generic`] compiled for AVX-512, where the compiler vectorises
-/// the value-and-index selection (measured: 15 µs instead of 63-70 µs for
-/// a 262,144-entry row; AVX2 alone gains little, so it is not worth a path).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn argmax_avx512(values: &[f32]) -> usize {
-    argmax_generic(values)
-}
-
-#[inline(always)]
-fn argmax_generic(values: &[f32]) -> usize {
-    if values.first().is_some_and(|v| v.is_nan()) {
-        return 0;
-    }
-    let chunks = values.chunks_exact(LANES);
-    let tail_start = values.len() - chunks.remainder().len();
-    let mut best = [f32::NEG_INFINITY; LANES];
-    let mut best_index = [u32::MAX; LANES];
-    for (c, chunk) in chunks.enumerate() {
-        let base = (c * LANES) as u32;
-        for j in 0..LANES {
-            let take = chunk[j] > best[j];
-            best[j] = if take { chunk[j] } else { best[j] };
-            best_index[j] = if take { base + j as u32 } else { best_index[j] };
-        }
-    }
-    let (mut max, mut index) = (f32::NEG_INFINITY, usize::MAX);
-    for j in 0..LANES {
-        let i = best_index[j] as usize;
-        if best_index[j] != u32::MAX && (best[j] > max || (best[j] == max && i < index)) {
-            (max, index) = (best[j], i);
-        }
-    }
-    for (i, &x) in values.iter().enumerate().skip(tail_start) {
-        if x > max {
-            (max, index) = (x, i);
-        }
-    }
-    if index == usize::MAX {
-        // Nothing above -inf: the sequential rule keeps index 0.
-        return 0;
-    }
-    index
-}
-
-/// Offers `logits[from..]` to the min-heap of the best values (sorted
-/// ascending on entry, so a valid heap). Looks only into chunks whose
-/// maximum beats the heap's smallest. Returns false on NaN, whose order in
-/// llama.cpp's sort is unspecified (the caller then takes the full path).
-fn scan_top_k(logits: &[f32], from: usize, heap: &mut [(f32, i32)]) -> bool {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f") {
-        // SAFETY: the CPU supports AVX-512F (checked at run time, cached by std).
-        return unsafe { scan_top_k_avx512(logits, from, heap) };
-    }
-    scan_top_k_generic(logits, from, heap)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn scan_top_k_avx512(logits: &[f32], from: usize, heap: &mut [(f32, i32)]) -> bool {
-    scan_top_k_generic(logits, from, heap)
-}
-
-#[inline(always)]
-fn scan_top_k_generic(logits: &[f32], from: usize, heap: &mut [(f32, i32)]) -> bool {
-    let less = |a: &(f32, i32), b: &(f32, i32)| a.0 < b.0;
-    for (c, chunk) in logits[from..].chunks(LANES).enumerate() {
-        let (max, nan) = chunk_max(chunk);
-        if nan {
-            return false;
-        }
-        if max <= heap[0].0 {
-            continue;
-        }
-        let base = from + c * LANES;
-        for (j, &x) in chunk.iter().enumerate() {
-            if x > heap[0].0 {
-                heap[0] = (x, (base + j) as i32);
-                sift_down(heap, less);
-            }
-        }
-    }
-    true
-}
-
-/// The largest value of each chunk of [`LANES`] (vectorised), and whether
-/// the chunk holds a NaN.
-#[inline(always)]
-fn chunk_max(chunk: &[f32]) -> (f32, bool) {
-    let mut max = f32::NEG_INFINITY;
-    let mut nan = false;
-    for &x in chunk {
-        max = if x > max { x } else { max };
-        nan |= x.is_nan();
-    }
-    (max, nan)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{argmax, argmax_generic};
-
-    /// llama.cpp's greedy rule, sequentially.
-    fn sequential(values: &[f32]) -> usize {
-        let mut selected = 0;
-        for i in 1..values.len() {
-            if values[i] > values[selected] {
-                selected = i;
-            }
-        }
-        selected
-    }
-
-    #[test]
-    fn argmax_equals_the_sequential_rule() {
-        let mut state = 0x1234_5678_9abc_def0u64;
-        let mut next = || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
-        for len in [0usize, 1, 2, 15, 16, 17, 31, 33, 100, 1000] {
-            for _ in 0..200 {
-                // Few distinct values, so ties are common; some -inf and NaN.
-                let v: Vec<f32> = (0..len)
-                    .map(|_| match next() % 20 {
-                        0 => f32::NAN,
-                        1 => f32::NEG_INFINITY,
-                        r => (r % 5) as f32,
-                    })
-                    .collect();
-                if v.first().is_some_and(|x| x.is_nan()) {
-                    assert_eq!(argmax(&v), 0);
-                    continue;
-                }
-                assert_eq!(argmax(&v), sequential(&v), "{v:?}");
-                assert_eq!(argmax_generic(&v), sequential(&v), "{v:?}");
-            }
-        }
-        assert_eq!(argmax(&[f32::NEG_INFINITY, f32::NAN, f32::NEG_INFINITY]), 0);
-    }
-
-    #[test]
-    fn argmax_takes_the_first_of_equal_maxima() {
-        assert_eq!(argmax(&[1.0, 3.0, 2.0, 3.0]), 1);
-        let mut v = vec![0.0f32; 1000];
-        v[517] = 5.0;
-        v[900] = 5.0;
-        assert_eq!(argmax(&v), 517);
-        assert_eq!(argmax(&[f32::NEG_INFINITY; 3]), 0);
-        assert_eq!(argmax(&[]), 0);
-    }
-
-    #[test]
-    fn argmax_treats_nan_like_llama_cpp() {
-        assert_eq!(argmax(&[f32::NAN, 1.0, 2.0]), 0);
-        assert_eq!(argmax(&[0.5, f32::NAN, 2.0, f32::NAN]), 2);
-        let mut v = vec![1.0f32; 20];
-        v[3] = f32::NAN;
-        v[17] = 4.0;
-        assert_eq!(argmax(&v), 17);
-        assert_eq!(argmax(&[f32::NAN; 9]), 0);
     }
 }

@@ -1,0 +1,245 @@
+//! Running llama.cpp calls whose stack use grows with their input.
+//!
+//! A few code paths in llama.cpp recurse once per input element, so a long
+//! enough input overflows any fixed stack, and a stack overflow kills the
+//! process (it cannot be caught):
+//! - `std::regex` (libstdc++'s backtracking matcher recurses once per
+//!   matched character), used by the pre-tokenizers that llama.cpp does
+//!   not split by hand (deepseek-llm and others) and by lazy-grammar
+//!   trigger patterns, which run over all text generated so far;
+//! - the GBNF parser, once per nesting level of parentheses.
+//!
+//! Such calls go through [`with_stack`], which runs them on a helper thread
+//! with a stack sized from the input when the input is larger than what
+//! any caller's thread can be assumed to have (a spawned Rust thread has
+//! 2 MiB by default). The stack is reserved address space: pages are only
+//! committed as the recursion touches them.
+
+use std::sync::mpsc;
+
+use crate::error::{Error, Result};
+
+/// Inputs needing at most this much stack run on the caller's thread.
+/// Rust's spawned threads (and tokio's workers) get 2 MiB, the main thread
+/// 8 MiB: this leaves the caller at least 1.5 MiB for its own frames.
+const INLINE_STACK: usize = 512 << 10;
+
+/// Headroom added on top of the estimate for the code around the
+/// recursion.
+const HEADROOM: usize = 4 << 20;
+
+/// The largest stack requested for one call (a reservation of address
+/// space, not memory). Inputs that would need more are refused.
+pub(crate) const MAX_STACK: usize = 16 << 30;
+
+/// Runs `f`, on a helper thread with a stack of at least `needed` bytes
+/// when that is more than [`INLINE_STACK`]. A panic in `f` is resumed in
+/// the caller.
+///
+/// # Errors
+/// [`Error::InputTooLarge`] if `needed` exceeds [`MAX_STACK`] or the
+/// thread cannot be created (no address space for its stack).
+pub(crate) fn with_stack<R: Send>(what: &'static str, needed: usize, f: impl FnOnce() -> R + Send) -> Result<R> {
+    if needed <= INLINE_STACK {
+        return Ok(f());
+    }
+    let too_large = || Error::InputTooLarge { what, limit: MAX_STACK };
+    if needed > MAX_STACK {
+        return Err(too_large());
+    }
+    let size = stack_size(needed);
+    std::thread::scope(|scope| {
+        let handle = std::thread::Builder::new()
+            .name("llama-deep-stack".into())
+            .stack_size(size)
+            .spawn_scoped(scope, f)
+            .map_err(|_| too_large())?;
+        match handle.join() {
+            Ok(r) => Ok(r),
+            Err(payload) => std::panic::resume_unwind(payload),
+        }
+    })
+}
+
+/// A helper thread with a large stack, kept for repeated calls (a
+/// sampler's grammar runs on every token): spawning a thread per call
+/// costs a new mapping and fresh page faults for the stack each time
+/// (measured: about 1 ms per call at 5 MiB), a kept thread only a channel
+/// round trip.
+#[derive(Default)]
+pub(crate) struct DeepStack {
+    worker: Option<Worker>,
+}
+
+struct Worker {
+    stack: usize,
+    jobs: mpsc::Sender<Job>,
+    done: mpsc::Receiver<()>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+type Job = Box<dyn FnOnce() + Send + 'static>;
+
+impl std::fmt::Debug for DeepStack {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeepStack").field("stack", &self.worker.as_ref().map(|w| w.stack)).finish()
+    }
+}
+
+impl DeepStack {
+    /// As [`with_stack`], on this helper's thread (created, or replaced by
+    /// a larger one, as `needed` requires).
+    ///
+    /// # Errors
+    /// As [`with_stack`].
+    pub(crate) fn run<R: Send>(
+        &mut self,
+        what: &'static str,
+        needed: usize,
+        f: impl FnOnce() -> R + Send,
+    ) -> Result<R> {
+        if needed <= INLINE_STACK {
+            return Ok(f());
+        }
+        let too_large = || Error::InputTooLarge { what, limit: MAX_STACK };
+        if needed > MAX_STACK {
+            return Err(too_large());
+        }
+        let size = stack_size(needed);
+        if self.worker.as_ref().is_none_or(|w| w.stack < size) {
+            self.worker = None;
+            self.worker = Some(Worker::spawn(size).map_err(|_| too_large())?);
+        }
+        let worker = self.worker.as_mut().unwrap_or_else(|| unreachable!("spawned above"));
+        let mut result: Option<std::thread::Result<R>> = None;
+        let slot = &mut result;
+        let job: Box<dyn FnOnce() + Send + '_> = Box::new(move || {
+            *slot = Some(std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)));
+        });
+        // SAFETY: only the lifetime is erased. The job borrows `result` and
+        // whatever `f` borrows; this function does not return before the
+        // worker has run the job to its end (it signals `done` after) or
+        // dropped it unrun (the worker is gone: both channels are then
+        // closed), and nothing between the send and that point can unwind.
+        let job: Job = unsafe { std::mem::transmute::<Box<dyn FnOnce() + Send + '_>, Job>(job) };
+        let ran = worker.jobs.send(job).is_ok() && worker.done.recv().is_ok();
+        if !ran {
+            self.worker = None;
+            return Err(too_large());
+        }
+        match result {
+            Some(Ok(r)) => Ok(r),
+            Some(Err(payload)) => std::panic::resume_unwind(payload),
+            None => unreachable!("the worker signals done only after running the job"),
+        }
+    }
+}
+
+impl Worker {
+    fn spawn(stack: usize) -> std::io::Result<Worker> {
+        let (jobs, job_rx) = mpsc::channel::<Job>();
+        let (done_tx, done) = mpsc::channel();
+        let thread =
+            std::thread::Builder::new().name("llama-deep-stack".into()).stack_size(stack).spawn(move || {
+                for job in job_rx {
+                    job();
+                    if done_tx.send(()).is_err() {
+                        return;
+                    }
+                }
+            })?;
+        Ok(Worker { stack, jobs, done, thread: Some(thread) })
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        // Closing the job channel ends the thread's loop.
+        let (closed, _) = mpsc::channel();
+        drop(std::mem::replace(&mut self.jobs, closed));
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// The stack size for `needed`: headroom added, rounded to a power of two
+/// so that a helper grows in few steps.
+fn stack_size(needed: usize) -> usize {
+    needed.saturating_add(HEADROOM).checked_next_power_of_two().unwrap_or(usize::MAX)
+}
+
+/// A pointer handed to a helper thread of [`with_stack`] that only runs
+/// while the owner waits for it (a scoped thread): the pointee is used by
+/// one thread at a time, as on the owner's thread.
+#[derive(Clone, Copy)]
+pub(crate) struct SendPtr<T>(pub(crate) *mut T);
+
+// SAFETY: see the type's doc: only used across a scoped thread that the
+// owning thread joins before touching the pointee again; the pointees
+// (samplers, vocabularies) have no thread affinity.
+unsafe impl<T> Send for SendPtr<T> {}
+
+impl<T> SendPtr<T> {
+    /// Reads the pointer (a method, so closures capture the whole
+    /// wrapper, not the raw field).
+    pub(crate) fn get(self) -> *mut T {
+        self.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Recursion that needs about `depth` KiB of stack.
+    fn recurse(depth: usize) -> usize {
+        let frame = std::hint::black_box([0u8; 1024]);
+        if depth == 0 { frame[0] as usize } else { recurse(depth - 1) + std::hint::black_box(frame[1]) as usize }
+    }
+
+    #[test]
+    fn small_inputs_run_inline_and_large_ones_get_a_big_stack() {
+        let me = std::thread::current().id();
+        assert_eq!(with_stack("test", 1024, || std::thread::current().id()).unwrap(), me);
+        assert_ne!(with_stack("test", 64 << 20, || std::thread::current().id()).unwrap(), me);
+        // At least 8 MiB of frames: fatal on a 2 MiB test thread, fine here.
+        assert_eq!(with_stack("test", 40 << 20, || recurse(8 * 1024)).unwrap(), 0);
+    }
+
+    #[test]
+    fn a_kept_helper_runs_borrowing_jobs_and_grows() {
+        let mut deep = DeepStack::default();
+        let me = std::thread::current().id();
+        assert_eq!(deep.run("test", 1024, || std::thread::current().id()).unwrap(), me);
+        let mut data = vec![1, 2, 3];
+        let first = deep.run("test", 8 << 20, || {
+            data.push(4);
+            std::thread::current().id()
+        });
+        let first = first.unwrap();
+        assert_ne!(first, me);
+        assert_eq!(data, [1, 2, 3, 4]);
+        // The same thread serves the next call of the same size...
+        assert_eq!(deep.run("test", 8 << 20, || std::thread::current().id()).unwrap(), first);
+        // ...and a larger one replaces it.
+        assert_eq!(deep.run("test", 40 << 20, || recurse(8 * 1024)).unwrap(), 0);
+        // A panic comes back to the caller and the helper keeps working.
+        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            deep.run("test", 8 << 20, || panic!("in the helper"))
+        }));
+        assert_eq!(caught.unwrap_err().downcast_ref::<&str>(), Some(&"in the helper"));
+        assert_eq!(deep.run("test", 8 << 20, || 7).unwrap(), 7);
+        let err = deep.run("big", MAX_STACK + 1, || ()).unwrap_err();
+        assert!(matches!(err, Error::InputTooLarge { what: "big", .. }), "{err:?}");
+    }
+
+    #[test]
+    fn oversized_requests_are_refused_and_panics_resume() {
+        let err = with_stack("test input", MAX_STACK + 1, || ()).unwrap_err();
+        assert!(matches!(err, Error::InputTooLarge { what: "test input", .. }), "{err:?}");
+        let caught = std::panic::catch_unwind(|| with_stack("test", 8 << 20, || panic!("inner")));
+        let payload = caught.unwrap_err();
+        assert_eq!(payload.downcast_ref::<&str>(), Some(&"inner"));
+    }
+}

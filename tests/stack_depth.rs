@@ -1,0 +1,166 @@
+//! Inputs that make llama.cpp recurse once per character or nesting level
+//! (`std::regex` pre-tokenizers, the GBNF parser, lazy-grammar trigger
+//! patterns), each run on a thread with a small stack: without the
+//! crate's deep-stack helper (`llama/src/stack.rs`) every one of them
+//! overflows that stack.
+//!
+//! A stack overflow kills the whole process, so each case runs in a child
+//! process (this test binary, re-run with `--exact NAME`): the parent
+//! asserts that the child exited normally and printed its success marker,
+//! so a regression fails exactly the case that overflowed and the other
+//! cases still run.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use llama::{Error, Model, ModelParams, SamplerChain, Token};
+
+/// Set in the child's environment: the child runs the case's body.
+const CHILD_ENV: &str = "LLAMA_STACK_DEPTH_CHILD";
+/// Printed by a child whose case passed.
+const PASSED: &str = "stack-depth-case-passed";
+
+/// Small enough that each input below overflows it without the helper
+/// (measured: deepseek-llm's regex pre-tokenizer needs about 330 bytes of
+/// stack per character, the GBNF code about 500 per nesting level).
+const SMALL_STACK: usize = 256 << 10;
+
+/// Runs `body` in a child process on a thread with [`SMALL_STACK`], or, in
+/// the parent, spawns that child and checks its outcome.
+fn isolated(name: &str, body: fn()) {
+    if std::env::var(CHILD_ENV).as_deref() == Ok(name) {
+        let thread = std::thread::Builder::new().stack_size(SMALL_STACK).spawn(body).unwrap();
+        thread.join().unwrap();
+        println!("{PASSED}");
+        return;
+    }
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args([name, "--exact", "--nocapture", "--test-threads=1"])
+        .env(CHILD_ENV, name)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stdout.contains(PASSED),
+        "the child running {name} failed ({}):\n{stdout}\n{stderr}",
+        out.status
+    );
+}
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(llama_sys::SOURCE_DIR).join("models").join(format!("ggml-vocab-{name}.gguf"))
+}
+
+fn vocab_only(name: &str) -> Model {
+    let params = ModelParams { vocab_only: true, ..ModelParams::default() };
+    Model::load(fixture(name), &params).unwrap()
+}
+
+#[test]
+fn a_long_run_of_one_letter_tokenizes_with_a_regex_pre_tokenizer() {
+    isolated("a_long_run_of_one_letter_tokenizes_with_a_regex_pre_tokenizer", || {
+        let model = vocab_only("deepseek-llm");
+        assert!(model.vocab().splits_with_regex(), "deepseek-llm's pre-tokenizer falls back to std::regex");
+        // 30,000 characters: about 10 MB of recursion in std::regex.
+        let text = "Z".repeat(30_000);
+        let tokens = model.vocab().tokenize(&text, false).unwrap();
+        assert!(!tokens.is_empty() && tokens.len() < text.len());
+        assert_eq!(model.vocab().detokenize(&tokens, false, false).unwrap(), text);
+        // The same text in short pieces (each tokenized on this small
+        // stack) gives the same tokens: the helper changes nothing but the
+        // stack.
+        let short = "Z".repeat(300);
+        let piece = model.vocab().tokenize(&short, false).unwrap();
+        assert_eq!(model.vocab().detokenize(&piece, false, false).unwrap(), short);
+    });
+}
+
+#[test]
+fn hand_split_pre_tokenizers_need_no_deep_stack() {
+    isolated("hand_split_pre_tokenizers_need_no_deep_stack", || {
+        // The fixtures of the crate's list of hand-split pre-tokenizers:
+        // they tokenize 20,000 characters of each class on this 256 KiB
+        // stack, inline (std::regex would need about 6.5 MB).
+        for name in ["gpt-2", "llama-bpe", "qwen2", "mpt", "starcoder", "refact", "command-r"] {
+            let model = vocab_only(name);
+            assert!(!model.vocab().splits_with_regex(), "{name} is split by hand");
+            for ch in ["Z", "1", " ", "é", "中", "!", "\n"] {
+                let text = ch.repeat(20_000);
+                let tokens = model.vocab().tokenize(&text, false).unwrap();
+                assert!(!tokens.is_empty(), "{name} {ch:?}");
+            }
+        }
+        // Regex fallbacks are recognised as such.
+        for name in ["deepseek-llm", "deepseek-coder", "falcon"] {
+            assert!(vocab_only(name).vocab().splits_with_regex(), "{name}");
+        }
+    });
+}
+
+#[test]
+fn a_grammar_nested_100_000_deep_parses_and_constrains() {
+    isolated("a_grammar_nested_100_000_deep_parses_and_constrains", || {
+        let model = vocab_only("gpt-2");
+        let vocab = model.vocab();
+        let n = 100_000;
+        let gbnf = format!("root ::= {}\"a\"{}", "(".repeat(n), ")".repeat(n));
+        let mut sampler = SamplerChain::new().grammar(vocab, &gbnf, "root").unwrap().greedy().build().unwrap();
+        let a = vocab.tokenize("a", false).unwrap();
+        let b = vocab.tokenize("b", false).unwrap();
+        assert_eq!(a.len(), 1);
+        assert!(matches!(sampler.accept(b[0]), Err(Error::Grammar(_))), "the grammar allows only \"a\"");
+        sampler.accept(a[0]).unwrap();
+        sampler.reset();
+        sampler.accept(a[0]).unwrap();
+    });
+}
+
+#[test]
+fn a_chain_of_100_000_rules_parses_and_constrains() {
+    isolated("a_chain_of_100_000_rules_parses_and_constrains", || {
+        let model = vocab_only("gpt-2");
+        let vocab = model.vocab();
+        let n = 100_000;
+        let mut gbnf = String::from("root ::= r0\n");
+        for i in 0..n {
+            gbnf.push_str(&format!("r{i} ::= r{}\n", i + 1));
+        }
+        gbnf.push_str(&format!("r{n} ::= \"a\"\n"));
+        let mut sampler = SamplerChain::new().grammar(vocab, &gbnf, "root").unwrap().greedy().build().unwrap();
+        let a = vocab.tokenize("a", false).unwrap();
+        let b = vocab.tokenize("b", false).unwrap();
+        assert!(matches!(sampler.accept(b[0]), Err(Error::Grammar(_))));
+        sampler.accept(a[0]).unwrap();
+    });
+}
+
+#[test]
+fn a_lazy_grammar_waits_through_long_text_and_then_triggers() {
+    isolated("a_lazy_grammar_waits_through_long_text_and_then_triggers", || {
+        let model = vocab_only("gpt-2");
+        let vocab = model.vocab();
+        // The pattern shape llama.cpp's chat formats use: matched against
+        // all text since the start, recursing once per byte.
+        let pattern = r"^[\s\S]*?(<tool>)[\s\S]*$";
+        let mut sampler = SamplerChain::new()
+            .grammar_lazy(vocab, r#"root ::= "<tool>" [a-z]+"#, "root", &[pattern], &[])
+            .unwrap()
+            .greedy()
+            .build()
+            .unwrap();
+        let filler: Vec<Token> = vocab.tokenize(" the", false).unwrap();
+        assert_eq!(filler.len(), 1);
+        // 4,000 tokens of 4 bytes: 16 KB of text, megabytes of recursion
+        // per accept at the end.
+        for _ in 0..4_000 {
+            sampler.accept(filler[0]).unwrap();
+        }
+        for token in vocab.tokenize("<tool>", false).unwrap() {
+            sampler.accept(token).unwrap();
+        }
+        // Triggered: now the grammar constrains, and a space is not [a-z].
+        let space = vocab.tokenize(" ", false).unwrap();
+        assert!(matches!(sampler.accept(space[0]), Err(Error::Grammar(_))));
+    });
+}
