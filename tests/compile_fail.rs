@@ -2,15 +2,21 @@
 //! compiler: each program in `tests/compile_fail/` must fail to compile
 //! with the error its `.stderr` file records (a borrow, lifetime or trait
 //! error, never a typo), and the positive side (`Model: Send + Sync`,
-//! `Context: Send`, `Sampler: Send`) is checked below, both as trait bounds
-//! and by moving the values to other threads.
+//! `Context: Send`, `Sampler: Send`, and the smaller types a server moves
+//! between threads: `AbortHandle`, `Batch`, `Detokenizer`, `Session`,
+//! `Generation`, `Error`) is checked below, both as trait bounds and by
+//! moving the values to other threads.
 //!
 //! Regenerate the `.stderr` files after a compiler upgrade with
 //! `TRYBUILD=overwrite cargo test --test compile_fail`, and review them.
 
 use std::sync::{Arc, Mutex};
 
-use llama::{Batch, Context, ContextParams, LoraAdapter, Model, ModelParams, Sampler, SamplerChain, Vocab};
+use llama::generate::{GenerateOptions, Generation, Session};
+use llama::{
+    AbortHandle, Batch, Context, ContextParams, Detokenizer, Error, LoraAdapter, Model, ModelParams, Sampler,
+    SamplerChain, Vocab,
+};
 use llama_suite::synthetic::{TinyModelSpec, tiny_llama_path};
 
 /// Serialises the tests of this file: `compile_fail` writes the process
@@ -49,6 +55,21 @@ fn send_and_sync_promises() {
     assert_send::<SamplerChain<'static>>();
     assert_send::<LoraAdapter<'static>>();
     assert_sync::<LoraAdapter<'static>>();
+    // The abort handle exists to be used from another thread.
+    assert_send::<AbortHandle>();
+    assert_sync::<AbortHandle>();
+    assert_send::<Batch>();
+    assert_sync::<Batch>();
+    // A detokenizer only reads the (Sync) vocabulary.
+    assert_send::<Detokenizer<'static>>();
+    assert_sync::<Detokenizer<'static>>();
+    // A session, and a generation in progress, can move to a worker thread
+    // with the context and sampler they use.
+    assert_send::<Session>();
+    assert_send::<Generation<'static, 'static, 'static>>();
+    // Errors travel across threads (`JoinHandle`, channels, `anyhow`).
+    assert_send::<Error>();
+    assert_sync::<Error>();
 
     // In use: one model shared by threads that each create and decode a
     // context; a context and a grammar sampler created on this thread and
@@ -88,4 +109,19 @@ fn send_and_sync_promises() {
     });
     let piece = model.vocab().token_to_piece(token, false).expect("piece");
     assert!(!piece.is_empty() && piece.iter().all(u8::is_ascii_lowercase), "grammar allows [a-z]+, got {piece:?}");
+
+    // A generation started on this thread and driven to its end on another.
+    let prompt = model.vocab().tokenize("Hello world", true).expect("tokenize");
+    let mut ctx = model.new_context(&params).expect("context");
+    let mut greedy = Sampler::greedy();
+    let mut session = Session::new();
+    let options = GenerateOptions::default().max_tokens(4);
+    let mut generation = session.generate(&mut ctx, &mut greedy, &prompt, &options).expect("generate");
+    let stats = std::thread::scope(|s| {
+        s.spawn(move || generation.stream(|_| std::ops::ControlFlow::Continue(())).expect("stream"))
+            .join()
+            .expect("scoped thread")
+    });
+    assert!((1..=4).contains(&stats.generated_tokens), "tokens generated on the other thread: {stats:?}");
+    assert!(session.tokens().starts_with(&prompt), "the session records the cache the other thread filled");
 }
