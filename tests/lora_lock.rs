@@ -46,10 +46,20 @@ impl log::Log for PausingLogger {
             return;
         }
         let message = record.args().to_string();
-        let mut guard = PAUSE_AT.lock().unwrap();
-        if let Some(pause) = guard.as_mut().filter(|p| p.overlapped.is_none() && message.contains(p.needle)) {
+        // Take the pause out, so that the logging of other threads (the
+        // loader's) does not wait on this lock during it.
+        let taken = {
+            let mut guard = PAUSE_AT.lock().unwrap();
+            if guard.as_ref().is_some_and(|p| p.overlapped.is_none() && message.contains(p.needle)) {
+                guard.take()
+            } else {
+                None
+            }
+        };
+        if let Some(mut pause) = taken {
             pause.paused.send(()).unwrap();
             pause.overlapped = Some(pause.loaded.recv_timeout(PAUSE).is_ok());
+            *PAUSE_AT.lock().unwrap() = Some(pause);
         }
     }
 
