@@ -406,35 +406,6 @@ fn a_session_does_not_trust_a_cache_changed_behind_its_back() {
 }
 
 #[test]
-fn loading_and_freeing_lora_adapters_races_no_context_creation_or_decode() {
-    // llama_adapter_lora_init/free insert into and erase from the model's
-    // adapter set, which context creation and graph reservation iterate:
-    // the model's adapter lock serialises them. A stress test (bounded
-    // count, no timing); ThreadSanitizer would flag the unlocked version.
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("lora.gguf");
-    llama_suite::synthetic::write_tiny_lora(&path, &llama_suite::synthetic::TinyModelSpec::default(), 4).unwrap();
-    let model = tiny_model();
-    let tokens = model.vocab().tokenize("Hello", true).unwrap();
-    std::thread::scope(|scope| {
-        let loader = scope.spawn(|| {
-            for _ in 0..200 {
-                let adapter = model.load_lora(&path).unwrap();
-                drop(adapter);
-            }
-        });
-        let user = scope.spawn(|| {
-            for _ in 0..50 {
-                let mut ctx = model.new_context(&small_params()).unwrap();
-                ctx.decode(&Batch::from_tokens(&tokens, 0)).unwrap();
-            }
-        });
-        loader.join().unwrap();
-        user.join().unwrap();
-    });
-}
-
-#[test]
 fn a_recurrent_sequence_state_with_several_cells_is_refused() {
     let path = llama_suite::synthetic::tiny_mamba_path(&llama_suite::synthetic::TinyModelSpec::default()).unwrap();
     let model = Model::load(&path, &ModelParams::default()).unwrap();
