@@ -61,3 +61,12 @@ fn tokenize_and_detokenize_report_a_failed_allocation() {
     let small = vocab.tokenize("Hello world", false).unwrap();
     assert_eq!(vocab.detokenize(&small, false, false).unwrap(), "Hello world");
 }
+
+#[test]
+fn a_chat_template_buffer_that_cannot_be_allocated_is_an_error() {
+    // Two messages of 600 MB: the output buffer guessed from them is 1.2 GB.
+    let big = "a".repeat(600 << 20);
+    let messages = [llama::ChatMessage::new("user", big.as_str()), llama::ChatMessage::new("assistant", big.as_str())];
+    let err = llama::apply_chat_template("chatml", &messages, true).unwrap_err();
+    assert!(matches!(err, Error::OutOfMemory { bytes } if bytes > LIMIT), "{err:?}");
+}

@@ -3,7 +3,7 @@
 
 use std::ffi::{CStr, CString, c_char};
 
-use crate::error::{Error, Result, check_shim};
+use crate::error::{Error, Result, check_shim, try_reserve};
 use crate::model::Model;
 use crate::sys;
 
@@ -52,7 +52,10 @@ pub fn apply_chat_template(template: &str, messages: &[ChatMessage], add_assista
         .collect::<Result<Vec<_>>>()?;
     let raw: Vec<sys::llama_chat_message> =
         owned.iter().map(|(r, c)| sys::llama_chat_message { role: r.as_ptr(), content: c.as_ptr() }).collect();
-    let mut buf = vec![0u8; messages.iter().map(|m| m.content.len() + m.role.len() + 32).sum::<usize>() + 64];
+    let guess = messages.iter().map(|m| m.content.len() + m.role.len() + 32).fold(64usize, usize::saturating_add);
+    let mut buf = Vec::new();
+    try_reserve(&mut buf, guess)?;
+    buf.resize(guess, 0);
     for _ in 0..2 {
         let mut n = 0;
         // SAFETY: NUL-terminated template and message strings that outlive
@@ -78,6 +81,8 @@ pub fn apply_chat_template(template: &str, messages: &[ChatMessage], add_assista
             buf.truncate(n);
             return String::from_utf8(buf).map_err(|_| Error::ChatTemplate("formatted chat is not UTF-8".into()));
         }
+        let more = n - buf.len();
+        try_reserve(&mut buf, more)?;
         buf.resize(n, 0);
     }
     Err(Error::ChatTemplate("the formatted chat kept growing".into()))

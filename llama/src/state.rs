@@ -9,7 +9,7 @@ use std::path::Path;
 
 use crate::batch::{Batch, SeqId};
 use crate::context::Context;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, try_reserve};
 use crate::model::{path_to_cstring, temp_sibling};
 use crate::sys;
 use crate::vocab::Token;
@@ -149,7 +149,9 @@ impl Context<'_> {
     #[doc(alias = "llama_state_get_data")]
     pub fn save_state(&mut self) -> Result<Vec<u8>> {
         let size = self.state_size();
-        let mut buf = vec![0u8; size];
+        let mut buf = Vec::new();
+        try_reserve(&mut buf, size)?;
+        buf.resize(size, 0);
         // SAFETY: `buf` has `size` writable bytes.
         let written = unsafe { sys::llama_state_get_data(self.as_ptr(), buf.as_mut_ptr(), size) };
         if written == 0 && size != 0 {
@@ -240,7 +242,9 @@ impl Context<'_> {
         self.check_seq(seq)?;
         // SAFETY: a valid sequence id.
         let size = unsafe { sys::llama_state_seq_get_size(self.as_ptr(), seq) };
-        let mut buf = vec![0u8; size];
+        let mut buf = Vec::new();
+        try_reserve(&mut buf, size)?;
+        buf.resize(size, 0);
         // SAFETY: `buf` has `size` writable bytes; a valid sequence id.
         let written = unsafe { sys::llama_state_seq_get_data(self.as_ptr(), buf.as_mut_ptr(), size, seq) };
         if written == 0 && size != 0 {
