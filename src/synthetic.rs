@@ -778,7 +778,6 @@ fn write_gguf(path: &Path, spec: &TinyModelSpec, arch: Arch) -> io::Result<()> {
     w.set_u32(&key("context_length"), spec.n_ctx_train)?;
     w.set_u32(&key("embedding_length"), spec.n_embd)?;
     w.set_u32(&key("block_count"), spec.n_layer)?;
-    w.set_f32(&key("attention.layer_norm_rms_epsilon"), RMS_EPS)?;
     match arch {
         Arch::Llama => {
             w.set_u32(&key("feed_forward_length"), spec.n_ff)?;
@@ -796,6 +795,9 @@ fn write_gguf(path: &Path, spec: &TinyModelSpec, arch: Arch) -> io::Result<()> {
             w.set_u32(&key("ssm.time_step_rank"), MAMBA_DT_RANK)?;
         }
     }
+    // After the architecture's keys: the llama file keeps the byte layout
+    // of earlier versions, so cached files stay valid.
+    w.set_f32(&key("attention.layer_norm_rms_epsilon"), RMS_EPS)?;
 
     let vocab = tiny_vocab();
     w.set_str("tokenizer.ggml.model", "llama")?;
