@@ -441,20 +441,26 @@ fn he_bound(fan_in: u32) -> f32 {
     (3.0 / fan_in as f32).sqrt()
 }
 
+/// The token embedding, output norm and output projection every model has.
+fn embedding_and_output(n_embd: u32) -> Vec<TensorDef> {
+    let n_vocab = TINY_VOCAB_SIZE as u32;
+    let def = |name: &str, ne: &[u32], init| TensorDef { name: name.into(), ne: ne.to_vec(), init };
+    vec![
+        def("token_embd.weight", &[n_embd, n_vocab], Init::Uniform(1.0)),
+        def("output_norm.weight", &[n_embd], Init::Ones),
+        def("output.weight", &[n_embd, n_vocab], Init::Uniform(OUTPUT_GAIN * he_bound(n_embd))),
+    ]
+}
+
 /// The tensors of a llama model, in the order `convert_hf_to_gguf.py`
 /// writes them. Shapes follow `llama_model_llama::load_arch_tensors`.
 fn tensor_plan(spec: &TinyModelSpec) -> Vec<TensorDef> {
-    let n_vocab = TINY_VOCAB_SIZE as u32;
     let n_embd = spec.n_embd;
     let head = spec.n_embd / spec.n_head.max(1);
     let n_embd_kv = head * spec.n_head_kv;
     let def = |name: String, ne: &[u32], init| TensorDef { name, ne: ne.to_vec(), init };
 
-    let mut plan = vec![
-        def("token_embd.weight".into(), &[n_embd, n_vocab], Init::Uniform(1.0)),
-        def("output_norm.weight".into(), &[n_embd], Init::Ones),
-        def("output.weight".into(), &[n_embd, n_vocab], Init::Uniform(OUTPUT_GAIN * he_bound(n_embd))),
-    ];
+    let mut plan = embedding_and_output(n_embd);
     for i in 0..spec.n_layer {
         let blk = |t: &str| format!("blk.{i}.{t}.weight");
         let wide = Init::Uniform(he_bound(n_embd));
@@ -481,15 +487,10 @@ const MAMBA_DT_RANK: u32 = 4;
 /// The tensors of a Mamba model; shapes follow
 /// `llama_model_mamba::load_arch_tensors`.
 fn mamba_tensor_plan(spec: &TinyModelSpec) -> Vec<TensorDef> {
-    let n_vocab = TINY_VOCAB_SIZE as u32;
     let n_embd = spec.n_embd;
     let d_inner = 2 * n_embd;
     let def = |name: String, ne: &[u32], init| TensorDef { name, ne: ne.to_vec(), init };
-    let mut plan = vec![
-        def("token_embd.weight".into(), &[n_embd, n_vocab], Init::Uniform(1.0)),
-        def("output_norm.weight".into(), &[n_embd], Init::Ones),
-        def("output.weight".into(), &[n_embd, n_vocab], Init::Uniform(OUTPUT_GAIN * he_bound(n_embd))),
-    ];
+    let mut plan = embedding_and_output(n_embd);
     for i in 0..spec.n_layer {
         let blk = |t: &str| format!("blk.{i}.{t}");
         plan.extend([

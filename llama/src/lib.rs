@@ -22,7 +22,17 @@
 //! returned as [`Error`], and every entry point that can throw a C++
 //! exception goes through a C++ shim that catches it. Lifetimes tie each
 //! object that keeps a model pointer (contexts, grammar samplers, LoRA
-//! adapters) to its [`Model`].
+//! adapters) to its [`Model`]. Calls whose recursion in llama.cpp grows
+//! with the input (regex pre-tokenizers, deeply nested grammars, lazy
+//! grammar triggers) run on a helper thread with a stack sized for the
+//! input; input-sized allocations in Rust fail with
+//! [`Error::OutOfMemory`] instead of aborting.
+//!
+//! Outside the promise: resource exhaustion inside llama.cpp (a failed C++
+//! allocation outside the shim, the out-of-memory killer), inputs needing
+//! more than 16 GiB of stack ([`Error::InputTooLarge`]), and the raw
+//! pointers of `as_ptr` and [`sys`]. The repository's README lists each
+//! guarantee with the test that checks it.
 #![warn(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 

@@ -40,20 +40,15 @@ pub(crate) const MAX_STACK: usize = 16 << 30;
 /// [`Error::InputTooLarge`] if `needed` exceeds [`MAX_STACK`] or the
 /// thread cannot be created (no address space for its stack).
 pub(crate) fn with_stack<R: Send>(what: &'static str, needed: usize, f: impl FnOnce() -> R + Send) -> Result<R> {
-    if needed <= INLINE_STACK {
+    let Some(size) = helper_stack(what, needed)? else {
         return Ok(f());
-    }
-    let too_large = || Error::InputTooLarge { what, limit: MAX_STACK };
-    if needed > MAX_STACK {
-        return Err(too_large());
-    }
-    let size = stack_size(needed);
+    };
     std::thread::scope(|scope| {
         let handle = std::thread::Builder::new()
             .name("llama-deep-stack".into())
             .stack_size(size)
             .spawn_scoped(scope, f)
-            .map_err(|_| too_large())?;
+            .map_err(|_| too_large(what))?;
         match handle.join() {
             Ok(r) => Ok(r),
             Err(payload) => std::panic::resume_unwind(payload),
@@ -98,17 +93,12 @@ impl DeepStack {
         needed: usize,
         f: impl FnOnce() -> R + Send,
     ) -> Result<R> {
-        if needed <= INLINE_STACK {
+        let Some(size) = helper_stack(what, needed)? else {
             return Ok(f());
-        }
-        let too_large = || Error::InputTooLarge { what, limit: MAX_STACK };
-        if needed > MAX_STACK {
-            return Err(too_large());
-        }
-        let size = stack_size(needed);
+        };
         if self.worker.as_ref().is_none_or(|w| w.stack < size) {
             self.worker = None;
-            self.worker = Some(Worker::spawn(size).map_err(|_| too_large())?);
+            self.worker = Some(Worker::spawn(size).map_err(|_| too_large(what))?);
         }
         let worker = self.worker.as_mut().unwrap_or_else(|| unreachable!("spawned above"));
         let mut result: Option<std::thread::Result<R>> = None;
@@ -125,7 +115,7 @@ impl DeepStack {
         let ran = worker.jobs.send(job).is_ok() && worker.done.recv().is_ok();
         if !ran {
             self.worker = None;
-            return Err(too_large());
+            return Err(too_large(what));
         }
         match result {
             Some(Ok(r)) => Ok(r),
@@ -163,10 +153,21 @@ impl Drop for Worker {
     }
 }
 
-/// The stack size for `needed`: headroom added, rounded to a power of two
-/// so that a helper grows in few steps.
-fn stack_size(needed: usize) -> usize {
-    needed.saturating_add(HEADROOM).checked_next_power_of_two().unwrap_or(usize::MAX)
+/// The stack of the helper thread for a call that needs `needed` bytes:
+/// `None` to run it inline; otherwise headroom added and rounded to a power
+/// of two, so that a kept helper grows in few steps.
+fn helper_stack(what: &'static str, needed: usize) -> Result<Option<usize>> {
+    if needed <= INLINE_STACK {
+        return Ok(None);
+    }
+    if needed > MAX_STACK {
+        return Err(too_large(what));
+    }
+    Ok(Some(needed.saturating_add(HEADROOM).checked_next_power_of_two().unwrap_or(usize::MAX)))
+}
+
+fn too_large(what: &'static str) -> Error {
+    Error::InputTooLarge { what, limit: MAX_STACK }
 }
 
 /// A pointer handed to a helper thread of [`with_stack`] that only runs

@@ -507,38 +507,28 @@ impl<'m> SamplerChain<'m> {
     /// Constrains output to a GBNF grammar starting at rule `root`. Keeps a
     /// pointer to the vocab.
     ///
-    /// # Errors
-    /// [`Error::Grammar`] if the grammar does not parse.
-    #[doc(alias = "llama_sampler_init_grammar")]
-    ///
     /// llama.cpp's grammar code recurses once per nesting level and along
     /// chains of rules, so a deeply nested grammar runs (here and on every
     /// token it constrains) on a helper thread with a stack sized for it
     /// instead of overflowing the caller's.
+    ///
+    /// # Errors
+    /// [`Error::Grammar`] if the grammar does not parse.
+    #[doc(alias = "llama_sampler_init_grammar")]
     pub fn grammar(mut self, vocab: &'m Vocab, gbnf: &str, root: &str) -> Result<Self> {
         vocab.check_has_tokenizer()?;
         self.bind_vocab(vocab)?;
         let (g, r) = (CString::new(gbnf)?, CString::new(root)?);
         let stack = deep::grammar_stack(gbnf);
         let vocab_ptr = SendPtr(vocab.as_ptr().cast_mut());
-        // Errors are read inside: llama.cpp's log and the shim's exception
-        // message are kept per thread.
-        let raw = with_stack("the grammar", stack, move || {
-            crate::backend::clear_last_error();
-            let mut raw = std::ptr::null_mut();
+        let raw = init_grammar(stack, "llama_sampler_init_grammar", move |raw| {
             // SAFETY: NUL-terminated strings; the vocab outlives the chain
             // (and this call, which the scoped thread does not outlive);
             // the shim catches exceptions.
-            let code = unsafe {
-                sys::shim::llama_rs_sampler_init_grammar(vocab_ptr.get().cast_const(), g.as_ptr(), r.as_ptr(), &mut raw)
-            };
-            check_shim(code, "llama_sampler_init_grammar").map_err(|e| Error::Grammar(e.to_string()))?;
-            if raw.is_null() {
-                return Err(Error::Grammar(crate::backend::last_error_or("the grammar does not parse")));
+            unsafe {
+                sys::shim::llama_rs_sampler_init_grammar(vocab_ptr.get().cast_const(), g.as_ptr(), r.as_ptr(), raw)
             }
-            Ok(SendPtr(raw))
-        })??
-        .get();
+        })?;
         self.grammar_stack = self.grammar_stack.max(stack);
         Ok(self.push(raw, Kind::Grammar))
     }
@@ -547,17 +537,17 @@ impl<'m> SamplerChain<'m> {
     /// regex over the generated text (`trigger_patterns`, matched from the
     /// start) or one of `trigger_tokens`.
     ///
-    /// # Errors
-    /// [`Error::Grammar`] if the grammar or a pattern does not parse;
-    /// [`Error::InvalidToken`] for a trigger token outside the vocabulary.
-    #[doc(alias = "llama_sampler_init_grammar_lazy_patterns")]
-    ///
     /// While the grammar waits for its trigger, llama.cpp matches each
     /// pattern against all text generated so far, on every token: the cost
     /// grows with that text (quadratic over a generation), and so does the
     /// matcher's recursion, which runs on a helper thread with a stack
     /// sized for the text once it grows past a few hundred bytes. Prefer
     /// trigger tokens, or patterns anchored to short text.
+    ///
+    /// # Errors
+    /// [`Error::Grammar`] if the grammar or a pattern does not parse;
+    /// [`Error::InvalidToken`] for a trigger token outside the vocabulary.
+    #[doc(alias = "llama_sampler_init_grammar_lazy_patterns")]
     pub fn grammar_lazy(
         mut self,
         vocab: &'m Vocab,
@@ -575,14 +565,12 @@ impl<'m> SamplerChain<'m> {
         let patterns = trigger_patterns.iter().map(|s| CString::new(*s)).collect::<Result<Vec<_>, _>>()?;
         let stack = deep::grammar_stack(gbnf).max(deep::patterns_stack(trigger_patterns));
         let vocab_ptr = SendPtr(vocab.as_ptr().cast_mut());
-        let raw = with_stack("the grammar", stack, move || {
-            crate::backend::clear_last_error();
+        let raw = init_grammar(stack, "llama_sampler_init_grammar_lazy_patterns", move |raw| {
             let mut ptrs: Vec<*const c_char> = patterns.iter().map(|s| s.as_ptr()).collect();
-            let mut raw = std::ptr::null_mut();
             // SAFETY: NUL-terminated strings and arrays of the given
             // lengths, all copied; the vocab outlives the chain; the shim
             // catches exceptions (an invalid regex throws).
-            let code = unsafe {
+            unsafe {
                 sys::shim::llama_rs_sampler_init_grammar_lazy_patterns(
                     vocab_ptr.get().cast_const(),
                     g.as_ptr(),
@@ -591,16 +579,10 @@ impl<'m> SamplerChain<'m> {
                     ptrs.len(),
                     trigger_tokens.as_ptr().cast(),
                     trigger_tokens.len(),
-                    &mut raw,
+                    raw,
                 )
-            };
-            check_shim(code, "llama_sampler_init_grammar_lazy_patterns").map_err(|e| Error::Grammar(e.to_string()))?;
-            if raw.is_null() {
-                return Err(Error::Grammar(crate::backend::last_error_or("the grammar does not parse")));
             }
-            Ok(SendPtr(raw))
-        })??
-        .get();
+        })?;
         self.grammar_stack = self.grammar_stack.max(stack);
         self.lazy_patterns |= !trigger_patterns.is_empty();
         Ok(self.push(raw, Kind::Grammar))
@@ -688,6 +670,28 @@ pub struct Sampler<'m> {
     /// stack than a caller's thread can be assumed to have.
     deep: DeepStack,
     _vocab: PhantomData<&'m Vocab>,
+}
+
+/// Creates a grammar sampler through `init` (a shim call that writes the
+/// sampler to its argument and returns the shim's code) on a stack of
+/// `stack` bytes. Its errors are read on the thread that ran it: llama.cpp's
+/// log and the shim's exception message are kept per thread.
+fn init_grammar(
+    stack: usize,
+    function: &'static str,
+    init: impl FnOnce(&mut *mut sys::llama_sampler) -> std::os::raw::c_int + Send,
+) -> Result<*mut sys::llama_sampler> {
+    let raw = with_stack("the grammar", stack, move || {
+        crate::backend::clear_last_error();
+        let mut raw = std::ptr::null_mut();
+        let code = init(&mut raw);
+        check_shim(code, function).map_err(|e| Error::Grammar(e.to_string()))?;
+        if raw.is_null() {
+            return Err(Error::Grammar(crate::backend::last_error_or("the grammar does not parse")));
+        }
+        Ok(SendPtr(raw))
+    })??;
+    Ok(raw.get())
 }
 
 /// Runs `f` with `needed` bytes of stack on `helper` (see `crate::stack`).
