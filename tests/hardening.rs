@@ -1,10 +1,11 @@
 //! Abort and crash paths found by review, each driven from safe code and
-//! answered with an `Err` (see also `never_abort.rs`).
+//! answered with an `Err` (see also `never_abort.rs`). Each case runs in a
+//! child process (`safe_api::isolated`), so one that aborts fails alone.
 
 mod safe_api;
 
 use llama::{Batch, Candidates, CustomSampler, Error, MetadataValue, Model, ModelParams, SamplerChain, Token};
-use safe_api::{real_model, small_params, tiny_model, tiny_path};
+use safe_api::{isolated, real_model, small_params, tiny_model, tiny_path};
 
 /// Removes every candidate.
 struct BanAll;
@@ -17,48 +18,57 @@ impl CustomSampler for BanAll {
     }
 }
 
-/// Reverses the candidates and claims they are sorted.
+/// Sorts the candidates by ascending logit and claims they are sorted
+/// (descending); records what `set_sorted` answered.
 struct LyingSort {
-    accepted_claim: Option<bool>,
+    accepted_claim: std::sync::Arc<std::sync::Mutex<Option<bool>>>,
 }
 impl CustomSampler for LyingSort {
     fn apply(&mut self, candidates: &mut Candidates<'_>) {
         candidates.data_mut().sort_by(|a, b| a.logit.total_cmp(&b.logit));
-        self.accepted_claim = Some(candidates.set_sorted(true));
+        *self.accepted_claim.lock().unwrap() = Some(candidates.set_sorted(true));
     }
     fn clone_sampler(&self) -> Box<dyn CustomSampler> {
-        Box::new(LyingSort { accepted_claim: None })
+        Box::new(LyingSort { accepted_claim: self.accepted_claim.clone() })
     }
 }
 
 #[test]
 fn a_sampler_that_removes_every_candidate_is_an_error() {
-    let model = tiny_model();
-    let mut ctx = model.new_context(&small_params()).unwrap();
-    let tokens = model.vocab().tokenize("Hello world", true).unwrap();
-    ctx.decode(&Batch::from_tokens(&tokens, 0)).unwrap();
-    // top_p would run softmax on zero candidates: GGML_ASSERT in llama.cpp.
-    let mut sampler = SamplerChain::new().custom(BanAll).top_p(0.9, 1).dist(1).build().unwrap();
-    assert!(matches!(sampler.sample(&mut ctx, -1), Err(Error::NoCandidates)));
-    let mut sampler = SamplerChain::new().custom(BanAll).greedy().build().unwrap();
-    assert!(matches!(sampler.sample(&mut ctx, -1), Err(Error::NoCandidates)));
-    // The context still works.
-    let mut greedy = llama::Sampler::greedy();
-    assert!(greedy.sample(&mut ctx, -1).is_ok());
+    isolated(|| {
+        let model = tiny_model();
+        let mut ctx = model.new_context(&small_params()).unwrap();
+        let tokens = model.vocab().tokenize("Hello world", true).unwrap();
+        ctx.decode(&Batch::from_tokens(&tokens, 0)).unwrap();
+        // top_p would run softmax on zero candidates: GGML_ASSERT in llama.cpp.
+        let mut sampler = SamplerChain::new().custom(BanAll).top_p(0.9, 1).dist(1).build().unwrap();
+        assert!(matches!(sampler.sample(&mut ctx, -1), Err(Error::NoCandidates)));
+        let mut sampler = SamplerChain::new().custom(BanAll).greedy().build().unwrap();
+        assert!(matches!(sampler.sample(&mut ctx, -1), Err(Error::NoCandidates)));
+        // The context still works.
+        let best = safe_api::argmax(ctx.logits(-1).unwrap()) as i32;
+        let mut greedy = llama::Sampler::greedy();
+        assert_eq!(greedy.sample(&mut ctx, -1).unwrap(), Token(best));
+    });
 }
 
 #[test]
 fn a_false_sorted_claim_is_refused() {
-    let model = tiny_model();
-    let mut ctx = model.new_context(&small_params()).unwrap();
-    let tokens = model.vocab().tokenize("Hello world", true).unwrap();
-    ctx.decode(&Batch::from_tokens(&tokens, 0)).unwrap();
-    let mut sampler = SamplerChain::new().custom(LyingSort { accepted_claim: None }).top_k(5).greedy().build().unwrap();
-    // top_k trusts `sorted` and would keep the five *worst* tokens.
-    let token = sampler.sample(&mut ctx, -1).unwrap();
-    let row = ctx.logits(-1).unwrap();
-    let best = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-    assert_eq!(row[token.0 as usize], best, "the chain kept the worst tokens");
+    isolated(|| {
+        let model = tiny_model();
+        let mut ctx = model.new_context(&small_params()).unwrap();
+        let tokens = model.vocab().tokenize("Hello world", true).unwrap();
+        ctx.decode(&Batch::from_tokens(&tokens, 0)).unwrap();
+        let claim = std::sync::Arc::new(std::sync::Mutex::new(None));
+        let lying = LyingSort { accepted_claim: claim.clone() };
+        let mut sampler = SamplerChain::new().custom(lying).top_k(5).greedy().build().unwrap();
+        // top_k trusts `sorted` and would keep the five *worst* tokens.
+        let token = sampler.sample(&mut ctx, -1).unwrap();
+        let row = ctx.logits(-1).unwrap();
+        let best = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+        assert_eq!(row[token.0 as usize], best, "the chain kept the worst tokens");
+        assert_eq!(*claim.lock().unwrap(), Some(false), "set_sorted accepted a false claim");
+    });
 }
 
 /// Forces the end-of-sequence token to win, whatever came before.
@@ -78,153 +88,178 @@ impl CustomSampler for ForceEos {
 
 #[test]
 fn a_sampler_after_the_grammar_cannot_force_a_forbidden_end() {
-    // The grammar masks EOS (it needs two more characters), the custom
-    // sampler unmasks it, greedy picks it: accepting it would make
-    // llama.cpp abort ("fatal error" in llama_grammar_accept_impl).
-    let model = tiny_model();
-    let mut ctx = model.new_context(&small_params()).unwrap();
-    let tokens = model.vocab().tokenize("Hello world", true).unwrap();
-    ctx.decode(&Batch::from_tokens(&tokens, 0)).unwrap();
-    let mut sampler = SamplerChain::new()
-        .grammar(model.vocab(), r#"root ::= "ab""#, "root")
-        .unwrap()
-        .custom(ForceEos)
-        .greedy()
-        .build()
-        .unwrap();
-    assert!(matches!(sampler.sample(&mut ctx, -1), Err(Error::Grammar(_))));
-    // temp(inf) turns masked logits into NaN, which llama.cpp's greedy may pick.
-    let mut sampler = SamplerChain::new()
-        .grammar(model.vocab(), r#"root ::= "ab""#, "root")
-        .unwrap()
-        .temp(f32::INFINITY)
-        .greedy()
-        .build()
-        .unwrap();
-    let _ = sampler.sample(&mut ctx, -1); // Ok or Err, never an abort
+    isolated(|| {
+        // The grammar masks EOS (it needs two more characters), the custom
+        // sampler unmasks it, greedy picks it: accepting it would make
+        // llama.cpp abort ("fatal error" in llama_grammar_accept_impl).
+        let model = tiny_model();
+        let mut ctx = model.new_context(&small_params()).unwrap();
+        let tokens = model.vocab().tokenize("Hello world", true).unwrap();
+        ctx.decode(&Batch::from_tokens(&tokens, 0)).unwrap();
+        let mut sampler = SamplerChain::new()
+            .grammar(model.vocab(), r#"root ::= "ab""#, "root")
+            .unwrap()
+            .custom(ForceEos)
+            .greedy()
+            .build()
+            .unwrap();
+        assert!(matches!(sampler.sample(&mut ctx, -1), Err(Error::Grammar(_))));
+        // temp(inf) turns masked logits into NaN, which llama.cpp's greedy may pick.
+        let mut sampler = SamplerChain::new()
+            .grammar(model.vocab(), r#"root ::= "ab""#, "root")
+            .unwrap()
+            .temp(f32::INFINITY)
+            .greedy()
+            .build()
+            .unwrap();
+        // Ok with a token the grammar allows (only "a" can start), or Err.
+        match sampler.sample(&mut ctx, -1) {
+            Ok(token) => assert_eq!(model.vocab().token_to_piece(token, false).unwrap(), b"a"),
+            Err(Error::Grammar(_)) => {}
+            Err(other) => panic!("{other:?}"),
+        }
+    });
 }
 
 #[test]
 fn mirostat_parameters_that_give_nan_are_refused() {
-    let model = tiny_model();
-    let vocab = model.vocab();
-    assert!(matches!(SamplerChain::new().mirostat(vocab, 1, 5.0, 0.1, 1), Err(Error::InvalidArgument(_))));
-    assert!(matches!(SamplerChain::new().mirostat(vocab, 1, f32::NAN, 0.1, 100), Err(Error::InvalidArgument(_))));
-    assert!(matches!(SamplerChain::new().mirostat(vocab, 1, 5.0, f32::INFINITY, 100), Err(Error::InvalidArgument(_))));
-    let mut ctx = model.new_context(&small_params()).unwrap();
-    let tokens = vocab.tokenize("Hello world", true).unwrap();
-    ctx.decode(&Batch::from_tokens(&tokens, 0)).unwrap();
-    let mut ok = SamplerChain::new().mirostat(vocab, 1, 5.0, 0.1, 100).unwrap().build().unwrap();
-    assert!(ok.sample(&mut ctx, -1).unwrap().0 < vocab.n_tokens() as i32);
+    isolated(|| {
+        let model = tiny_model();
+        let vocab = model.vocab();
+        assert!(matches!(SamplerChain::new().mirostat(vocab, 1, 5.0, 0.1, 1), Err(Error::InvalidArgument(_))));
+        assert!(matches!(SamplerChain::new().mirostat(vocab, 1, f32::NAN, 0.1, 100), Err(Error::InvalidArgument(_))));
+        assert!(matches!(
+            SamplerChain::new().mirostat(vocab, 1, 5.0, f32::INFINITY, 100),
+            Err(Error::InvalidArgument(_))
+        ));
+        let mut ctx = model.new_context(&small_params()).unwrap();
+        let tokens = vocab.tokenize("Hello world", true).unwrap();
+        ctx.decode(&Batch::from_tokens(&tokens, 0)).unwrap();
+        let mut ok = SamplerChain::new().mirostat(vocab, 1, 5.0, 0.1, 100).unwrap().build().unwrap();
+        assert!(ok.sample(&mut ctx, -1).unwrap().0 < vocab.n_tokens() as i32);
+    });
 }
 
 #[test]
 fn huge_penalty_windows_are_capped_not_allocated() {
-    // llama.cpp would allocate i32::MAX ints and throw bad_alloc through C.
-    let model = tiny_model();
-    let mut ctx = model.new_context(&small_params()).unwrap();
-    let tokens = model.vocab().tokenize("Hello world", true).unwrap();
-    ctx.decode(&Batch::from_tokens(&tokens, 0)).unwrap();
-    let mut sampler = SamplerChain::new()
-        .penalties(i32::MAX, 1.1, 0.0, 0.0)
-        .dry(model.vocab(), 0.8, 1.75, 2, i32::MAX, &["\n"])
-        .unwrap()
-        .greedy()
-        .build()
-        .unwrap();
-    assert!(sampler.sample(&mut ctx, -1).is_ok());
+    isolated(|| {
+        // llama.cpp would allocate i32::MAX ints and throw bad_alloc through C.
+        let model = tiny_model();
+        let mut ctx = model.new_context(&small_params()).unwrap();
+        let tokens = model.vocab().tokenize("Hello world", true).unwrap();
+        ctx.decode(&Batch::from_tokens(&tokens, 0)).unwrap();
+        let mut sampler = SamplerChain::new()
+            .penalties(i32::MAX, 1.1, 0.0, 0.0)
+            .dry(model.vocab(), 0.8, 1.75, 2, i32::MAX, &["\n"])
+            .unwrap()
+            .greedy()
+            .build()
+            .unwrap();
+        // Nothing accepted yet: the penalties change nothing and greedy picks
+        // the row's best token.
+        let best = safe_api::argmax(ctx.logits(-1).unwrap()) as i32;
+        assert_eq!(sampler.sample(&mut ctx, -1).unwrap(), Token(best));
+    });
 }
 
 #[test]
 fn a_model_without_a_tokenizer_cannot_tokenize_or_build_grammars() {
-    let params = ModelParams {
-        vocab_only: true,
-        metadata_overrides: vec![("tokenizer.ggml.model".into(), MetadataValue::Str("none".into()))],
-        ..ModelParams::default()
-    };
-    let model = Model::load(tiny_path(), &params).unwrap();
-    let vocab = model.vocab();
-    assert!(matches!(vocab.tokenize("hi", false), Err(Error::InvalidArgument(_))));
-    assert!(matches!(vocab.tokenize_special("hi", true), Err(Error::InvalidArgument(_))));
-    assert!(matches!(vocab.token_to_piece(Token(3), false), Err(Error::InvalidArgument(_))));
-    assert!(matches!(SamplerChain::new().grammar(vocab, "root ::= <[3]>", "root"), Err(Error::InvalidArgument(_))));
-    assert!(matches!(
-        SamplerChain::new().grammar_lazy(vocab, "root ::= \"a\"", "root", &["x"], &[]),
-        Err(Error::InvalidArgument(_))
-    ));
-    assert!(matches!(SamplerChain::new().infill(vocab), Err(Error::InvalidArgument(_))));
+    isolated(|| {
+        let params = ModelParams {
+            vocab_only: true,
+            metadata_overrides: vec![("tokenizer.ggml.model".into(), MetadataValue::Str("none".into()))],
+            ..ModelParams::default()
+        };
+        let model = Model::load(tiny_path(), &params).unwrap();
+        let vocab = model.vocab();
+        assert!(matches!(vocab.tokenize("hi", false), Err(Error::InvalidArgument(_))));
+        assert!(matches!(vocab.tokenize_special("hi", true), Err(Error::InvalidArgument(_))));
+        assert!(matches!(vocab.token_to_piece(Token(3), false), Err(Error::InvalidArgument(_))));
+        assert!(matches!(SamplerChain::new().grammar(vocab, "root ::= <[3]>", "root"), Err(Error::InvalidArgument(_))));
+        assert!(matches!(
+            SamplerChain::new().grammar_lazy(vocab, "root ::= \"a\"", "root", &["x"], &[]),
+            Err(Error::InvalidArgument(_))
+        ));
+        assert!(matches!(SamplerChain::new().infill(vocab), Err(Error::InvalidArgument(_))));
+    });
 }
 
 #[test]
 fn batches_take_memory_as_they_fill_and_reject_overflowing_positions() {
-    // No up-front allocation: a huge capacity is only a limit.
-    let mut batch = Batch::new(usize::MAX, 1);
-    assert_eq!(batch.capacity(), i32::MAX as usize);
-    batch.push(Token(5), 0, &[0], true).unwrap();
-    assert_eq!(batch.len(), 1);
-    let tokens = [Token(5), Token(6), Token(7)];
-    assert!(matches!(batch.push_sequence(&tokens, i32::MAX - 1, 0, true), Err(Error::InvalidArgument(_))));
-    assert_eq!(batch.len(), 1, "nothing was added");
-    batch.push_sequence(&tokens, i32::MAX - 2, 0, true).unwrap();
-    assert_eq!(batch.positions(), &[0, i32::MAX - 2, i32::MAX - 1, i32::MAX]);
-    // Sequence ids survive the vectors growing.
-    let mut multi = Batch::new(1000, 3);
-    for i in 0..1000 {
-        multi.push(Token(i % 50), i, &[0, 1, 2][..(i as usize % 3) + 1], false).unwrap();
-    }
-    for i in 0..1000usize {
-        assert_eq!(multi.seq_ids(i), &[0, 1, 2][..(i % 3) + 1]);
-    }
-    assert!(matches!(multi.push(Token(1), 0, &[0], false), Err(Error::BatchFull { capacity: 1000 })));
+    isolated(|| {
+        // No up-front allocation: a huge capacity is only a limit.
+        let mut batch = Batch::new(usize::MAX, 1);
+        assert_eq!(batch.capacity(), i32::MAX as usize);
+        batch.push(Token(5), 0, &[0], true).unwrap();
+        assert_eq!(batch.len(), 1);
+        let tokens = [Token(5), Token(6), Token(7)];
+        assert!(matches!(batch.push_sequence(&tokens, i32::MAX - 1, 0, true), Err(Error::InvalidArgument(_))));
+        assert_eq!(batch.len(), 1, "nothing was added");
+        batch.push_sequence(&tokens, i32::MAX - 2, 0, true).unwrap();
+        assert_eq!(batch.positions(), &[0, i32::MAX - 2, i32::MAX - 1, i32::MAX]);
+        // Sequence ids survive the vectors growing.
+        let mut multi = Batch::new(1000, 3);
+        for i in 0..1000 {
+            multi.push(Token(i % 50), i, &[0, 1, 2][..(i as usize % 3) + 1], false).unwrap();
+        }
+        for i in 0..1000usize {
+            assert_eq!(multi.seq_ids(i), &[0, 1, 2][..(i % 3) + 1]);
+        }
+        assert!(matches!(multi.push(Token(1), 0, &[0], false), Err(Error::BatchFull { capacity: 1000 })));
+    });
 }
 
 #[test]
 fn non_finite_rope_scaling_is_refused_at_load() {
-    for (key, value) in [
-        ("llama.rope.scaling.factor", f64::NAN),
-        ("llama.rope.scaling.factor", -2.0),
-        ("llama.rope.scale_linear", f64::INFINITY),
-    ] {
-        let params = ModelParams {
-            metadata_overrides: vec![
-                ("llama.rope.scaling.type".into(), MetadataValue::Str("yarn".into())),
-                (key.into(), MetadataValue::Float(value)),
-            ],
-            ..ModelParams::default()
-        };
-        let result = Model::load(tiny_path(), &params);
-        assert!(matches!(result, Err(Error::ModelLoad { .. })), "{key} = {value}: {result:?}");
-    }
+    isolated(|| {
+        for (key, value) in [
+            ("llama.rope.scaling.factor", f64::NAN),
+            ("llama.rope.scaling.factor", -2.0),
+            ("llama.rope.scale_linear", f64::INFINITY),
+        ] {
+            let params = ModelParams {
+                metadata_overrides: vec![
+                    ("llama.rope.scaling.type".into(), MetadataValue::Str("yarn".into())),
+                    (key.into(), MetadataValue::Float(value)),
+                ],
+                ..ModelParams::default()
+            };
+            let result = Model::load(tiny_path(), &params);
+            assert!(matches!(result, Err(Error::ModelLoad { .. })), "{key} = {value}: {result:?}");
+        }
+    });
 }
 
 #[test]
 fn saving_needs_readable_weights() {
-    let dir = tempfile::tempdir().unwrap();
-    // The default model file is Q4_K_M: with repacking (the default) its
-    // CPU weights cannot be read back, and llama.cpp would crash.
-    let repacked = real_model();
-    let out = dir.path().join("copy.gguf");
-    assert!(matches!(repacked.save(&out), Err(Error::InvalidArgument(_))));
-    assert!(!out.exists());
-    let vocab_only = Model::load(tiny_path(), &ModelParams { vocab_only: true, ..ModelParams::default() }).unwrap();
-    assert!(matches!(vocab_only.save(&out), Err(Error::InvalidArgument(_))));
+    isolated(|| {
+        let dir = tempfile::tempdir().unwrap();
+        // The default model file is Q4_K_M: with repacking (the default) its
+        // CPU weights cannot be read back, and llama.cpp would crash.
+        let repacked = real_model();
+        let out = dir.path().join("copy.gguf");
+        assert!(matches!(repacked.save(&out), Err(Error::InvalidArgument(_))));
+        assert!(!out.exists());
+        let vocab_only = Model::load(tiny_path(), &ModelParams { vocab_only: true, ..ModelParams::default() }).unwrap();
+        assert!(matches!(vocab_only.save(&out), Err(Error::InvalidArgument(_))));
 
-    let path = llama_suite::model_cache::model_path().unwrap();
-    let plain = Model::load(&path, &ModelParams { repack_weights: false, ..ModelParams::default() }).unwrap();
-    plain.save(&out).unwrap();
-    let copy = Model::load(&out, &ModelParams::default()).unwrap();
-    assert_eq!(copy.n_params(), repacked.n_params());
-    let tokens = repacked.vocab().tokenize("The capital of France is", true).unwrap();
-    let mut rows = Vec::new();
-    for model in [&repacked, &copy] {
-        let mut ctx = model.new_context(&small_params().n_ctx(512).n_threads(2)).unwrap();
-        ctx.decode(&Batch::from_tokens(&tokens, 0)).unwrap();
-        rows.push(ctx.logits(-1).unwrap().to_vec());
-    }
-    // Repacked and plain kernels may round differently.
-    let error = safe_api::nmse(&rows[0], &rows[1]);
-    assert!(error < 1e-6, "the saved copy computes other logits: nmse {error}");
-    assert_eq!(safe_api::argmax(&rows[0]), safe_api::argmax(&rows[1]));
+        let path = llama_suite::model_cache::model_path().unwrap();
+        let plain = Model::load(&path, &ModelParams { repack_weights: false, ..ModelParams::default() }).unwrap();
+        plain.save(&out).unwrap();
+        let copy = Model::load(&out, &ModelParams::default()).unwrap();
+        assert_eq!(copy.n_params(), repacked.n_params());
+        let tokens = repacked.vocab().tokenize("The capital of France is", true).unwrap();
+        let mut rows = Vec::new();
+        for model in [&repacked, &copy] {
+            let mut ctx = model.new_context(&small_params().n_ctx(512).n_threads(2)).unwrap();
+            ctx.decode(&Batch::from_tokens(&tokens, 0)).unwrap();
+            rows.push(ctx.logits(-1).unwrap().to_vec());
+        }
+        // Repacked and plain kernels may round differently.
+        let error = safe_api::nmse(&rows[0], &rows[1]);
+        assert!(error < 1e-6, "the saved copy computes other logits: nmse {error}");
+        assert_eq!(safe_api::argmax(&rows[0]), safe_api::argmax(&rows[1]));
+    });
 }
 
 /// Writes a chosen token id into the candidates and selects it.
@@ -258,191 +293,208 @@ impl CustomSampler for WriteId {
 
 #[test]
 fn accepting_an_id_outside_the_vocabulary_is_an_error() {
-    // adaptive-p asserts its pending token is not LLAMA_TOKEN_NULL (-1)
-    // when accepting -1 (GGML_ASSERT in llama-sampler.cpp).
-    let mut adaptive = SamplerChain::new().adaptive_p(0.5, 0.9, 1).build().unwrap();
-    for bad in [-1, -2, i32::MIN] {
-        let err = adaptive.accept(Token(bad)).unwrap_err();
-        assert!(matches!(err, Error::InvalidToken { token, .. } if token == bad), "{bad}: {err:?}");
-    }
-    adaptive.accept(Token(5)).unwrap();
-    // A chain built with a vocabulary knows its size.
-    let model = tiny_model();
-    let vocab = model.vocab();
-    let n_vocab = vocab.n_tokens() as i32;
-    let mut bound = SamplerChain::new().dry(vocab, 0.8, 1.75, 2, 64, &["\n"]).unwrap().dist(1).build().unwrap();
-    let err = bound.accept(Token(n_vocab)).unwrap_err();
-    assert!(matches!(err, Error::InvalidToken { token, n_vocab: n } if token == n_vocab && n == n_vocab), "{err:?}");
-    bound.accept(Token(n_vocab - 1)).unwrap();
+    isolated(|| {
+        // adaptive-p asserts its pending token is not LLAMA_TOKEN_NULL (-1)
+        // when accepting -1 (GGML_ASSERT in llama-sampler.cpp).
+        let mut adaptive = SamplerChain::new().adaptive_p(0.5, 0.9, 1).build().unwrap();
+        for bad in [-1, -2, i32::MIN] {
+            let err = adaptive.accept(Token(bad)).unwrap_err();
+            assert!(matches!(err, Error::InvalidToken { token, .. } if token == bad), "{bad}: {err:?}");
+        }
+        adaptive.accept(Token(5)).unwrap();
+        // A chain built with a vocabulary knows its size.
+        let model = tiny_model();
+        let vocab = model.vocab();
+        let n_vocab = vocab.n_tokens() as i32;
+        let mut bound = SamplerChain::new().dry(vocab, 0.8, 1.75, 2, 64, &["\n"]).unwrap().dist(1).build().unwrap();
+        let err = bound.accept(Token(n_vocab)).unwrap_err();
+        assert!(
+            matches!(err, Error::InvalidToken { token, n_vocab: n } if token == n_vocab && n == n_vocab),
+            "{err:?}"
+        );
+        bound.accept(Token(n_vocab - 1)).unwrap();
+    });
 }
 
 #[test]
 fn a_custom_sampler_cannot_select_an_id_outside_the_vocabulary() {
-    let model = tiny_model();
-    let n_vocab = model.vocab().n_tokens() as i32;
-    let mut ctx = model.new_context(&small_params()).unwrap();
-    let tokens = model.vocab().tokenize("Hello world", true).unwrap();
-    ctx.decode(&Batch::from_tokens(&tokens, 0)).unwrap();
-    for bad in [-1, n_vocab, i32::MAX] {
-        // Selected by the custom sampler itself...
-        let mut own = SamplerChain::new().custom(SelectId(bad)).build().unwrap();
-        let err = own.sample(&mut ctx, -1).unwrap_err();
-        assert!(matches!(err, Error::InvalidToken { token, .. } if token == bad), "{bad}: {err:?}");
-        // ...or written for a later selecting sampler to pick (adaptive-p's
-        // accept would assert on -1).
-        let mut later = SamplerChain::new().custom(WriteId(bad)).top_k(1).adaptive_p(0.5, 0.9, 1).build().unwrap();
-        let err = later.sample(&mut ctx, -1).unwrap_err();
-        assert!(matches!(err, Error::InvalidToken { token, .. } if token == bad), "{bad}: {err:?}");
-        let mut dist = SamplerChain::new().custom(WriteId(bad)).dist(1).build().unwrap();
-        let err = dist.sample(&mut ctx, -1).unwrap_err();
-        assert!(matches!(err, Error::InvalidToken { token, .. } if token == bad), "{bad}: {err:?}");
-    }
-    // A valid id goes through.
-    let mut fine = SamplerChain::new().custom(SelectId(7)).build().unwrap();
-    assert_eq!(fine.sample(&mut ctx, -1).unwrap(), Token(7));
+    isolated(|| {
+        let model = tiny_model();
+        let n_vocab = model.vocab().n_tokens() as i32;
+        let mut ctx = model.new_context(&small_params()).unwrap();
+        let tokens = model.vocab().tokenize("Hello world", true).unwrap();
+        ctx.decode(&Batch::from_tokens(&tokens, 0)).unwrap();
+        for bad in [-1, n_vocab, i32::MAX] {
+            // Selected by the custom sampler itself...
+            let mut own = SamplerChain::new().custom(SelectId(bad)).build().unwrap();
+            let err = own.sample(&mut ctx, -1).unwrap_err();
+            assert!(matches!(err, Error::InvalidToken { token, .. } if token == bad), "{bad}: {err:?}");
+            // ...or written for a later selecting sampler to pick (adaptive-p's
+            // accept would assert on -1).
+            let mut later = SamplerChain::new().custom(WriteId(bad)).top_k(1).adaptive_p(0.5, 0.9, 1).build().unwrap();
+            let err = later.sample(&mut ctx, -1).unwrap_err();
+            assert!(matches!(err, Error::InvalidToken { token, .. } if token == bad), "{bad}: {err:?}");
+            let mut dist = SamplerChain::new().custom(WriteId(bad)).dist(1).build().unwrap();
+            let err = dist.sample(&mut ctx, -1).unwrap_err();
+            assert!(matches!(err, Error::InvalidToken { token, .. } if token == bad), "{bad}: {err:?}");
+        }
+        // A valid id goes through.
+        let mut fine = SamplerChain::new().custom(SelectId(7)).build().unwrap();
+        assert_eq!(fine.sample(&mut ctx, -1).unwrap(), Token(7));
+    });
 }
 
 #[test]
 fn a_sampler_built_for_one_model_refuses_another_models_context() {
-    let model_a = tiny_model();
-    let model_b = tiny_model();
-    let mut ctx_b = model_b.new_context(&small_params()).unwrap();
-    let tokens = model_b.vocab().tokenize("Hello world", true).unwrap();
-    ctx_b.decode(&Batch::from_tokens(&tokens, 0)).unwrap();
-    let mut grammar_a =
-        SamplerChain::new().grammar(model_a.vocab(), r#"root ::= "ab""#, "root").unwrap().greedy().build().unwrap();
-    assert!(matches!(grammar_a.sample(&mut ctx_b, -1), Err(Error::WrongModel(_))));
-    let mut bias_a =
-        SamplerChain::new().logit_bias(model_a.vocab(), &[(Token(3), 1.0)]).unwrap().greedy().build().unwrap();
-    assert!(matches!(bias_a.sample(&mut ctx_b, -1), Err(Error::WrongModel(_))));
-    // A chain cannot mix two models' vocabularies either.
-    let mixed =
-        SamplerChain::new().logit_bias(model_a.vocab(), &[]).unwrap().dry(model_b.vocab(), 0.8, 1.75, 2, 64, &[]);
-    assert!(matches!(mixed, Err(Error::WrongModel(_))));
-    // The same chains work with their own model's contexts, and chains
-    // without a vocabulary with any.
-    let mut grammar_b =
-        SamplerChain::new().grammar(model_b.vocab(), r#"root ::= "ab""#, "root").unwrap().greedy().build().unwrap();
-    grammar_b.sample(&mut ctx_b, -1).unwrap();
-    llama::Sampler::greedy().sample(&mut ctx_b, -1).unwrap();
+    isolated(|| {
+        let model_a = tiny_model();
+        let model_b = tiny_model();
+        let mut ctx_b = model_b.new_context(&small_params()).unwrap();
+        let tokens = model_b.vocab().tokenize("Hello world", true).unwrap();
+        ctx_b.decode(&Batch::from_tokens(&tokens, 0)).unwrap();
+        let mut grammar_a =
+            SamplerChain::new().grammar(model_a.vocab(), r#"root ::= "ab""#, "root").unwrap().greedy().build().unwrap();
+        assert!(matches!(grammar_a.sample(&mut ctx_b, -1), Err(Error::WrongModel(_))));
+        let mut bias_a =
+            SamplerChain::new().logit_bias(model_a.vocab(), &[(Token(3), 1.0)]).unwrap().greedy().build().unwrap();
+        assert!(matches!(bias_a.sample(&mut ctx_b, -1), Err(Error::WrongModel(_))));
+        // A chain cannot mix two models' vocabularies either.
+        let mixed =
+            SamplerChain::new().logit_bias(model_a.vocab(), &[]).unwrap().dry(model_b.vocab(), 0.8, 1.75, 2, 64, &[]);
+        assert!(matches!(mixed, Err(Error::WrongModel(_))));
+        // The same chains work with their own model's contexts, and chains
+        // without a vocabulary with any.
+        let mut grammar_b =
+            SamplerChain::new().grammar(model_b.vocab(), r#"root ::= "ab""#, "root").unwrap().greedy().build().unwrap();
+        grammar_b.sample(&mut ctx_b, -1).unwrap();
+        llama::Sampler::greedy().sample(&mut ctx_b, -1).unwrap();
+    });
 }
 
 #[test]
 fn context_sizes_llama_cpp_cannot_represent_are_refused() {
-    let model = tiny_model();
-    for params in [
-        small_params().n_ctx(u32::MAX),
-        small_params().n_ctx(u32::MAX - 100),
-        small_params().n_ctx(i32::MAX as u32),
-        small_params().n_batch(u32::MAX),
-        small_params().n_ubatch(u32::MAX),
-    ] {
-        let err = model.new_context(&params).unwrap_err();
-        assert!(matches!(err, Error::InvalidArgument(ref m) if m.contains("at most")), "{params:?}: {err:?}");
-    }
+    isolated(|| {
+        let model = tiny_model();
+        for params in [
+            small_params().n_ctx(u32::MAX),
+            small_params().n_ctx(u32::MAX - 100),
+            small_params().n_ctx(i32::MAX as u32),
+            small_params().n_batch(u32::MAX),
+            small_params().n_ubatch(u32::MAX),
+        ] {
+            let err = model.new_context(&params).unwrap_err();
+            assert!(matches!(err, Error::InvalidArgument(ref m) if m.contains("at most")), "{params:?}: {err:?}");
+        }
+    });
 }
 
 #[test]
 fn a_context_whose_decode_threw_refuses_to_run_again() {
-    let model = tiny_model();
-    let mut ctx = model.new_context(&small_params()).unwrap();
-    let tokens = model.vocab().tokenize("Hello world", true).unwrap();
-    let batch = Batch::from_tokens(&tokens, 0);
-    // SAFETY: only sets a thread-local flag of the shim: the next guarded
-    // call on this thread throws inside its try block.
-    unsafe { llama::sys::shim::llama_rs_shim_inject_exception() };
-    let err = ctx.decode(&batch).unwrap_err();
-    assert!(matches!(err, Error::Exception { function: "llama_decode", .. }), "{err:?}");
-    for _ in 0..2 {
+    isolated(|| {
+        let model = tiny_model();
+        let mut ctx = model.new_context(&small_params()).unwrap();
+        let tokens = model.vocab().tokenize("Hello world", true).unwrap();
+        let batch = Batch::from_tokens(&tokens, 0);
+        // SAFETY: only sets a thread-local flag of the shim: the next guarded
+        // call on this thread throws inside its try block.
+        unsafe { llama::sys::shim::llama_rs_shim_inject_exception() };
         let err = ctx.decode(&batch).unwrap_err();
-        assert!(matches!(err, Error::Poisoned { function: "llama_decode", .. }), "{err:?}");
-    }
-    // A new context works.
-    let mut fresh = model.new_context(&small_params()).unwrap();
-    fresh.decode(&batch).unwrap();
+        assert!(matches!(err, Error::Exception { function: "llama_decode", .. }), "{err:?}");
+        for _ in 0..2 {
+            let err = ctx.decode(&batch).unwrap_err();
+            assert!(matches!(err, Error::Poisoned { function: "llama_decode", .. }), "{err:?}");
+        }
+        // A new context works.
+        let mut fresh = model.new_context(&small_params()).unwrap();
+        fresh.decode(&batch).unwrap();
+    });
 }
 
 #[test]
 fn a_session_does_not_trust_a_cache_changed_behind_its_back() {
-    use llama::generate::{GenerateOptions, Session};
-    let model = tiny_model();
-    let vocab = model.vocab();
-    let prompt = vocab.tokenize("Hello world, the quick brown fox", true).unwrap();
-    let other = vocab.tokenize("Lorem ipsum dolor sit amet, consectetur", true).unwrap();
-    assert!(other.len() >= prompt.len());
-    let options = GenerateOptions::default().max_tokens(4);
-    let run = |session: &mut Session, ctx: &mut llama::Context<'_>| {
-        let mut sampler = llama::Sampler::greedy();
-        let mut generation = session.generate(ctx, &mut sampler, &prompt, &options).unwrap();
-        let mut text = String::new();
-        while let Some(piece) = generation.next_piece() {
-            text.push_str(piece.unwrap());
-        }
-        (text, generation.stats().prompt_evaluated)
-    };
-    let mut ctx = model.new_context(&small_params()).unwrap();
-    let mut session = Session::new();
-    let (first, evaluated) = run(&mut session, &mut ctx);
-    assert_eq!(evaluated, prompt.len());
-    // Unchanged cache: only the last prompt token is decoded again.
-    let (again, evaluated) = run(&mut session, &mut ctx);
-    assert_eq!((again.as_str(), evaluated), (first.as_str(), 1));
+    isolated(|| {
+        use llama::generate::{GenerateOptions, Session};
+        let model = tiny_model();
+        let vocab = model.vocab();
+        let prompt = vocab.tokenize("Hello world, the quick brown fox", true).unwrap();
+        let other = vocab.tokenize("Lorem ipsum dolor sit amet, consectetur", true).unwrap();
+        assert!(other.len() >= prompt.len());
+        let options = GenerateOptions::default().max_tokens(4);
+        let run = |session: &mut Session, ctx: &mut llama::Context<'_>| {
+            let mut sampler = llama::Sampler::greedy();
+            let mut generation = session.generate(ctx, &mut sampler, &prompt, &options).unwrap();
+            let mut text = String::new();
+            while let Some(piece) = generation.next_piece() {
+                text.push_str(piece.unwrap());
+            }
+            (text, generation.stats().prompt_evaluated)
+        };
+        let mut ctx = model.new_context(&small_params()).unwrap();
+        let mut session = Session::new();
+        let (first, evaluated) = run(&mut session, &mut ctx);
+        assert_eq!(evaluated, prompt.len());
+        // Unchanged cache: only the last prompt token is decoded again.
+        let (again, evaluated) = run(&mut session, &mut ctx);
+        assert_eq!((again.as_str(), evaluated), (first.as_str(), 1));
 
-    // Cleared and refilled, to the same length, with other tokens: the
-    // session's record says the prompt is cached, but it is not.
-    let cached = session.tokens().len();
-    ctx.clear_kv(false);
-    ctx.decode(&Batch::from_tokens(&other[..cached], 0)).unwrap();
-    let (after_refill, evaluated) = run(&mut session, &mut ctx);
-    assert_eq!(evaluated, prompt.len(), "the whole prompt is decoded again");
-    assert_eq!(after_refill, first);
+        // Cleared and refilled, to the same length, with other tokens: the
+        // session's record says the prompt is cached, but it is not.
+        let cached = session.tokens().len();
+        ctx.clear_kv(false);
+        ctx.decode(&Batch::from_tokens(&other[..cached], 0)).unwrap();
+        let (after_refill, evaluated) = run(&mut session, &mut ctx);
+        assert_eq!(evaluated, prompt.len(), "the whole prompt is decoded again");
+        assert_eq!(after_refill, first);
 
-    // Another context with the same layout, holding other tokens.
-    let mut ctx2 = model.new_context(&small_params()).unwrap();
-    ctx2.decode(&Batch::from_tokens(&other[..session.tokens().len()], 0)).unwrap();
-    let (elsewhere, evaluated) = run(&mut session, &mut ctx2);
-    assert_eq!(evaluated, prompt.len());
-    assert_eq!(elsewhere, first);
+        // Another context with the same layout, holding other tokens.
+        let mut ctx2 = model.new_context(&small_params()).unwrap();
+        ctx2.decode(&Batch::from_tokens(&other[..session.tokens().len()], 0)).unwrap();
+        let (elsewhere, evaluated) = run(&mut session, &mut ctx2);
+        assert_eq!(evaluated, prompt.len());
+        assert_eq!(elsewhere, first);
+    });
 }
 
 #[test]
 fn a_recurrent_sequence_state_with_several_cells_is_refused() {
-    let path = llama_suite::synthetic::tiny_mamba_path(&llama_suite::synthetic::TinyModelSpec::default()).unwrap();
-    let model = Model::load(&path, &ModelParams::default()).unwrap();
-    assert!(model.is_recurrent() && !model.is_hybrid());
-    let mut ctx = model.new_context(&small_params().n_seq_max(2)).unwrap();
-    let tokens = model.vocab().tokenize("Hello world, the quick brown fox", true).unwrap();
-    ctx.decode(&Batch::from_tokens(&tokens, 0)).unwrap();
-    let saved = ctx.save_seq_state(0).unwrap();
-    // llama.cpp's magic, the sequence id, then one cell: the count, the
-    // cell's position and an empty sequence list.
-    assert_eq!(u32::from_ne_bytes(saved[8..12].try_into().unwrap()), 1);
-    // The genuine state restores into the other sequence.
-    ctx.load_seq_state(&saved, 1).unwrap();
-    assert_eq!(ctx.seq_pos_max(1).unwrap(), Some(tokens.len() as i32 - 1));
+    isolated(|| {
+        let path = llama_suite::synthetic::tiny_mamba_path(&llama_suite::synthetic::TinyModelSpec::default()).unwrap();
+        let model = Model::load(&path, &ModelParams::default()).unwrap();
+        assert!(model.is_recurrent() && !model.is_hybrid());
+        let mut ctx = model.new_context(&small_params().n_seq_max(2)).unwrap();
+        let tokens = model.vocab().tokenize("Hello world, the quick brown fox", true).unwrap();
+        ctx.decode(&Batch::from_tokens(&tokens, 0)).unwrap();
+        let saved = ctx.save_seq_state(0).unwrap();
+        // llama.cpp's magic, the sequence id, then one cell: the count, the
+        // cell's position and an empty sequence list.
+        assert_eq!(u32::from_ne_bytes(saved[8..12].try_into().unwrap()), 1);
+        // The genuine state restores into the other sequence.
+        ctx.load_seq_state(&saved, 1).unwrap();
+        assert_eq!(ctx.seq_pos_max(1).unwrap(), Some(tokens.len() as i32 - 1));
 
-    // Claim two cells (llama.cpp would put both in one and assert).
-    let mut crafted = saved[..8].to_vec();
-    crafted.extend_from_slice(&2u32.to_ne_bytes());
-    crafted.extend_from_slice(&saved[12..20]);
-    crafted.extend_from_slice(&0i32.to_ne_bytes());
-    crafted.extend_from_slice(&0u32.to_ne_bytes());
-    crafted.extend_from_slice(&saved[20..]);
-    let err = ctx.load_seq_state(&crafted, 1).unwrap_err();
-    assert!(matches!(err, Error::State(ref m) if m.contains("one cell")), "{err:?}");
-    // The same bytes from a file.
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("seq.state");
-    ctx.save_seq_state_file(&file, 0, &tokens).unwrap();
-    let mut bytes = std::fs::read(&file).unwrap();
-    let at = 12 + 4 * tokens.len();
-    assert_eq!(bytes[at..at + 4], 1u32.to_ne_bytes());
-    bytes[at..at + 4].copy_from_slice(&2u32.to_ne_bytes());
-    std::fs::write(&file, &bytes).unwrap();
-    let err = ctx.load_seq_state_file(&file, 1).unwrap_err();
-    assert!(matches!(err, Error::State(ref m) if m.contains("one cell")), "{err:?}");
-    // The context still works.
-    let mut batch = Batch::new(1, 1);
-    batch.push(tokens[0], tokens.len() as i32, &[0], true).unwrap();
-    ctx.decode(&batch).unwrap();
+        // Claim two cells (llama.cpp would put both in one and assert).
+        let mut crafted = saved[..8].to_vec();
+        crafted.extend_from_slice(&2u32.to_ne_bytes());
+        crafted.extend_from_slice(&saved[12..20]);
+        crafted.extend_from_slice(&0i32.to_ne_bytes());
+        crafted.extend_from_slice(&0u32.to_ne_bytes());
+        crafted.extend_from_slice(&saved[20..]);
+        let err = ctx.load_seq_state(&crafted, 1).unwrap_err();
+        assert!(matches!(err, Error::State(ref m) if m.contains("one cell")), "{err:?}");
+        // The same bytes from a file.
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("seq.state");
+        ctx.save_seq_state_file(&file, 0, &tokens).unwrap();
+        let mut bytes = std::fs::read(&file).unwrap();
+        let at = 12 + 4 * tokens.len();
+        assert_eq!(bytes[at..at + 4], 1u32.to_ne_bytes());
+        bytes[at..at + 4].copy_from_slice(&2u32.to_ne_bytes());
+        std::fs::write(&file, &bytes).unwrap();
+        let err = ctx.load_seq_state_file(&file, 1).unwrap_err();
+        assert!(matches!(err, Error::State(ref m) if m.contains("one cell")), "{err:?}");
+        // The context still works.
+        let mut batch = Batch::new(1, 1);
+        batch.push(tokens[0], tokens.len() as i32, &[0], true).unwrap();
+        ctx.decode(&batch).unwrap();
+    });
 }

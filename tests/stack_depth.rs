@@ -5,48 +5,20 @@
 //! overflows that stack.
 //!
 //! A stack overflow kills the whole process, so each case runs in a child
-//! process (this test binary, re-run with `--exact NAME`): the parent
-//! asserts that the child exited normally and printed its success marker,
-//! so a regression fails exactly the case that overflowed and the other
-//! cases still run.
+//! process (`safe_api::isolated_with_stack`): a regression fails exactly
+//! the case that overflowed, and the other cases still run.
+
+mod safe_api;
 
 use std::path::PathBuf;
-use std::process::Command;
 
 use llama::{Error, Model, ModelParams, SamplerChain, Token};
-
-/// Set in the child's environment: the child runs the case's body.
-const CHILD_ENV: &str = "LLAMA_STACK_DEPTH_CHILD";
-/// Printed by a child whose case passed.
-const PASSED: &str = "stack-depth-case-passed";
+use safe_api::isolated_with_stack;
 
 /// Small enough that each input below overflows it without the helper
 /// (measured: deepseek-llm's regex pre-tokenizer needs about 330 bytes of
 /// stack per character, the GBNF code about 500 per nesting level).
 const SMALL_STACK: usize = 256 << 10;
-
-/// Runs `body` in a child process on a thread with [`SMALL_STACK`], or, in
-/// the parent, spawns that child and checks its outcome.
-fn isolated(name: &str, body: fn()) {
-    if std::env::var(CHILD_ENV).as_deref() == Ok(name) {
-        let thread = std::thread::Builder::new().stack_size(SMALL_STACK).spawn(body).unwrap();
-        thread.join().unwrap();
-        println!("{PASSED}");
-        return;
-    }
-    let out = Command::new(std::env::current_exe().unwrap())
-        .args([name, "--exact", "--nocapture", "--test-threads=1"])
-        .env(CHILD_ENV, name)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success() && stdout.contains(PASSED),
-        "the child running {name} failed ({}):\n{stdout}\n{stderr}",
-        out.status
-    );
-}
 
 fn fixture(name: &str) -> PathBuf {
     PathBuf::from(llama_sys::SOURCE_DIR).join("models").join(format!("ggml-vocab-{name}.gguf"))
@@ -59,7 +31,7 @@ fn vocab_only(name: &str) -> Model {
 
 #[test]
 fn a_long_run_of_one_letter_tokenizes_with_a_regex_pre_tokenizer() {
-    isolated("a_long_run_of_one_letter_tokenizes_with_a_regex_pre_tokenizer", || {
+    isolated_with_stack(SMALL_STACK, || {
         let model = vocab_only("deepseek-llm");
         assert!(model.vocab().splits_with_regex(), "deepseek-llm's pre-tokenizer falls back to std::regex");
         // 30,000 characters: about 10 MB of recursion in std::regex.
@@ -78,7 +50,7 @@ fn a_long_run_of_one_letter_tokenizes_with_a_regex_pre_tokenizer() {
 
 #[test]
 fn hand_split_pre_tokenizers_need_no_deep_stack() {
-    isolated("hand_split_pre_tokenizers_need_no_deep_stack", || {
+    isolated_with_stack(SMALL_STACK, || {
         // The fixtures of the crate's list of hand-split pre-tokenizers:
         // they tokenize 20,000 characters of each class on this 256 KiB
         // stack, inline (std::regex would need about 6.5 MB).
@@ -100,7 +72,7 @@ fn hand_split_pre_tokenizers_need_no_deep_stack() {
 
 #[test]
 fn a_grammar_nested_100_000_deep_parses_and_constrains() {
-    isolated("a_grammar_nested_100_000_deep_parses_and_constrains", || {
+    isolated_with_stack(SMALL_STACK, || {
         let model = vocab_only("gpt-2");
         let vocab = model.vocab();
         let n = 100_000;
@@ -118,7 +90,7 @@ fn a_grammar_nested_100_000_deep_parses_and_constrains() {
 
 #[test]
 fn a_chain_of_100_000_rules_parses_and_constrains() {
-    isolated("a_chain_of_100_000_rules_parses_and_constrains", || {
+    isolated_with_stack(SMALL_STACK, || {
         let model = vocab_only("gpt-2");
         let vocab = model.vocab();
         let n = 100_000;
@@ -137,7 +109,7 @@ fn a_chain_of_100_000_rules_parses_and_constrains() {
 
 #[test]
 fn a_lazy_grammar_waits_through_long_text_and_then_triggers() {
-    isolated("a_lazy_grammar_waits_through_long_text_and_then_triggers", || {
+    isolated_with_stack(SMALL_STACK, || {
         let model = vocab_only("gpt-2");
         let vocab = model.vocab();
         // The pattern shape llama.cpp's chat formats use: matched against

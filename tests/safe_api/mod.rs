@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 use std::path::PathBuf;
+use std::process::Command;
 
 use llama::{Batch, Context, ContextParams, Model, ModelParams, SeqId, Token, Vocab};
 use llama_suite::synthetic::{TinyModelSpec, tiny_llama_path};
@@ -182,4 +183,53 @@ pub fn layout(d: &[u8]) -> Layout {
         o = ty + 12;
     }
     Layout { kv, tensors, info: (start, o) }
+}
+
+/// Set in a child's environment to the name of the one test it runs.
+const CHILD_ENV: &str = "LLAMA_SUITE_CHILD_TEST";
+/// Printed by a child whose test body returned.
+const CHILD_PASSED: &str = "llama-suite: child test body passed";
+
+/// Runs the calling test's `body` in a child process: this test binary
+/// again, with `--exact` and the test's name (libtest names each test's
+/// thread after the test). The parent asserts that the child exited
+/// normally (no signal: an abort, a stack overflow) and printed that its
+/// body passed, so a case that aborts fails alone and by name while the
+/// other cases of the file still run. In the child, `body` runs on the
+/// test's thread.
+pub fn isolated(body: impl FnOnce()) {
+    isolated_with(body, |body| body());
+}
+
+/// [`isolated`], running `body` in the child on a thread with `stack`
+/// bytes of stack.
+pub fn isolated_with_stack(stack: usize, body: impl FnOnce() + Send + 'static) {
+    isolated_with(body, |body| {
+        let thread = std::thread::Builder::new().stack_size(stack).spawn(body).expect("spawn the small-stack thread");
+        if let Err(panic) = thread.join() {
+            std::panic::resume_unwind(panic);
+        }
+    });
+}
+
+fn isolated_with<B>(body: B, run: impl FnOnce(B)) {
+    let thread = std::thread::current();
+    let name = thread.name().expect("libtest names the thread of each test").to_owned();
+    if std::env::var(CHILD_ENV).as_deref() == Ok(name.as_str()) {
+        run(body);
+        println!("{CHILD_PASSED}");
+        return;
+    }
+    let out = Command::new(std::env::current_exe().expect("this test binary"))
+        .args([name.as_str(), "--exact", "--nocapture", "--test-threads=1"])
+        .env(CHILD_ENV, &name)
+        .output()
+        .expect("run the child test");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stdout.contains(CHILD_PASSED),
+        "the child process running {name} failed ({}):\n--- stdout\n{stdout}\n--- stderr\n{stderr}",
+        out.status
+    );
 }
