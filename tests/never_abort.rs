@@ -1288,6 +1288,49 @@ fn thread_counts_above_ggml_s_limit_are_rejected() {
 /// says so instead of failing later with a misleading batch error, and
 /// leaves the cache as it was.
 #[test]
+fn a_recurrent_sequence_state_with_several_cells_is_refused() {
+    isolated(|| {
+        let dir = tempfile::tempdir().unwrap();
+        let model = tiny_mamba(dir.path());
+        assert!(model.is_recurrent() && !model.is_hybrid());
+        let mut ctx = model.new_context(&small_params().n_seq_max(2)).unwrap();
+        let tokens = model.vocab().tokenize("Hello world, the quick brown fox", true).unwrap();
+        ctx.decode(&Batch::from_tokens(&tokens, 0)).unwrap();
+        let saved = ctx.save_seq_state(0).unwrap();
+        // llama.cpp's magic, the sequence id, then one cell: the count, the
+        // cell's position and an empty sequence list.
+        assert_eq!(u32::from_ne_bytes(saved[8..12].try_into().unwrap()), 1);
+        // The genuine state restores into the other sequence.
+        ctx.load_seq_state(&saved, 1).unwrap();
+        assert_eq!(ctx.seq_pos_max(1).unwrap(), Some(tokens.len() as i32 - 1));
+
+        // Claim two cells (llama.cpp would put both in one and assert).
+        let mut crafted = saved[..8].to_vec();
+        crafted.extend_from_slice(&2u32.to_ne_bytes());
+        crafted.extend_from_slice(&saved[12..20]);
+        crafted.extend_from_slice(&0i32.to_ne_bytes());
+        crafted.extend_from_slice(&0u32.to_ne_bytes());
+        crafted.extend_from_slice(&saved[20..]);
+        let err = ctx.load_seq_state(&crafted, 1).unwrap_err();
+        assert!(matches!(err, Error::State(ref m) if m.contains("one cell")), "{err:?}");
+        // The same bytes from a file.
+        let file = dir.path().join("seq.state");
+        ctx.save_seq_state_file(&file, 0, &tokens).unwrap();
+        let mut bytes = std::fs::read(&file).unwrap();
+        let at = 12 + 4 * tokens.len();
+        assert_eq!(bytes[at..at + 4], 1u32.to_ne_bytes());
+        bytes[at..at + 4].copy_from_slice(&2u32.to_ne_bytes());
+        std::fs::write(&file, &bytes).unwrap();
+        let err = ctx.load_seq_state_file(&file, 1).unwrap_err();
+        assert!(matches!(err, Error::State(ref m) if m.contains("one cell")), "{err:?}");
+        // The context still works.
+        let mut batch = Batch::new(1, 1);
+        batch.push(tokens[0], tokens.len() as i32, &[0], true).unwrap();
+        ctx.decode(&batch).unwrap();
+    });
+}
+
+#[test]
 fn redecode_last_explains_a_recurrent_cache() {
     isolated(|| {
         let dir = tempfile::tempdir().unwrap();
