@@ -195,10 +195,55 @@ fn shifting_a_whole_sequence_does_not_change_its_logits() {
         assert_eq!(ctx.seq_pos_max(0).unwrap(), Some(text.len() as i32 - 1));
         let got = decode_seq(&mut ctx, next, text.len() as i32, 0);
         assert_same_logits(&reference, &got, &format!("shifted down from {start} ({kv_type:?})"));
-        // And seq_div: halve, then decode -- runs (positions are merged, so
-        // the logits legitimately differ).
+        // And seq_div: halving the positions merges them, so the next
+        // token's logits must differ from the reference.
+        ctx.seq_rm(Some(0), Some(text.len() as i32), None).unwrap();
         ctx.seq_div(0, None, None, 2).unwrap();
-        assert_eq!(ctx.seq_pos_max(0).unwrap(), Some(text.len() as i32 / 2));
+        assert_eq!(ctx.seq_pos_max(0).unwrap(), Some((text.len() as i32 - 1) / 2));
+        let halved = decode_seq(&mut ctx, next, (text.len() as i32 - 1) / 2 + 1, 0);
+        let e = nmse(&reference, &halved);
+        println!("seq_div ({kv_type:?}): NMSE {e:e}");
+        assert!(e > 1e-3, "seq_div changed nothing ({kv_type:?}): NMSE {e:e}");
+    }
+}
+
+/// The check above (NMSE at most 1e-4 and the same argmax) fails, by a wide
+/// margin, for the bugs it is there to catch: a wrong position shift, the
+/// wrong sequence's row, a dropped token.
+#[test]
+fn the_logits_check_catches_real_bugs() {
+    let model = tiny_model();
+    let all = tokens(model.vocab(), "the quick brown fox jumps over the lazy dog");
+    let (text, next) = all.split_at(all.len() - 1);
+    let mut plain = model.new_context(&small_params()).unwrap();
+    let reference = decode_seq(&mut plain, &all, 0, 0);
+    let mut wrong = Vec::new();
+
+    // A shift by the wrong amount: the first half of the prompt moved five
+    // positions on, so its distances to the new token are wrong.
+    let mut ctx = model.new_context(&small_params()).unwrap();
+    decode_seq(&mut ctx, text, 0, 0);
+    ctx.seq_add(0, Some(0), Some(text.len() as i32 / 2), 5).unwrap();
+    wrong.push(("wrong shift", decode_seq(&mut ctx, next, text.len() as i32, 0)));
+
+    // Another sequence's row: the same last token after another prompt.
+    let other = tokens(model.vocab(), "Hello world, this is another prompt");
+    let mut ctx = model.new_context(&small_params()).unwrap();
+    decode_seq(&mut ctx, &other, 0, 0);
+    wrong.push(("wrong sequence", decode_seq(&mut ctx, next, other.len() as i32, 0)));
+
+    // A dropped token in the middle of the prompt.
+    let mut dropped = all.clone();
+    dropped.remove(all.len() / 2);
+    let mut ctx = model.new_context(&small_params()).unwrap();
+    wrong.push(("dropped token", decode_seq(&mut ctx, &dropped, 0, 0)));
+
+    for (what, row) in &wrong {
+        let e = nmse(&reference, row);
+        println!("{what}: NMSE {e:e}");
+        assert!(e > 1e-2, "{what}: NMSE {e:e} is not far above the 1e-4 threshold");
+        let caught = std::panic::catch_unwind(|| assert_same_logits(&reference, row, what));
+        assert!(caught.is_err(), "{what}: the logits check passed");
     }
 }
 

@@ -42,11 +42,13 @@ fn run(model: &Model, prompt: &str, seed: u32) -> Run {
     Run { greedy, first_logits, last_logits: rows.last().unwrap().clone(), sampled }
 }
 
+/// One-thread contexts decoding the same batches compute bit-identical
+/// logits, whichever thread drives them: equality, not a tolerance.
 fn assert_same_run(expected: &Run, got: &Run, what: &str) {
     assert_eq!(expected.greedy, got.greedy, "{what}: greedy tokens");
     assert_eq!(expected.sampled, got.sampled, "{what}: sampled tokens");
-    assert_same_logits(&expected.first_logits, &got.first_logits, &format!("{what}: first logits"));
-    assert_same_logits(&expected.last_logits, &got.last_logits, &format!("{what}: last logits"));
+    assert!(expected.first_logits == got.first_logits, "{what}: first logits differ");
+    assert!(expected.last_logits == got.last_logits, "{what}: last logits differ");
 }
 
 #[test]
@@ -125,16 +127,4 @@ fn scoped_threads_borrow_the_model_and_move_contexts() {
             });
         }
     });
-}
-
-/// The types promise what the threads above rely on.
-#[test]
-fn thread_safety_markers() {
-    fn send_sync<T: Send + Sync>() {}
-    fn send<T: Send>() {}
-    send_sync::<Model>();
-    send_sync::<llama::Vocab>();
-    send::<Context<'static>>();
-    send::<Sampler<'static>>();
-    send_sync::<llama::Batch>();
 }
