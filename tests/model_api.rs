@@ -93,10 +93,10 @@ fn loading_reports_progress_and_can_be_cancelled() {
         calls += 1;
         p < 0.5
     });
-    if seen.iter().any(|&p| p >= 0.5) {
-        assert!(matches!(r, Err(Error::LoadCancelled)));
-    }
-    assert!(calls >= 1);
+    // A whole load reports 1.0 (checked above), so the callback says no
+    // somewhere, after at least one call that said yes.
+    assert!(matches!(r, Err(Error::LoadCancelled)), "{:?}", r.err());
+    assert!(calls >= 2, "{calls} calls");
 
     // A panic in the callback cancels the load and reaches the caller.
     let payload = catch_unwind(AssertUnwindSafe(|| {
@@ -165,9 +165,12 @@ fn devices_and_system_info() {
     let info = llama::system_info();
     assert!(info.contains("CPU"), "{info}");
     assert!(llama::supports_mmap());
-    assert!(llama::max_sequences() == 256);
-    let (t0, t1) = (llama::time_us(), llama::time_us());
-    assert!(t1 >= t0);
+    assert_eq!(llama::max_sequences(), 256);
+    // ggml's clock, in microseconds: a 5 ms sleep advances it by 5000 or more.
+    let t0 = llama::time_us();
+    std::thread::sleep(std::time::Duration::from_millis(5));
+    let t1 = llama::time_us();
+    assert!(t1 - t0 >= 5_000, "{t0} -> {t1}");
     // Loading on the CPU device only.
     let params = ModelParams { devices: Some(vec![cpu.clone()]), ..Default::default() };
     let model = Model::load(tiny_path(), &params).unwrap();
@@ -331,6 +334,6 @@ fn small_model_and_library_facts() {
     assert_eq!(name, "/models/m-00002-of-00004.gguf");
     assert_eq!(llama::split_prefix(&name, 2, 4).as_deref(), Some("/models/m"));
     assert_eq!(llama::split_prefix(&name, 3, 4), None);
-    assert!(llama::split_path("/models/m", 0, 4).is_err());
-    assert!(llama::split_path("/models/m", 5, 4).is_err());
+    assert!(matches!(llama::split_path("/models/m", 0, 4), Err(Error::InvalidArgument(_))));
+    assert!(matches!(llama::split_path("/models/m", 5, 4), Err(Error::InvalidArgument(_))));
 }

@@ -52,13 +52,6 @@ fn assert_one_line(error: &FetchError) {
 }
 
 #[test]
-fn default_model_constants() {
-    assert_eq!(DEFAULT_MODEL_FILE, "gemma-3-270m-q4_k_m.gguf");
-    assert_eq!(DEFAULT_MODEL_SIZE, 253_113_024);
-    assert_eq!(DEFAULT_MODEL_SHA256, "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818");
-}
-
-#[test]
 fn model_path_from_returns_an_existing_llama_model() {
     let dir = scratch("model-path-existing");
     let model = dir.join("custom.gguf");

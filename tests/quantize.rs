@@ -45,7 +45,8 @@ fn quantizing_bad_input_is_an_error_and_leaves_no_file() {
     assert!(matches!(quantize(dir.path().join("missing.gguf"), &out, &params), Err(Error::Io { .. })));
     let garbage = dir.path().join("garbage.gguf");
     std::fs::write(&garbage, vec![0x5Au8; 4096]).unwrap();
-    assert!(quantize(&garbage, &out, &params).is_err());
+    let r = quantize(&garbage, &out, &params);
+    assert!(matches!(r, Err(Error::ModelLoad { .. })), "{r:?}");
     let negative = QuantizeParams { threads: -1, ..QuantizeParams::default() };
     assert!(matches!(quantize(tiny_path(), &out, &negative), Err(Error::InvalidArgument(_))));
     let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();

@@ -11,8 +11,10 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use llama::{Batch, Candidates, Context, CustomSampler, Error, Model, SamplePath, Sampler, SamplerChain, Token, sys};
-use llama_suite::synthetic::TINY_EOS_ID;
+use llama::{
+    Batch, Candidates, Context, CustomSampler, Error, Model, SamplePath, Sampler, SamplerChain, Token, Vocab, sys,
+};
+use llama_suite::synthetic::{TINY_EOS_ID, TinyModelSpec};
 use safe_api::*;
 
 /// Samples `steps` tokens with `ours` (the crate's path) and `theirs`
@@ -98,26 +100,241 @@ fn top_k_shortcut_picks_what_llama_cpp_picks() {
 }
 
 /// The same on the real Gemma 3 model, whose 262,144-token vocabulary is
-/// what the shortcuts are for.
+/// what the shortcuts are for: 64 greedy steps, then 64 steps of a top-k
+/// chain for each of 3 seeds.
 #[test]
 fn shortcuts_pick_what_llama_cpp_picks_on_gemma() {
     let model = real_model();
     assert_eq!(model.vocab().n_tokens(), 262_144);
-    let params = llama::ContextParams::default().n_ctx(256).n_batch(64).n_ubatch(64).n_threads(2);
-    let toks = tokens(model.vocab(), "The capital of France is");
-    let mut ctx = model.new_context(&params).unwrap();
-    decode_seq(&mut ctx, &toks, 0, 0);
+    let (mut ctx, toks) = gemma_ctx(&model);
     let n = toks.len() as i32;
-    let (greedy, paths) = compare_with_llama_cpp(&mut ctx, &mut Sampler::greedy(), &mut Sampler::greedy(), n, 3);
+    let (greedy, paths) = compare_with_llama_cpp(&mut ctx, &mut Sampler::greedy(), &mut Sampler::greedy(), n, 64);
     assert!(paths.iter().all(|&p| p == SamplePath::Greedy));
     let text = model.vocab().detokenize(&greedy, false, false).unwrap();
     assert!(!text.trim().is_empty(), "greedy continuation: {text:?}");
 
-    ctx.clear_kv(false);
+    let chain = |seed| SamplerChain::new().top_k(40).top_p(0.9, 1).temp(0.8).dist(seed).build().unwrap();
+    let mut runs = Vec::new();
+    for seed in [77, 1, 2024] {
+        ctx.clear_kv(false);
+        decode_seq(&mut ctx, &toks, 0, 0);
+        let (sampled, paths) = compare_with_llama_cpp(&mut ctx, &mut chain(seed), &mut chain(seed), n, 64);
+        assert!(paths.iter().all(|&p| p == SamplePath::TopK), "seed {seed}: {paths:?}");
+        assert_ne!(sampled, greedy, "seed {seed}: a random chain should not be greedy");
+        runs.push(sampled);
+    }
+    assert!(runs[0] != runs[1] && runs[1] != runs[2], "the seeds should give different runs");
+}
+
+/// A context of the real model with a prompt decoded, and the prompt.
+fn gemma_ctx(model: &Model) -> (Context<'_>, Vec<Token>) {
+    let params = llama::ContextParams::default().n_ctx(512).n_batch(64).n_ubatch(64).n_threads(2);
+    let toks = tokens(model.vocab(), "The capital of France is");
+    let mut ctx = model.new_context(&params).unwrap();
     decode_seq(&mut ctx, &toks, 0, 0);
-    let chain = || SamplerChain::new().top_k(40).top_p(0.9, 1).temp(0.8).dist(77).build().unwrap();
-    let (_, paths) = compare_with_llama_cpp(&mut ctx, &mut chain(), &mut chain(), n, 5);
-    assert!(paths.iter().all(|&p| p == SamplePath::TopK), "{paths:?}");
+    (ctx, toks)
+}
+
+/// Top-k above 128 has its own branch in llama.cpp (a bucket sort) and in
+/// the shortcut (a guard against the buckets' overflow): k = 200 and
+/// k = 1000 on Gemma's logits take the shortcut and pick what llama.cpp
+/// picks.
+#[test]
+fn large_top_k_shortcut_picks_what_llama_cpp_picks_on_gemma() {
+    let model = real_model();
+    let (mut ctx, toks) = gemma_ctx(&model);
+    let n = toks.len() as i32;
+    for (k, seed) in [(200, 5), (1000, 6)] {
+        for temp in [0.8, 1.5] {
+            let chain = || SamplerChain::new().top_k(k).temp(temp).dist(seed).build().unwrap();
+            ctx.clear_kv(false);
+            decode_seq(&mut ctx, &toks, 0, 0);
+            let (sampled, paths) = compare_with_llama_cpp(&mut ctx, &mut chain(), &mut chain(), n, 64);
+            let shortcut = paths.iter().filter(|&&p| p == SamplePath::TopK).count();
+            eprintln!("k {k}, temp {temp}: {shortcut}/64 steps on the shortcut, {} distinct", distinct(&sampled));
+            // Ties among the k + 1 best send a step to the full path; on
+            // real logits that is rare.
+            assert!(shortcut >= 60, "k {k}: only {shortcut} of 64 steps took the shortcut: {paths:?}");
+            assert!(distinct(&sampled) > 5, "k {k}: {sampled:?}");
+        }
+        // A greedy selector behind top-k: the same as the argmax.
+        let chain = || SamplerChain::new().top_k(k).greedy().build().unwrap();
+        ctx.clear_kv(false);
+        let logits = decode_seq(&mut ctx, &toks, 0, 0);
+        let (picked, paths) = compare_with_llama_cpp(&mut ctx, &mut chain(), &mut chain(), n, 16);
+        assert_eq!(picked[0], Token(argmax(&logits) as i32));
+        assert!(paths.iter().filter(|&&p| p == SamplePath::TopK).count() >= 14, "{paths:?}");
+    }
+}
+
+/// A row with a logit >= 3e8: llama.cpp's bucket index for k > 128,
+/// `int(6.4 * x + 64)`, overflows there, so the shortcut leaves such rows
+/// to llama.cpp's own top-k (the full path) to pick the same token. The
+/// shortcut reads the context's logits, so the row comes from a copy of the
+/// tiny model whose output rows of two tokens are 2^33 times one row and
+/// minus that: one of the two logits is then 2^33 |x| for the original
+/// logit x.
+#[test]
+fn large_top_k_agrees_on_huge_logits() {
+    let mut bytes = std::fs::read(tiny_path()).unwrap();
+    let lay = layout(&bytes);
+    let data_start = lay.info.1.div_ceil(32) * 32; // general.alignment defaults to 32
+    let (_, _, _, offset_field) = lay.tensors.iter().find(|t| t.0 == "output.weight").unwrap().clone();
+    let offset = u64::from_le_bytes(bytes[offset_field..offset_field + 8].try_into().unwrap()) as usize;
+    let n_embd = TinyModelSpec::default().n_embd as usize;
+    let (up, down) = (500usize, 501usize);
+    let row = |t: usize| data_start + offset + t * n_embd * 4;
+    for i in 0..n_embd {
+        let at = row(up) + 4 * i;
+        let w = f32::from_le_bytes(bytes[at..at + 4].try_into().unwrap());
+        let scaled = w * 2f32.powi(33); // a power of two: exact
+        bytes[at..at + 4].copy_from_slice(&scaled.to_le_bytes());
+        let at = row(down) + 4 * i;
+        bytes[at..at + 4].copy_from_slice(&(-scaled).to_le_bytes());
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("huge.gguf");
+    std::fs::write(&path, &bytes).unwrap();
+    let model = Model::load(&path, &llama::ModelParams::default()).unwrap();
+    let n_vocab = model.vocab().n_tokens();
+
+    let chains: [(&str, fn() -> Sampler<'static>); 3] = [
+        ("top_k(200) greedy", || SamplerChain::new().top_k(200).greedy().build().unwrap()),
+        ("top_k(200) dist", || SamplerChain::new().top_k(200).temp(0.8).dist(21).build().unwrap()),
+        ("top_k(129) min_p dist", || SamplerChain::new().top_k(129).min_p(0.01, 1).dist(22).build().unwrap()),
+    ];
+    for (name, make) in chains {
+        let (mut ours, mut theirs) = (make(), make());
+        let (mut ctx, n) = prompt_ctx(&model, "the quick brown fox");
+        let mut batch = Batch::new(1, 1);
+        let mut huge_steps = 0;
+        for step in 0..40 {
+            let logits = ctx.logits(-1).unwrap().to_vec();
+            assert_eq!(logits.len(), n_vocab);
+            assert_eq!(logits[up], -logits[down]);
+            let best = argmax(&logits);
+            let huge = logits[best] >= 3.0e8;
+            let (t, path) = ours.sample_with_path(&mut ctx, -1).unwrap();
+            // SAFETY: as in `compare_with_llama_cpp`.
+            let reference = unsafe { sys::llama_sampler_sample(theirs.as_ptr(), ctx.as_ptr(), -1) };
+            assert_eq!(t, Token(reference), "{name}, step {step}: {path:?} path picked {t}, llama.cpp {reference}");
+            if huge {
+                huge_steps += 1;
+                assert!(best == up || best == down);
+                assert_eq!(
+                    path,
+                    SamplePath::Full,
+                    "{name}, step {step}: a logit of {} must leave the shortcut",
+                    logits[best]
+                );
+                // On x86-64 the overflowing conversion gives INT_MIN: the
+                // best token lands in the lowest bucket and llama.cpp's top-k
+                // drops it, which a plain top-k (the shortcut without its
+                // guard) would not. That is what the guard is for.
+                #[cfg(target_arch = "x86_64")]
+                if logits[best] > 3.4e8 {
+                    assert_ne!(t.0 as usize, best, "{name}, step {step}: llama.cpp kept the overflowing logit");
+                }
+            } else {
+                assert_eq!(path, SamplePath::TopK, "{name}, step {step}");
+            }
+            batch.clear();
+            batch.push(t, n + step, &[0], true).unwrap();
+            ctx.decode(&batch).unwrap();
+        }
+        eprintln!("{name}: {huge_steps}/40 steps with a logit >= 3e8");
+        assert!(huge_steps >= 30, "{name}: only {huge_steps} of 40 steps had a huge logit");
+    }
+}
+
+/// The built-in samplers not covered above, each in a chain run by the
+/// crate and by `llama_sampler_sample`: alone before its selector (the full
+/// path) and behind a top-k (the shortcut). `seed` seeds every RNG of the
+/// chain.
+fn built_in_chain<'m>(vocab: &'m Vocab, name: &str, seed: u32, top_k: Option<i32>) -> Sampler<'m> {
+    let chain = match top_k {
+        Some(k) => SamplerChain::new().top_k(k),
+        None => SamplerChain::new(),
+    };
+    let chain = match name {
+        "typical" => chain.typical(0.5, 1).dist(seed),
+        "temp_ext" => chain.temp_ext(1.2, 0.8, 1.5).dist(seed),
+        "xtc" => chain.xtc(0.7, 0.02, 1, seed.wrapping_add(1)).dist(seed),
+        "top_n_sigma" => chain.top_n_sigma(0.5).dist(seed),
+        "mirostat" => chain.mirostat(vocab, seed, 3.0, 0.2, 100).unwrap(),
+        "mirostat_v2" => chain.mirostat_v2(seed, 3.0, 0.2),
+        "adaptive_p" => chain.min_p(0.01, 1).adaptive_p(0.3, 0.8, seed),
+        "dry" => chain.dry(vocab, 1.5, 1.75, 1, 64, &["\n", "."]).unwrap().dist(seed),
+        "min_p" => chain.min_p(0.2, 1).dist(seed),
+        "top_p" => chain.top_p(0.5, 1).dist(seed),
+        "penalties" => chain.penalties(32, 1.5, 0.5, 0.5).dist(seed),
+        "logit_bias" => {
+            chain.logit_bias(vocab, &[(Token(300), 6.0), (Token(400), 4.0), (Token(500), -100.0)]).unwrap().dist(seed)
+        }
+        // The baseline the filters are measured against: the selector alone.
+        "none" => chain.dist(seed),
+        _ => unreachable!("{name}"),
+    };
+    chain.build().unwrap()
+}
+
+/// Samplers that only filter or reweight (the others select).
+const FILTERS: [&str; 9] =
+    ["typical", "temp_ext", "xtc", "top_n_sigma", "dry", "min_p", "top_p", "penalties", "logit_bias"];
+const SELECTORS: [&str; 3] = ["mirostat", "mirostat_v2", "adaptive_p"];
+
+/// Runs every built-in of [`built_in_chain`] with each seed, `steps` steps
+/// from the same prompt, on both paths, comparing each token with
+/// llama.cpp's; checks that each filter changes some token against the
+/// selector alone, so the comparison is not of two no-ops.
+fn compare_built_ins(model: &Model, prompt: &str, seeds: &[u32], steps: usize, top_k: i32) {
+    let vocab = model.vocab();
+    let mut ctx = model.new_context(&small_params().n_ctx(512).n_threads(2)).unwrap();
+    let prompt = tokens(vocab, prompt);
+    let n = prompt.len() as i32;
+    let mut run = |name: &str, seed: u32, k: Option<i32>| {
+        ctx.clear_kv(false);
+        decode_seq(&mut ctx, &prompt, 0, 0);
+        let (mut ours, mut theirs) = (built_in_chain(vocab, name, seed, k), built_in_chain(vocab, name, seed, k));
+        let (toks, paths) = compare_with_llama_cpp(&mut ctx, &mut ours, &mut theirs, n, steps);
+        let want = if k.is_some() { SamplePath::TopK } else { SamplePath::Full };
+        // Ties at the k-th place may send a step to the full path.
+        let on_path = paths.iter().filter(|&&p| p == want).count();
+        assert!(on_path * 10 >= steps * 9, "{name}, seed {seed}, top-k {k:?}: {paths:?}");
+        toks
+    };
+    for k in [None, Some(top_k)] {
+        let mut baseline = Vec::new();
+        for &seed in seeds {
+            baseline.push(run("none", seed, k));
+        }
+        for name in FILTERS.iter().chain(&SELECTORS) {
+            let mut changed = false;
+            for (i, &seed) in seeds.iter().enumerate() {
+                let toks = run(name, seed, k);
+                changed |= toks != baseline[i];
+            }
+            eprintln!(
+                "{name} (top-k {k:?}): {} seeds x {steps} steps equal; changes the tokens: {changed}",
+                seeds.len()
+            );
+            assert!(changed, "{name} (top-k {k:?}) never changed a token against the selector alone");
+        }
+    }
+}
+
+#[test]
+fn every_built_in_sampler_picks_what_llama_cpp_picks() {
+    let model = tiny_model();
+    compare_built_ins(&model, "the the quick brown fox. the the quick", &[3, 17, 4242], 64, 60);
+}
+
+/// The same on Gemma's logits (fewer steps: every full-path step sorts
+/// 262,144 candidates).
+#[test]
+fn every_built_in_sampler_picks_what_llama_cpp_picks_on_gemma() {
+    let model = real_model();
+    compare_built_ins(&model, "The capital of France is Paris. The capital of France is", &[8, 99], 16, 64);
 }
 
 // ------------------------------------------------------ custom samplers

@@ -198,8 +198,11 @@ fn state_sizes_and_file_tokens_round_trip() {
     ctx.save_state_file(&path, &too_many).unwrap();
     assert!(matches!(small.load_state_file(&path), Err(llama::Error::State(_))));
     // A save into a directory that does not exist fails cleanly.
-    assert!(ctx.save_state_file(dir.path().join("missing").join("x"), &prompt).is_err());
-    assert!(ctx.save_seq_state_file(dir.path().join("missing").join("x"), 0, &prompt).is_err());
+    let r = ctx.save_state_file(dir.path().join("missing").join("x"), &prompt);
+    assert!(matches!(r, Err(llama::Error::State(_))), "{r:?}");
+    let r = ctx.save_seq_state_file(dir.path().join("missing").join("x"), 0, &prompt);
+    assert!(matches!(r, Err(llama::Error::State(_))), "{r:?}");
+    assert!(!dir.path().join("missing").exists());
 }
 
 /// `perf()` counts prompt tokens (batches of several tokens) and
