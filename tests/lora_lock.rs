@@ -5,8 +5,12 @@
 //! test stops each of them in the middle, from llama.cpp's own log
 //! message, and checks that an adapter load on another thread waits until
 //! it is over. Without the lock the load finishes inside the pause.
+//!
+//! The pause hangs on llama.cpp's log reaching the `log` crate under the
+//! target `llama.cpp`, which the test checks first.
 
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, Sender, channel};
 use std::time::Duration;
 
@@ -34,6 +38,9 @@ struct Pause {
 
 static PAUSE_AT: Mutex<Option<Pause>> = Mutex::new(None);
 
+/// Records of target `llama.cpp` at info level seen by the logger.
+static LLAMA_CPP_INFO_RECORDS: AtomicUsize = AtomicUsize::new(0);
+
 struct PausingLogger;
 
 impl log::Log for PausingLogger {
@@ -44,6 +51,9 @@ impl log::Log for PausingLogger {
     fn log(&self, record: &log::Record<'_>) {
         if record.target() != "llama.cpp" {
             return;
+        }
+        if record.level() == log::Level::Info {
+            LLAMA_CPP_INFO_RECORDS.fetch_add(1, Ordering::Relaxed);
         }
         let message = record.args().to_string();
         // Take the pause out, so that the logging of other threads (the
@@ -95,6 +105,8 @@ fn adapter_loads_wait_for_context_creation_and_re_reserving_decodes() {
     let lora = dir.path().join("lora.gguf");
     write_tiny_lora(&lora, &TinyModelSpec::default(), 4).unwrap();
     let model = Model::load(tiny_llama_path(&TinyModelSpec::default()).unwrap(), &ModelParams::default()).unwrap();
+    // Loading a model logs at info level (its metadata, its buffers).
+    assert!(LLAMA_CPP_INFO_RECORDS.load(Ordering::Relaxed) > 0, "llama.cpp's log did not reach the log crate");
     let params = llama::ContextParams::default().n_ctx(256).n_threads(1);
 
     let overlapped = load_overlaps(&model, &lora, "constructing llama_context", || {

@@ -1084,30 +1084,3 @@ impl Model {
         Context::new(self, params)
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn encoder_models_need_one_stream() {
-        // Decoder-only models: any layout.
-        assert!(check_encoder_streams(false, 4, false).is_ok());
-        assert!(check_encoder_streams(false, 1, false).is_ok());
-        // Encoder-decoder models: one sequence, or a unified cache.
-        assert!(check_encoder_streams(true, 1, false).is_ok());
-        assert!(check_encoder_streams(true, 4, true).is_ok());
-        let err = check_encoder_streams(true, 2, false).unwrap_err();
-        assert!(matches!(err, Error::InvalidArgument(ref m) if m.contains("kv_unified")), "{err:?}");
-    }
-
-    #[test]
-    fn thread_counts_are_bounded_by_ggml() {
-        assert!(check_threads(1, 1).is_ok());
-        assert!(check_threads(MAX_THREADS, MAX_THREADS).is_ok());
-        for (a, b) in [(0, 1), (1, 0), (-1, 1), (MAX_THREADS + 1, 1), (1, MAX_THREADS + 1), (i32::MAX, i32::MIN)] {
-            assert!(matches!(check_threads(a, b), Err(Error::InvalidArgument(_))), "({a}, {b})");
-        }
-        assert!((1..=MAX_THREADS).contains(&default_threads()));
-    }
-}

@@ -68,3 +68,8 @@ pub use model::{LoadMode, MetadataValue, Model, ModelParams, RopeType, SplitMode
 pub use quantize::{FileType, QuantizeParams, quantize};
 pub use sampler::{Candidates, CustomSampler, SamplePath, Sampler, SamplerChain, TokenData};
 pub use vocab::{Detokenizer, Token, TokenAttrs, Vocab};
+
+/// The README's Rust examples, compiled by `cargo test --doc`.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;
