@@ -454,3 +454,23 @@ fn a_session_does_not_trust_a_cache_changed_behind_its_back() {
         assert_eq!(elsewhere, first);
     });
 }
+
+#[test]
+fn a_vocabulary_with_a_repeated_token_text_is_refused() {
+    isolated(|| {
+        // Found by fuzzing (fuzz/fuzz_targets/gguf_load.rs): two tokens
+        // with the same text make llama.cpp's vocabulary load assert
+        // (GGML_ASSERT(id_to_token.size() == token_to_id.size())).
+        let good = std::fs::read(tiny_path()).unwrap();
+        let at = good.windows(6).position(|w| w == b"<0x01>").unwrap();
+        let mut bad = good.clone();
+        bad[at..at + 6].copy_from_slice(b"<0x00>");
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("repeated-token.gguf");
+        std::fs::write(&path, &bad).unwrap();
+        for vocab_only in [false, true] {
+            let err = Model::load(&path, &ModelParams { vocab_only, ..ModelParams::default() }).unwrap_err();
+            assert!(matches!(err, Error::ModelLoad { ref reason, .. } if reason.contains("same text")), "{err:?}");
+        }
+    });
+}

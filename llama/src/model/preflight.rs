@@ -18,6 +18,11 @@
 //!   K/V widths (`GGML_ASSERT(ggml_nelements(a) == ne0*ne1*ne2)` in a
 //!   reshape).
 //!
+//! * the vocabulary (`llama_vocab::impl::load`, also for `vocab_only`):
+//!   every token text is unique (`GGML_ASSERT(id_to_token.size() ==
+//!   token_to_id.size())`), and an RWKV vocabulary has a newline token
+//!   (`GGML_ASSERT(!ids.empty() && "model vocab missing newline token")`).
+//!
 //! Overrides are applied the way llama.cpp applies them: an integer
 //! override is converted to `u32` (truncating), a float one to `f32`.
 
@@ -135,6 +140,78 @@ impl Gguf {
     }
 }
 
+/// The token texts must be unique: llama.cpp maps text to id and asserts
+/// that the map holds every token. An RWKV vocabulary must have a token
+/// for "\n" (llama.cpp asserts that tokenizing it gives a token).
+fn check_vocab(gguf: &Gguf) -> Result<(), String> {
+    let Some((id, kind)) = gguf.find("tokenizer.ggml.tokens") else {
+        return Ok(()); // llama.cpp refuses a file without tokens itself
+    };
+    // SAFETY: a valid key id; the array type is read only for arrays.
+    if kind != sys::gguf_type::GGUF_TYPE_ARRAY
+        || unsafe { sys::gguf_get_arr_type(gguf.ptr(), id) } != sys::gguf_type::GGUF_TYPE_STRING
+    {
+        return Ok(()); // mistyped: llama.cpp throws
+    }
+    // SAFETY: a valid id of a string array.
+    let n = unsafe { sys::gguf_get_arr_n(gguf.ptr(), id) };
+    let texts: Vec<&[u8]> = (0..n)
+        .map(|i| {
+            // SAFETY: `i < n`; the string lives as long as the context,
+            // which outlives `texts` (dropped at the end of this function).
+            unsafe { CStr::from_ptr(sys::gguf_get_arr_str(gguf.ptr(), id, i)) }.to_bytes()
+        })
+        .collect();
+    let mut seen = std::collections::HashMap::with_capacity(texts.len());
+    for (i, text) in texts.iter().enumerate() {
+        if let Some(first) = seen.insert(*text, i) {
+            return Err(format!(
+                "tokens {first} and {i} of the vocabulary have the same text {:?}",
+                String::from_utf8_lossy(text)
+            ));
+        }
+    }
+    if gguf.string("tokenizer.ggml.model").as_deref() == Some("rwkv")
+        && !texts.iter().any(|t| unescape_rwkv(t) == b"\n")
+    {
+        return Err("the RWKV vocabulary has no newline token".into());
+    }
+    Ok(())
+}
+
+/// An RWKV token's bytes, as llama.cpp's `llama_unescape_rwkv_token`
+/// unescapes its stored text (`\t`, `\n`, `\r`, `\xHH` with lowercase
+/// hex digits read as llama.cpp reads them, `\c` for any other `c`).
+fn unescape_rwkv(escaped: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(escaped.len());
+    let (mut escaping, mut hex_left, mut hex) = (false, 0u8, 0u8);
+    for &c in escaped {
+        if hex_left != 0 {
+            let value = if c >= b'a' { c.wrapping_sub(b'a').wrapping_add(10) } else { c.wrapping_sub(b'0') };
+            hex = (hex << 4).wrapping_add(value);
+            hex_left -= 1;
+            if hex_left == 0 {
+                out.push(hex);
+                hex = 0;
+            }
+        } else if escaping {
+            match c {
+                b't' => out.push(b'\t'),
+                b'n' => out.push(b'\n'),
+                b'r' => out.push(b'\r'),
+                b'x' => hex_left = 2,
+                other => out.push(other),
+            }
+            escaping = false;
+        } else if c == b'\\' {
+            escaping = true;
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// Checks the model file at `path` (as `c_path`) with `overrides` applied.
 pub(super) fn check(path: &Path, c_path: &CStr, overrides: &[(String, MetadataValue)], vocab_only: bool) -> Result<()> {
     let invalid = |reason: String| Error::ModelLoad { path: path.to_owned(), reason };
@@ -142,6 +219,7 @@ pub(super) fn check(path: &Path, c_path: &CStr, overrides: &[(String, MetadataVa
     let Some(gguf) = Gguf::open(c_path) else {
         return Err(invalid(crate::backend::last_error_or("not a valid GGUF file")));
     };
+    check_vocab(&gguf).map_err(invalid)?;
     if vocab_only {
         // llama.cpp stops reading hyper-parameters before these.
         return Ok(());
@@ -268,5 +346,22 @@ fn check_experts(
             key("expert_group_count"),
             key("expert_group_used_count"),
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::unescape_rwkv;
+
+    #[test]
+    fn rwkv_tokens_unescape_as_llama_cpp_unescapes_them() {
+        assert_eq!(unescape_rwkv(b"\\n"), b"\n");
+        assert_eq!(unescape_rwkv(b"\\x0a"), b"\n");
+        assert_eq!(unescape_rwkv(b"a\\tb\\r"), b"a\tb\r");
+        assert_eq!(unescape_rwkv(b"\\\\"), b"\\");
+        assert_eq!(unescape_rwkv(b"\\q"), b"q");
+        // Uppercase hex digits are read as llama.cpp reads them ('A' - '0').
+        assert_eq!(unescape_rwkv(b"\\x0A"), [17]);
+        assert_eq!(unescape_rwkv(b"plain"), b"plain");
     }
 }
