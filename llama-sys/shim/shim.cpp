@@ -11,6 +11,7 @@
 
 #include <exception>
 #include <new>
+#include <regex>
 #include <stdexcept>
 #include <string>
 
@@ -106,6 +107,16 @@ int llama_rs_sampler_init_grammar_lazy_patterns(const llama_vocab * vocab, const
                                                 size_t num_trigger_patterns, const llama_token * trigger_tokens,
                                                 size_t num_trigger_tokens, llama_sampler ** result) {
     return guarded([&] {
+        // llama.cpp allocates the sampler before it compiles the trigger
+        // patterns, and leaks it when one of them throws (an invalid
+        // regex). Compiled here first, the same way (std::regex, default
+        // ECMAScript flags), an invalid pattern throws before anything is
+        // allocated. llama.cpp compiles them only for a non-empty grammar.
+        if (grammar_str != nullptr && grammar_str[0] != '\0') {
+            for (size_t i = 0; i < num_trigger_patterns; ++i) {
+                std::regex check(trigger_patterns[i]);
+            }
+        }
         *result = llama_sampler_init_grammar_lazy_patterns(vocab, grammar_str, grammar_root, trigger_patterns,
                                                            num_trigger_patterns, trigger_tokens, num_trigger_tokens);
     });
