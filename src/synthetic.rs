@@ -157,7 +157,37 @@ const MAX_DATA_BYTES: u64 = 1 << 31;
 /// otherwise the I/O error of creating, writing or renaming the file (the
 /// parent folder must exist: [`io::ErrorKind::NotFound`] if it does not).
 pub fn write_tiny_llama(path: &Path, spec: &TinyModelSpec) -> io::Result<()> {
-    write_tiny(path, spec, Arch::Llama)
+    write_tiny(path, spec, Arch::Llama, None)
+}
+
+/// Writes the tiny llama model of `spec` with the rank-`rank` adapter of
+/// [`write_tiny_lora_with_alpha`] (or, for `alpha = rank`, of
+/// [`write_tiny_lora`]) merged into its weights at adapter scale `scale`,
+/// the way llama.cpp applies it: layer 0's query projection `W` becomes
+/// `W + s·(B·A)` with `s = scale · alpha / rank` (`s = scale` for
+/// `alpha = 0`). In ggml's order `lora_a` has `ne = [n_embd, rank]`
+/// (`rank` rows of `n_embd`: `A` is rank × n_embd) and `lora_b`
+/// `ne = [rank, n_embd]` (`B` is n_embd × rank), and llama.cpp computes
+/// `W·x + s·B·(A·x)`; `B·A` is n_embd × n_embd like `W` (`ne = [n_embd,
+/// n_embd]`, row `o` holding output `o`'s weights). The product is summed in
+/// f64 and the merged weights rounded to f32 once. Every other tensor is
+/// [`write_tiny_llama`]'s. Written as [`write_tiny_llama`] writes.
+///
+/// # Errors
+/// As [`write_tiny_lora`] and [`write_tiny_llama`].
+pub fn write_tiny_llama_lora_merged(
+    path: &Path,
+    spec: &TinyModelSpec,
+    rank: u32,
+    alpha: f32,
+    scale: f32,
+) -> io::Result<()> {
+    validate(spec)?;
+    lora_plan(spec, rank)?;
+    if !scale.is_finite() || !alpha.is_finite() {
+        return Err(invalid_input(format!("LoRA scale {scale} or alpha {alpha} is not finite")));
+    }
+    write_tiny(path, spec, Arch::Llama, Some(LoraMerge { rank, alpha, scale }))
 }
 
 /// Writes a tiny Mamba (recurrent state-space) model for `spec` to `path`:
@@ -171,7 +201,7 @@ pub fn write_tiny_llama(path: &Path, spec: &TinyModelSpec) -> io::Result<()> {
 /// # Errors
 /// As [`write_tiny_llama`].
 pub fn write_tiny_mamba(path: &Path, spec: &TinyModelSpec) -> io::Result<()> {
-    write_tiny(path, spec, Arch::Mamba)
+    write_tiny(path, spec, Arch::Mamba, None)
 }
 
 /// The architectures the writer knows.
@@ -190,7 +220,18 @@ impl Arch {
     }
 }
 
-fn write_tiny(path: &Path, spec: &TinyModelSpec, arch: Arch) -> io::Result<()> {
+/// A LoRA adapter of [`write_tiny_lora`] to merge into the weights.
+#[derive(Clone, Copy, Debug)]
+struct LoraMerge {
+    rank: u32,
+    /// The adapter's `adapter.lora.alpha`.
+    alpha: f32,
+    /// The adapter scale a user would set (llama.cpp multiplies it by
+    /// alpha / rank).
+    scale: f32,
+}
+
+fn write_tiny(path: &Path, spec: &TinyModelSpec, arch: Arch, merge: Option<LoraMerge>) -> io::Result<()> {
     validate(spec)?;
     let file_name = path.file_name().ok_or_else(|| invalid_input(format!("no file name in {}", path.display())))?;
     let dir = match path.parent() {
@@ -200,7 +241,7 @@ fn write_tiny(path: &Path, spec: &TinyModelSpec, arch: Arch) -> io::Result<()> {
 
     let (tmp, file) = create_unique_temp(&dir, &file_name.to_string_lossy())?;
     drop(file);
-    let result = write_gguf(&tmp, spec, arch).and_then(|()| fs::rename(&tmp, path));
+    let result = write_gguf(&tmp, spec, arch, merge).and_then(|()| fs::rename(&tmp, path));
     if result.is_err() {
         // Best effort: the temporary name is ours alone.
         let _ = fs::remove_file(&tmp);
@@ -248,7 +289,7 @@ fn tiny_path(spec: &TinyModelSpec, arch: Arch) -> io::Result<PathBuf> {
     if is_complete_gguf(&path) {
         return Ok(path);
     }
-    match write_tiny(&path, spec, arch) {
+    match write_tiny(&path, spec, arch, None) {
         Ok(()) => Ok(path),
         // Another process may have won the race and hold the file open
         // (where that blocks a rename); its file is as good as ours.
@@ -759,7 +800,7 @@ impl ModelWriter {
 }
 
 /// Builds the model for `spec` and writes it to `path` (not atomically).
-fn write_gguf(path: &Path, spec: &TinyModelSpec, arch: Arch) -> io::Result<()> {
+fn write_gguf(path: &Path, spec: &TinyModelSpec, arch: Arch, merge: Option<LoraMerge>) -> io::Result<()> {
     let plan = match arch {
         Arch::Llama => tensor_plan(spec),
         Arch::Mamba => mamba_tensor_plan(spec),
@@ -812,11 +853,63 @@ fn write_gguf(path: &Path, spec: &TinyModelSpec, arch: Arch) -> io::Result<()> {
     w.set_bool("tokenizer.ggml.add_eos_token", false)?;
     w.set_bool("tokenizer.ggml.add_space_prefix", true)?;
 
+    let merged = merge.map(|m| merged_lora_weight(spec, m).map(|w| (LORA_TARGET, w))).transpose()?;
     for def in &plan {
-        let values = def.values(spec.seed);
+        let values = match &merged {
+            Some((target, values)) if def.name == *target => values.clone(),
+            _ => def.values(spec.seed),
+        };
         w.add_f32_tensor(def, &values)?;
     }
     w.write(path)
+}
+
+/// The tensor the tiny LoRA adapts.
+const LORA_TARGET: &str = "blk.0.attn_q.weight";
+
+/// The tensors of the rank-`rank` LoRA of [`write_tiny_lora`]: `lora_a`
+/// (`ne = [n_embd, rank]`) and `lora_b` (`ne = [rank, n_embd]`).
+fn lora_plan(spec: &TinyModelSpec, rank: u32) -> io::Result<[TensorDef; 2]> {
+    if rank == 0 || rank > spec.n_embd {
+        return Err(invalid_input(format!("LoRA rank {rank} must be in 1..={}", spec.n_embd)));
+    }
+    Ok([
+        TensorDef { name: format!("{LORA_TARGET}.lora_a"), ne: vec![spec.n_embd, rank], init: Init::Uniform(0.5) },
+        TensorDef { name: format!("{LORA_TARGET}.lora_b"), ne: vec![rank, spec.n_embd], init: Init::Uniform(0.5) },
+    ])
+}
+
+/// The seed of the LoRA tensors' values.
+fn lora_seed(spec: &TinyModelSpec) -> u64 {
+    spec.seed ^ 0x10_4A
+}
+
+/// `W + scale · alpha / rank · (B·A)` for [`LORA_TARGET`] (see
+/// [`write_tiny_llama_lora_merged`]), flat in ggml's order: element
+/// `[o * n_embd + i]` is the weight of input `i` in output `o`.
+fn merged_lora_weight(spec: &TinyModelSpec, merge: LoraMerge) -> io::Result<Vec<f32>> {
+    let [a_def, b_def] = lora_plan(spec, merge.rank)?;
+    let (a, b) = (a_def.values(lora_seed(spec)), b_def.values(lora_seed(spec)));
+    let plan = tensor_plan(spec);
+    let w_def = plan.iter().find(|d| d.name == LORA_TARGET).ok_or_else(|| io::Error::other("no LoRA target"))?;
+    let w = w_def.values(spec.seed);
+    let (n, rank) = (spec.n_embd as usize, merge.rank as usize);
+    // llama_adapter_lora_weight::get_scale, where rank = ne[0] of B.
+    let s = if merge.alpha != 0.0 {
+        f64::from(merge.scale) * f64::from(merge.alpha) / rank as f64
+    } else {
+        f64::from(merge.scale)
+    };
+    let mut out = Vec::with_capacity(w.len());
+    for o in 0..n {
+        for i in 0..n {
+            // A is rank rows of n (a[r * n + i]), B is n rows of rank
+            // (b[o * rank + r]).
+            let ba: f64 = (0..rank).map(|r| f64::from(b[o * rank + r]) * f64::from(a[r * n + i])).sum();
+            out.push((f64::from(w[o * n + i]) + s * ba) as f32);
+        }
+    }
+    Ok(out)
 }
 
 /// Writes a rank-`rank` LoRA adapter for the tiny model of `spec`: low-rank
@@ -824,22 +917,29 @@ fn write_gguf(path: &Path, spec: &TinyModelSpec, arch: Arch) -> io::Result<()> {
 /// the query projection of layer 0, with alpha = rank (scale 1), values
 /// from the spec's seed. Not atomic: write to a fresh path.
 pub fn write_tiny_lora(path: &Path, spec: &TinyModelSpec, rank: u32) -> io::Result<()> {
+    write_tiny_lora_with_alpha(path, spec, rank, rank as f32)
+}
+
+/// [`write_tiny_lora`] with `adapter.lora.alpha` = `alpha`, so that
+/// llama.cpp scales the adapter by `alpha / rank` times the user's scale.
+///
+/// # Errors
+/// As [`write_tiny_lora`]; [`io::ErrorKind::InvalidInput`] for an alpha
+/// that is not finite.
+pub fn write_tiny_lora_with_alpha(path: &Path, spec: &TinyModelSpec, rank: u32, alpha: f32) -> io::Result<()> {
     validate(spec)?;
-    if rank == 0 || rank > spec.n_embd {
-        return Err(invalid_input(format!("LoRA rank {rank} must be in 1..={}", spec.n_embd)));
+    let plan = lora_plan(spec, rank)?;
+    if !alpha.is_finite() {
+        return Err(invalid_input(format!("LoRA alpha {alpha} is not finite")));
     }
-    let plan = [
-        TensorDef { name: "blk.0.attn_q.weight.lora_a".into(), ne: vec![spec.n_embd, rank], init: Init::Uniform(0.5) },
-        TensorDef { name: "blk.0.attn_q.weight.lora_b".into(), ne: vec![rank, spec.n_embd], init: Init::Uniform(0.5) },
-    ];
     let bytes = (spec.n_embd as usize) * (rank as usize) * 4;
     let mut w = ModelWriter::new(2 * ModelWriter::pool_bytes(bytes))?;
     w.set_str("general.architecture", "llama")?;
     w.set_str("general.type", "adapter")?;
     w.set_str("adapter.type", "lora")?;
-    w.set_f32("adapter.lora.alpha", rank as f32)?;
+    w.set_f32("adapter.lora.alpha", alpha)?;
     for def in &plan {
-        w.add_f32_tensor(def, &def.values(spec.seed ^ 0x10_4A))?;
+        w.add_f32_tensor(def, &def.values(lora_seed(spec)))?;
     }
     w.write(path)
 }

@@ -2,9 +2,11 @@
 
 mod safe_api;
 
-use llama::{Batch, Context, Error, Model};
-use llama_suite::synthetic::{TinyModelSpec, write_tiny_lora};
-use safe_api::{nmse, other_tiny_model, small_params, tiny_model};
+use llama::{Batch, Context, Error, Model, ModelParams};
+use llama_suite::synthetic::{
+    TinyModelSpec, write_tiny_llama_lora_merged, write_tiny_lora, write_tiny_lora_with_alpha,
+};
+use safe_api::{argmax, nmse, other_tiny_model, small_params, tiny_model};
 
 fn last_logits(ctx: &mut Context<'_>, model: &Model) -> Vec<f32> {
     let tokens = model.vocab().tokenize("Hello world, the quick brown fox", true).unwrap();
@@ -35,6 +37,71 @@ fn a_lora_adapter_changes_the_logits_and_can_be_removed() {
     ctx.set_lora_adapters(&[]).unwrap();
     assert_eq!(last_logits(&mut ctx, &model), base, "removing the adapter restores the model");
     assert!(matches!(ctx.set_lora_adapters(&[(&adapter, f32::NAN)]), Err(Error::Adapter(_))));
+}
+
+/// The adapter's effect is llama.cpp's LoRA math, `W + s·(B·A)` with
+/// `s = scale · alpha / rank`: the adapted logits equal those of a model
+/// whose query weights of layer 0 were merged that way (NMSE <= 1e-6, only
+/// float rounding apart), for scales 1 and 2 and for alpha = rank and
+/// alpha = rank / 2, while the plain model and every other case's merge are
+/// far from them.
+#[test]
+fn a_lora_adapter_equals_its_merged_weights() {
+    let spec = TinyModelSpec::default();
+    let rank = 4;
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model();
+    // (alpha, user scale): s = 1, 2, 0.5 and 1 again by another route.
+    let cases = [(4.0f32, 1.0f32), (4.0, 2.0), (2.0, 1.0), (2.0, 2.0)];
+    let adapters: Vec<_> = cases
+        .iter()
+        .map(|&(alpha, _)| {
+            let path = dir.path().join(format!("lora-{alpha}.gguf"));
+            if alpha == rank as f32 {
+                write_tiny_lora(&path, &spec, rank).unwrap();
+            } else {
+                write_tiny_lora_with_alpha(&path, &spec, rank, alpha).unwrap();
+            }
+            let adapter = model.load_lora(&path).unwrap();
+            assert_eq!(adapter.metadata("adapter.lora.alpha").map(|a| a.parse::<f32>().unwrap()), Some(alpha));
+            adapter
+        })
+        .collect();
+    let mut ctx = model.new_context(&small_params()).unwrap();
+    let base = last_logits(&mut ctx, &model);
+    let (mut adapted, mut merged) = (Vec::new(), Vec::new());
+    for (&(alpha, scale), adapter) in cases.iter().zip(&adapters) {
+        ctx.set_lora_adapters(&[(adapter, scale)]).unwrap();
+        adapted.push(last_logits(&mut ctx, &model));
+        ctx.set_lora_adapters(&[]).unwrap();
+        let merged_path = dir.path().join(format!("merged-{alpha}-{scale}.gguf"));
+        write_tiny_llama_lora_merged(&merged_path, &spec, rank, alpha, scale).unwrap();
+        let merged_model = Model::load(&merged_path, &ModelParams::default()).unwrap();
+        let mut merged_ctx = merged_model.new_context(&small_params()).unwrap();
+        merged.push(last_logits(&mut merged_ctx, &merged_model));
+    }
+    for (i, (alpha, scale)) in cases.iter().enumerate() {
+        let what = format!("alpha {alpha}, scale {scale}");
+        let e = nmse(&merged[i], &adapted[i]);
+        let plain = nmse(&base, &adapted[i]);
+        eprintln!("{what}: NMSE(merged, adapted) = {e:e}; NMSE(plain model, adapted) = {plain:e}");
+        assert!(e <= 1e-6, "{what}: the adapter is not W + s·BA (NMSE {e:e})");
+        assert_eq!(argmax(&merged[i]), argmax(&adapted[i]), "{what}");
+        // The controls: the same check fails, by orders of magnitude, for
+        // the plain model and for the merge of every case with another
+        // effective scale (s = 0.5 against s = 1 is the closest: ~1e-2).
+        assert!(plain > 1e-2, "{what}: the adapter barely changes the logits (NMSE {plain:e})");
+        for (j, (alpha_j, scale_j)) in cases.iter().enumerate() {
+            if alpha_j * scale_j == alpha * scale {
+                continue;
+            }
+            let other = nmse(&merged[j], &adapted[i]);
+            eprintln!("{what}: NMSE(merge at alpha {alpha_j}, scale {scale_j}; adapted) = {other:e}");
+            assert!(other > 1e-3, "{what}: the merge at alpha {alpha_j}, scale {scale_j} is as close (NMSE {other:e})");
+        }
+    }
+    // alpha 2, scale 2 is s = 1 again: the same as alpha 4, scale 1.
+    assert!(nmse(&adapted[0], &adapted[3]) <= 1e-6);
 }
 
 #[test]

@@ -54,9 +54,31 @@ fn models_dir() -> PathBuf {
     dir
 }
 
-/// Every `ggml-vocab-*.gguf` in `models/` that has both a `.inp` and a
-/// `.out` file, sorted by name.
-fn vocab_files_with_vectors() -> Vec<PathBuf> {
+/// The vocabularies of the pinned llama.cpp tree that come with `.inp` and
+/// `.out` test vectors (`ggml-vocab-NAME.gguf`), sorted.
+const WITH_VECTORS: [&str; 15] = [
+    "bert-bge",
+    "command-r",
+    "deepseek-coder",
+    "deepseek-llm",
+    "falcon",
+    "gemma-4",
+    "gpt-2",
+    "llama-bpe",
+    "llama-spm",
+    "mpt",
+    "phi-3",
+    "qwen2",
+    "qwen35",
+    "refact",
+    "starcoder",
+];
+
+/// The vocabularies of the pinned tree without test vectors, sorted.
+const WITHOUT_VECTORS: [&str; 4] = ["aquila", "baichuan", "gpt-neox", "nomic-bert-moe"];
+
+/// Every `ggml-vocab-*.gguf` in `models/`, sorted by name.
+fn vocab_files() -> Vec<PathBuf> {
     let dir = models_dir();
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("cannot list {}: {e}", dir.display()))
@@ -65,13 +87,29 @@ fn vocab_files_with_vectors() -> Vec<PathBuf> {
             let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
             name.starts_with("ggml-vocab-") && name.ends_with(".gguf")
         })
-        .filter(|p| sibling(p, ".inp").is_file() && sibling(p, ".out").is_file())
         .collect();
     files.sort();
+    files
+}
+
+fn has_vectors(path: &Path) -> bool {
+    sibling(path, ".inp").is_file() && sibling(path, ".out").is_file()
+}
+
+/// `NAME` of `ggml-vocab-NAME.gguf`.
+fn vocab_name(path: &Path) -> String {
+    let name = file_name(path);
+    name.strip_prefix("ggml-vocab-").and_then(|n| n.strip_suffix(".gguf")).unwrap_or(&name).to_owned()
+}
+
+/// Every `ggml-vocab-*.gguf` in `models/` that has both a `.inp` and a
+/// `.out` file, sorted by name.
+fn vocab_files_with_vectors() -> Vec<PathBuf> {
+    let files: Vec<PathBuf> = vocab_files().into_iter().filter(|p| has_vectors(p)).collect();
     assert!(
         !files.is_empty(),
         "{} has no ggml-vocab-*.gguf with .inp and .out test vectors; is it a trimmed llama.cpp tree?",
-        dir.display()
+        models_dir().display()
     );
     files
 }
@@ -258,6 +296,7 @@ fn n_threads() -> usize {
 fn tokenizer_vectors_match_upstream() {
     let started = Instant::now();
     let files = vocab_files_with_vectors();
+    assert_eq!(files.iter().map(|f| vocab_name(f)).collect::<Vec<_>>(), WITH_VECTORS);
     let threads = n_threads();
     let (mut total_cases, mut total_raw) = (0, 0);
     let mut failures = Vec::new();
@@ -404,4 +443,65 @@ fn spm_detokenize_round_trip() {
         failures.len(),
         failures.iter().take(50).cloned().collect::<Vec<_>>().join("\n")
     );
+}
+
+/// The tree's vocabularies are exactly the expected ones, by name, with and
+/// without test vectors: a vocabulary that disappears, or loses its vectors,
+/// fails here instead of silently shrinking the conformance test.
+#[test]
+fn the_expected_vocabularies_are_tested() {
+    let files = vocab_files();
+    let with: Vec<String> = files.iter().filter(|p| has_vectors(p)).map(|p| vocab_name(p)).collect();
+    let without: Vec<String> = files.iter().filter(|p| !has_vectors(p)).map(|p| vocab_name(p)).collect();
+    assert_eq!(with, WITH_VECTORS, "vocabularies with .inp/.out vectors in {}", models_dir().display());
+    assert_eq!(without, WITHOUT_VECTORS, "vocabularies without vectors in {}", models_dir().display());
+    let tested: Vec<String> = vocab_files_with_vectors().iter().map(|p| vocab_name(p)).collect();
+    assert_eq!(tested, WITH_VECTORS, "what tokenizer_vectors_match_upstream runs on");
+}
+
+/// The vocabularies without test vectors still load (vocab only) and
+/// tokenize: a sample text gives ids inside the vocabulary, which detokenize
+/// back to the text (exactly for the byte-level and SentencePiece ones; the
+/// Unigram nomic-bert-moe normalises, so its round trip drops an unknown
+/// emoji and squeezes whitespace), and the same ids from several threads.
+#[test]
+fn vocabularies_without_vectors_load_and_tokenize() {
+    const SAMPLE: &str = "Hello world! The quick brown fox, 1234 tokens: ünïcödé 日本語 🦙\n\tdone.";
+    for name in WITHOUT_VECTORS {
+        let path = models_dir().join(format!("ggml-vocab-{name}.gguf"));
+        assert!(path.is_file(), "{} is missing", path.display());
+        let model = load_vocab_only(&path);
+        let vocab = model.vocab();
+        let n_vocab = vocab.n_tokens();
+        assert!(n_vocab > 1000, "{name}: only {n_vocab} tokens");
+        let tokens = tokenize_bytes(vocab, SAMPLE.as_bytes(), false, false);
+        assert!(tokens.len() > 10 && tokens.len() < SAMPLE.len(), "{name}: {} tokens for the sample", tokens.len());
+        assert!(tokens.iter().all(|t| (0..n_vocab as i32).contains(&t.0)), "{name}: {:?}", ids(&tokens));
+        let back = String::from_utf8(detokenize_bytes(vocab, &tokens, false)).expect("UTF-8");
+        eprintln!("{name}: {n_vocab} tokens; sample -> {} ids -> {back:?}", tokens.len());
+        if name == "nomic-bert-moe" {
+            // Its (UGM) vocabulary has no llama emoji: that becomes the
+            // unknown token, which detokenizes to nothing; and its
+            // normaliser turns the run of whitespace into one space.
+            assert_eq!(back.trim_start(), SAMPLE.replace("🦙\n\t", " "), "{name}: the round trip");
+        } else {
+            assert_eq!(back.trim_start(), SAMPLE, "{name}: the round trip");
+        }
+        // With special tokens added, the same ids inside whatever the
+        // vocabulary adds (BOS, CLS/SEP).
+        let special = tokenize_bytes(vocab, SAMPLE.as_bytes(), true, false);
+        assert!(special.len() >= tokens.len(), "{name}");
+        assert!(
+            special.windows(tokens.len()).any(|w| w == tokens.as_slice()),
+            "{name}: add_special changed the text's ids: {:?} vs {:?}",
+            ids(&special),
+            ids(&tokens)
+        );
+        let parallel: Vec<Vec<Token>> = std::thread::scope(|s| {
+            let handles: Vec<_> =
+                (0..n_threads()).map(|_| s.spawn(|| tokenize_bytes(vocab, SAMPLE.as_bytes(), false, false))).collect();
+            handles.into_iter().map(|h| h.join().expect("tokenizer thread panicked")).collect()
+        });
+        assert!(parallel.iter().all(|p| *p == tokens), "{name}: threads disagree");
+    }
 }

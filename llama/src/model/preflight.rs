@@ -147,11 +147,12 @@ fn check_vocab(gguf: &Gguf) -> Result<(), String> {
     let Some((id, kind)) = gguf.find("tokenizer.ggml.tokens") else {
         return Ok(()); // llama.cpp refuses a file without tokens itself
     };
-    // SAFETY: a valid key id; the array type is read only for arrays.
-    if kind != sys::gguf_type::GGUF_TYPE_ARRAY
-        || unsafe { sys::gguf_get_arr_type(gguf.ptr(), id) } != sys::gguf_type::GGUF_TYPE_STRING
-    {
+    if kind != sys::gguf_type::GGUF_TYPE_ARRAY {
         return Ok(()); // mistyped: llama.cpp throws
+    }
+    // SAFETY: a valid key id of an array (type checked above).
+    if unsafe { sys::gguf_get_arr_type(gguf.ptr(), id) } != sys::gguf_type::GGUF_TYPE_STRING {
+        return Ok(());
     }
     // SAFETY: a valid id of a string array.
     let n = unsafe { sys::gguf_get_arr_n(gguf.ptr(), id) };
