@@ -1029,39 +1029,12 @@ fn tiny_bert(dir: &Path) -> Model {
     f.load(dir, "tiny-bert.gguf")
 }
 
-/// A two-layer Mamba: a recurrent model, one state per sequence.
-fn tiny_mamba(dir: &Path) -> Model {
-    let (e, d_inner, d_state, d_conv, dt_rank) = (HAND_EMBD, 2 * HAND_EMBD, 4, 4, 2);
-    let mut f = GgufFile::new("mamba");
-    let v = f.n_vocab;
-    f.u32("mamba.context_length", 1024);
-    f.u32("mamba.embedding_length", e as u32);
-    f.u32("mamba.feed_forward_length", 0);
-    f.u32("mamba.attention.head_count", 0);
-    f.u32("mamba.block_count", 2);
-    f.u32("mamba.ssm.conv_kernel", d_conv as u32);
-    f.u32("mamba.ssm.inner_size", d_inner as u32);
-    f.u32("mamba.ssm.state_size", d_state as u32);
-    f.u32("mamba.ssm.time_step_rank", dt_rank as u32);
-    f.f32("mamba.attention.layer_norm_rms_epsilon", 1e-5);
-    f.tensor("token_embd.weight", &[e, v], 0.0, 1.0);
-    f.ones("output_norm.weight", e);
-    f.tensor("output.weight", &[e, v], 0.0, 2.0 * (3.0 / e as f32).sqrt());
-    for il in 0..2 {
-        let t = |name: &str| format!("blk.{il}.{name}");
-        f.ones(&t("attn_norm.weight"), e);
-        f.matrix(&t("ssm_in.weight"), e, 2 * d_inner);
-        f.tensor(&t("ssm_conv1d.weight"), &[d_conv, d_inner], 0.0, 0.5);
-        f.tensor(&t("ssm_conv1d.bias"), &[d_inner], 0.0, 0.1);
-        f.matrix(&t("ssm_x.weight"), d_inner, dt_rank + 2 * d_state);
-        f.matrix(&t("ssm_dt.weight"), dt_rank, d_inner);
-        f.tensor(&t("ssm_dt.bias"), &[d_inner], -2.0, 0.5);
-        // A = -exp(A_log): negative, so the state decays.
-        f.tensor(&t("ssm_a"), &[d_state, d_inner], -1.0, 0.5);
-        f.ones(&t("ssm_d"), d_inner);
-        f.matrix(&t("ssm_out.weight"), d_inner, e);
-    }
-    f.load(dir, "tiny-mamba.gguf")
+/// A two-layer Mamba: a recurrent model, one state per sequence
+/// (`llama_suite::synthetic::write_tiny_mamba`).
+fn tiny_mamba() -> Model {
+    let path = llama_suite::synthetic::tiny_mamba_path(&llama_suite::synthetic::TinyModelSpec::default())
+        .expect("write the tiny Mamba model");
+    Model::load(path, &ModelParams::default()).expect("load the tiny Mamba model")
 }
 
 /// Decoding a T5 model before encoding aborts in llama.cpp
@@ -1290,8 +1263,7 @@ fn thread_counts_above_ggml_s_limit_are_rejected() {
 #[test]
 fn a_recurrent_sequence_state_with_several_cells_is_refused() {
     isolated(|| {
-        let dir = tempfile::tempdir().unwrap();
-        let model = tiny_mamba(dir.path());
+        let model = tiny_mamba();
         assert!(model.is_recurrent() && !model.is_hybrid());
         let mut ctx = model.new_context(&small_params().n_seq_max(2)).unwrap();
         let tokens = model.vocab().tokenize("Hello world, the quick brown fox", true).unwrap();
@@ -1314,6 +1286,7 @@ fn a_recurrent_sequence_state_with_several_cells_is_refused() {
         let err = ctx.load_seq_state(&crafted, 1).unwrap_err();
         assert!(matches!(err, Error::State(ref m) if m.contains("one cell")), "{err:?}");
         // The same bytes from a file.
+        let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("seq.state");
         ctx.save_seq_state_file(&file, 0, &tokens).unwrap();
         let mut bytes = std::fs::read(&file).unwrap();
@@ -1333,8 +1306,7 @@ fn a_recurrent_sequence_state_with_several_cells_is_refused() {
 #[test]
 fn redecode_last_explains_a_recurrent_cache() {
     isolated(|| {
-        let dir = tempfile::tempdir().unwrap();
-        let model = tiny_mamba(dir.path());
+        let model = tiny_mamba();
         assert!(model.is_recurrent());
         let mut ctx = model.new_context(&small_params()).unwrap();
         let prompt = [Token(TINY_BOS_ID), Token(260), Token(261), Token(262)];
@@ -1355,8 +1327,7 @@ fn redecode_last_explains_a_recurrent_cache() {
 fn a_recurrent_session_reuses_a_continued_prompt() {
     isolated(|| {
         use llama::generate::{GenerateOptions, Session};
-        let dir = tempfile::tempdir().unwrap();
-        let model = tiny_mamba(dir.path());
+        let model = tiny_mamba();
         assert_eq!(model.n_swa(), 0);
         let params = small_params().n_ctx(512);
         let mut ctx = model.new_context(&params).unwrap();
