@@ -474,3 +474,25 @@ fn a_vocabulary_with_a_repeated_token_text_is_refused() {
         }
     });
 }
+
+#[test]
+fn grammars_whose_repetitions_hang_llama_cpp_are_refused() {
+    isolated(|| {
+        // Found by fuzzing (fuzz/regressions/grammar): llama.cpp's parser
+        // never returns for a maximum below the minimum, and stacked
+        // repetition operators multiply the parse stacks it advances on
+        // every token (16 `+` ran for minutes).
+        let model = tiny_model();
+        let vocab = model.vocab();
+        for gbnf in [r#"root ::= "a"{9,3}"#, r#"root ::= ("a" | [^a])++++++++++++++++"#, r#"root ::= "a"*?"#] {
+            let err = SamplerChain::new().grammar(vocab, gbnf, "root").unwrap_err();
+            assert!(matches!(err, Error::Grammar(ref m) if m.contains("repetition")), "{gbnf}: {err:?}");
+            let err = SamplerChain::new().grammar_lazy(vocab, gbnf, "root", &[], &[Token(300)]).unwrap_err();
+            assert!(matches!(err, Error::Grammar(ref m) if m.contains("repetition")), "{gbnf}: {err:?}");
+        }
+        // The same repetitions written as llama.cpp handles them.
+        for gbnf in [r#"root ::= "a"{3,9}"#, r#"root ::= ("a" | [^a])+"#, r#"root ::= "a"*"#] {
+            SamplerChain::new().grammar(vocab, gbnf, "root").unwrap().greedy().build().unwrap();
+        }
+    });
+}

@@ -33,12 +33,29 @@ pub(crate) const REGEX_STACK_PER_BYTE: usize = 4 * 330;
 /// llama.cpp's GBNF parser makes of `gbnf`: named rules (`::=`), groups,
 /// and repetition operators, counted outside string literals, character
 /// classes and comments.
-pub(super) fn grammar_levels(gbnf: &str) -> usize {
+///
+/// # Errors
+/// The repetitions llama.cpp cannot handle: `{m,n}` with `n < m` (its
+/// count of optional copies, `n - m` in a `uint64_t`, wraps and the parser
+/// never returns), and a repetition operator applied to another one
+/// (`x++`, `x*?`, `x{2}+`): meaningless in GBNF, and each one multiplies
+/// the parse stacks llama.cpp keeps on every token (16 of them stall it
+/// for minutes).
+pub(super) fn grammar_levels(gbnf: &str) -> Result<usize, String> {
     let bytes = gbnf.as_bytes();
     let mut levels = 1usize;
+    // Whether the last element was a repetition operator.
+    let mut after_repetition = false;
     let mut i = 0;
     while i < bytes.len() {
-        match bytes[i] {
+        let c = bytes[i];
+        if matches!(c, b'*' | b'+' | b'?' | b'{') && after_repetition {
+            return Err(format!("a repetition operator follows another one at byte {i}"));
+        }
+        if !c.is_ascii_whitespace() && c != b'#' {
+            after_repetition = matches!(c, b'*' | b'+' | b'?' | b'{');
+        }
+        match c {
             b'"' | b'[' => {
                 let close = if bytes[i] == b'"' { b'"' } else { b']' };
                 i += 1;
@@ -52,7 +69,11 @@ pub(super) fn grammar_levels(gbnf: &str) -> usize {
                     i += 1;
                 }
             }
-            b'(' | b'*' | b'+' | b'?' | b'{' => levels += 1,
+            b'{' => {
+                levels += 1;
+                i = check_repetition_bounds(bytes, i)?;
+            }
+            b'(' | b'*' | b'+' | b'?' => levels += 1,
             b':' if bytes[i..].starts_with(b"::=") => {
                 levels += 1;
                 i += 2;
@@ -61,12 +82,48 @@ pub(super) fn grammar_levels(gbnf: &str) -> usize {
         }
         i += 1;
     }
-    levels
+    Ok(levels)
+}
+
+/// Reads `{m}`, `{m,}` or `{m,n}` at `bytes[open]` as llama.cpp's parser
+/// does (spaces allowed around the numbers) and returns the index of the
+/// closing brace (or where the scan stopped: a malformed bound is left to
+/// llama.cpp, which rejects it).
+fn check_repetition_bounds(bytes: &[u8], open: usize) -> Result<usize, String> {
+    let skip_space = |mut i: usize| {
+        while i < bytes.len() && bytes[i].is_ascii_whitespace() {
+            i += 1;
+        }
+        i
+    };
+    let number = |mut i: usize| {
+        let mut n: Option<u64> = None;
+        while i < bytes.len() && bytes[i].is_ascii_digit() {
+            n = Some(n.unwrap_or(0).saturating_mul(10).saturating_add(u64::from(bytes[i] - b'0')));
+            i += 1;
+        }
+        (n, i)
+    };
+    let (Some(min), i) = number(skip_space(open + 1)) else { return Ok(open) };
+    let i = skip_space(i);
+    if bytes.get(i) != Some(&b',') {
+        return Ok(i);
+    }
+    let (max, i) = number(skip_space(i + 1));
+    if let Some(max) = max
+        && max < min
+    {
+        return Err(format!("the repetition {{{min},{max}}} at byte {open} has its maximum below its minimum"));
+    }
+    Ok(skip_space(i))
 }
 
 /// The stack needed to create, and to advance on each token, a grammar.
-pub(super) fn grammar_stack(gbnf: &str) -> usize {
-    grammar_levels(gbnf).saturating_mul(GRAMMAR_STACK_PER_LEVEL)
+///
+/// # Errors
+/// As [`grammar_levels`].
+pub(super) fn grammar_stack(gbnf: &str) -> Result<usize, String> {
+    Ok(grammar_levels(gbnf)?.saturating_mul(GRAMMAR_STACK_PER_LEVEL))
 }
 
 /// The stack needed to compile `patterns` as `std::regex`es.
@@ -80,6 +137,7 @@ mod tests {
 
     #[test]
     fn levels_count_rules_outside_literals_classes_and_comments() {
+        let grammar_levels = |g: &str| super::grammar_levels(g).unwrap();
         assert_eq!(grammar_levels(r#"root ::= "a""#), 2);
         assert_eq!(grammar_levels(r#"root ::= ("a" | b)* b ::= [a-z]+"#), 6);
         // Operators inside literals, classes and comments are not rules.
@@ -93,5 +151,27 @@ mod tests {
         // Unterminated literals and classes end the scan without panicking.
         assert_eq!(grammar_levels("root ::= \"abc"), 2);
         assert_eq!(grammar_levels("root ::= [abc\\"), 2);
+        // Repetitions llama.cpp handles.
+        assert_eq!(grammar_levels(r#"root ::= "a"{2} "b"{ 1 , 3 } "c"{0,} "d"{3,3}"#), 6);
+        assert_eq!(grammar_levels("root ::= x* y+ z? # x** y++ in a comment"), 5);
+    }
+
+    #[test]
+    fn repetitions_llama_cpp_cannot_handle_are_refused() {
+        for bad in [
+            r#"root ::= "a"{9,3}"#,
+            r#"root ::= "a"{ 9 , 3 }"#,
+            r#"root ::= ("a" | [^a])++"#,
+            r#"root ::= "a"*?"#,
+            r#"root ::= "a"{2}+"#,
+            r#"root ::= "a"+ {2}"#,
+            "root ::= \"a\"* \n *",
+        ] {
+            assert!(super::grammar_levels(bad).is_err(), "{bad}");
+        }
+        // Operators inside literals and classes, and separate elements, are fine.
+        for good in [r#"root ::= "++" [*+?]"#, r#"root ::= "a"+ "b"+"#, r#"root ::= ("a"+)+"#, r#"root ::= "{9,3}""#] {
+            assert!(super::grammar_levels(good).is_ok(), "{good}");
+        }
     }
 }

@@ -513,13 +513,16 @@ impl<'m> SamplerChain<'m> {
     /// instead of overflowing the caller's.
     ///
     /// # Errors
-    /// [`Error::Grammar`] if the grammar does not parse.
+    /// [`Error::Grammar`] if the grammar does not parse, or repeats in a
+    /// way llama.cpp cannot handle: `{m,n}` with `n < m` (its parser never
+    /// returns), a repetition operator applied to another (`x++`: each
+    /// multiplies the parse stacks kept on every token).
     #[doc(alias = "llama_sampler_init_grammar")]
     pub fn grammar(mut self, vocab: &'m Vocab, gbnf: &str, root: &str) -> Result<Self> {
         vocab.check_has_tokenizer()?;
         self.bind_vocab(vocab)?;
         let (g, r) = (CString::new(gbnf)?, CString::new(root)?);
-        let stack = deep::grammar_stack(gbnf);
+        let stack = deep::grammar_stack(gbnf).map_err(Error::Grammar)?;
         let vocab_ptr = SendPtr(vocab.as_ptr().cast_mut());
         let raw = init_grammar(stack, "llama_sampler_init_grammar", move |raw| {
             // SAFETY: NUL-terminated strings; the vocab outlives the chain
@@ -545,7 +548,8 @@ impl<'m> SamplerChain<'m> {
     /// trigger tokens, or patterns anchored to short text.
     ///
     /// # Errors
-    /// [`Error::Grammar`] if the grammar or a pattern does not parse;
+    /// [`Error::Grammar`] if the grammar or a pattern does not parse, or
+    /// the grammar repeats as [`SamplerChain::grammar`] refuses;
     /// [`Error::InvalidToken`] for a trigger token outside the vocabulary.
     #[doc(alias = "llama_sampler_init_grammar_lazy_patterns")]
     pub fn grammar_lazy(
@@ -563,7 +567,7 @@ impl<'m> SamplerChain<'m> {
         }
         let (g, r) = (CString::new(gbnf)?, CString::new(root)?);
         let patterns = trigger_patterns.iter().map(|s| CString::new(*s)).collect::<Result<Vec<_>, _>>()?;
-        let stack = deep::grammar_stack(gbnf).max(deep::patterns_stack(trigger_patterns));
+        let stack = deep::grammar_stack(gbnf).map_err(Error::Grammar)?.max(deep::patterns_stack(trigger_patterns));
         let vocab_ptr = SendPtr(vocab.as_ptr().cast_mut());
         let raw = init_grammar(stack, "llama_sampler_init_grammar_lazy_patterns", move |raw| {
             let mut ptrs: Vec<*const c_char> = patterns.iter().map(|s| s.as_ptr()).collect();
