@@ -5,7 +5,7 @@
 mod safe_api;
 
 use llama::{Batch, Candidates, CustomSampler, Error, MetadataValue, Model, ModelParams, SamplerChain, Token};
-use safe_api::{isolated, real_model, small_params, tiny_model, tiny_path};
+use safe_api::{isolated, layout, real_model, small_params, tiny_model, tiny_path};
 
 /// Removes every candidate.
 struct BanAll;
@@ -494,5 +494,29 @@ fn grammars_whose_repetitions_hang_llama_cpp_are_refused() {
         for gbnf in [r#"root ::= "a"{3,9}"#, r#"root ::= ("a" | [^a])+"#, r#"root ::= "a"*"#] {
             SamplerChain::new().grammar(vocab, gbnf, "root").unwrap().greedy().build().unwrap();
         }
+    });
+}
+
+#[test]
+fn a_wordpiece_vocabulary_with_a_byte_token_is_refused() {
+    isolated(|| {
+        // Found by fuzzing (fuzz/regressions/gguf_load): llama.cpp renders a
+        // WordPiece byte token through its byte lookup, which aborts for
+        // WordPiece (GGML_ABORT in token_to_byte) while it builds the piece
+        // cache at load time.
+        let fixture = std::path::Path::new(llama_sys::SOURCE_DIR).join("models/ggml-vocab-bert-bge.gguf");
+        let mut bytes = std::fs::read(&fixture).unwrap();
+        let lay = layout(&bytes);
+        let (_, value, _) = lay.kv.iter().find(|(k, ..)| k == "tokenizer.ggml.token_type").unwrap();
+        // Array header: element type (u32) and count (u64), then i32 types.
+        let at = value + 12 + 4 * 1000;
+        bytes[at..at + 4].copy_from_slice(&6i32.to_le_bytes()); // LLAMA_TOKEN_TYPE_BYTE
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("wpm-byte-token.gguf");
+        std::fs::write(&path, &bytes).unwrap();
+        let err = Model::load(&path, &ModelParams { vocab_only: true, ..ModelParams::default() }).unwrap_err();
+        assert!(matches!(err, Error::ModelLoad { ref reason, .. } if reason.contains("byte token")), "{err:?}");
+        // The fixture itself loads.
+        Model::load(&fixture, &ModelParams { vocab_only: true, ..ModelParams::default() }).unwrap();
     });
 }

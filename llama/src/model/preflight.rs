@@ -20,8 +20,10 @@
 //!
 //! * the vocabulary (`llama_vocab::impl::load`, also for `vocab_only`):
 //!   every token text is unique (`GGML_ASSERT(id_to_token.size() ==
-//!   token_to_id.size())`), and an RWKV vocabulary has a newline token
-//!   (`GGML_ASSERT(!ids.empty() && "model vocab missing newline token")`).
+//!   token_to_id.size())`), an RWKV vocabulary has a newline token
+//!   (`GGML_ASSERT(!ids.empty() && "model vocab missing newline token")`),
+//!   and a WordPiece vocabulary has no byte tokens (`GGML_ABORT` in
+//!   `token_to_byte`).
 //!
 //! Overrides are applied the way llama.cpp applies them: an integer
 //! override is converted to `u32` (truncating), a float one to `f32`.
@@ -101,6 +103,29 @@ impl Gguf {
         (kind == sys::gguf_type::GGUF_TYPE_FLOAT32).then(|| unsafe { sys::gguf_get_val_f32(self.ptr(), id) })
     }
 
+    /// An array of 32-bit integers (`i32` or `u32` elements, as llama.cpp
+    /// reads token types), `None` for anything else.
+    fn i32_array(&self, key: &str) -> Option<Vec<i32>> {
+        let (id, kind) = self.find(key)?;
+        if kind != sys::gguf_type::GGUF_TYPE_ARRAY {
+            return None;
+        }
+        // SAFETY: a valid id of an array (type checked).
+        let (elem, n) = unsafe { (sys::gguf_get_arr_type(self.ptr(), id), sys::gguf_get_arr_n(self.ptr(), id)) };
+        if elem != sys::gguf_type::GGUF_TYPE_INT32 && elem != sys::gguf_type::GGUF_TYPE_UINT32 {
+            return None;
+        }
+        // SAFETY: a non-string array of `n` 4-byte elements (type checked),
+        // alive as long as the context.
+        let data = unsafe { sys::gguf_get_arr_data(self.ptr(), id) }.cast::<u8>();
+        if data.is_null() {
+            return None;
+        }
+        // SAFETY: see above; the bytes are copied out at once.
+        let bytes = unsafe { std::slice::from_raw_parts(data, n * 4) };
+        Some(bytes.chunks_exact(4).map(|c| i32::from_ne_bytes([c[0], c[1], c[2], c[3]])).collect())
+    }
+
     /// A per-layer value as `get_key_or_arr<uint32_t>` reads it: a scalar
     /// u32 for every layer, or an array of u32/i32/bool of `n_layer`
     /// entries. `None` where llama.cpp would throw or use a default.
@@ -172,10 +197,18 @@ fn check_vocab(gguf: &Gguf) -> Result<(), String> {
             ));
         }
     }
-    if gguf.string("tokenizer.ggml.model").as_deref() == Some("rwkv")
-        && !texts.iter().any(|t| unescape_rwkv(t) == b"\n")
-    {
+    let model = gguf.string("tokenizer.ggml.model");
+    if model.as_deref() == Some("rwkv") && !texts.iter().any(|t| unescape_rwkv(t) == b"\n") {
         return Err("the RWKV vocabulary has no newline token".into());
+    }
+    // A WordPiece vocabulary renders byte tokens through the SentencePiece
+    // path, whose byte lookup aborts for WordPiece (GGML_ABORT in
+    // `token_to_byte`) while llama.cpp builds its piece cache at load.
+    if model.as_deref() == Some("bert")
+        && let Some(types) = gguf.i32_array("tokenizer.ggml.token_type")
+        && let Some(i) = types.iter().position(|&t| t == sys::llama_token_type::LLAMA_TOKEN_TYPE_BYTE as i32)
+    {
+        return Err(format!("token {i} of the WordPiece vocabulary is a byte token, which llama.cpp cannot render"));
     }
     Ok(())
 }
