@@ -133,8 +133,6 @@ pub(super) fn patterns_stack(patterns: &[&str]) -> usize {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-
     #[test]
     fn levels_count_rules_outside_literals_classes_and_comments() {
         let grammar_levels = |g: &str| super::grammar_levels(g).unwrap();
