@@ -126,6 +126,52 @@ pub(super) fn grammar_stack(gbnf: &str) -> Result<usize, String> {
     Ok(grammar_levels(gbnf)?.saturating_mul(GRAMMAR_STACK_PER_LEVEL))
 }
 
+/// Refuses a trigger pattern with a quantifier applied to a quantifier
+/// (`a+*`, `a*+?`; a lazy `?` right after one, as in `a*?`, is fine):
+/// libstdc++ accepts them, and its backtracking matcher then takes
+/// exponential time on every token the grammar waits through (found by
+/// the grammar_lazy fuzz target).
+pub(super) fn check_pattern(pattern: &str) -> Result<(), String> {
+    let bytes = pattern.as_bytes();
+    // 0: after an atom; 1: after a quantifier; 2: after a quantifier and
+    // its lazy `?`.
+    let mut state = 0u8;
+    let mut i = 0;
+    while i < bytes.len() {
+        let c = bytes[i];
+        match c {
+            b'\\' => {
+                state = 0;
+                i += 1;
+            }
+            b'[' => {
+                state = 0;
+                i += 1;
+                while i < bytes.len() && bytes[i] != b']' {
+                    i += if bytes[i] == b'\\' { 2 } else { 1 };
+                }
+            }
+            b'*' | b'+' | b'{' | b'?' => {
+                if c == b'?' && state == 1 {
+                    state = 2;
+                } else if state != 0 {
+                    return Err(format!("the trigger pattern {pattern:?} repeats a repetition at byte {i}"));
+                } else {
+                    state = 1;
+                }
+                if c == b'{' {
+                    while i < bytes.len() && bytes[i] != b'}' {
+                        i += 1;
+                    }
+                }
+            }
+            _ => state = 0,
+        }
+        i += 1;
+    }
+    Ok(())
+}
+
 /// The stack needed to compile `patterns` as `std::regex`es.
 pub(super) fn patterns_stack(patterns: &[&str]) -> usize {
     patterns.iter().map(|p| p.len()).max().unwrap_or(0).saturating_mul(REGEX_STACK_PER_BYTE)
@@ -152,6 +198,16 @@ mod tests {
         // Repetitions llama.cpp handles.
         assert_eq!(grammar_levels(r#"root ::= "a"{2} "b"{ 1 , 3 } "c"{0,} "d"{3,3}"#), 6);
         assert_eq!(grammar_levels("root ::= x* y+ z? # x** y++ in a comment"), 5);
+    }
+
+    #[test]
+    fn trigger_patterns_that_repeat_a_repetition_are_refused() {
+        for bad in [r"[\s\S]+*?(<tool>)", "a+*", "a**", "a{2}+", "a*?+", "(x)+{3}"] {
+            assert!(super::check_pattern(bad).is_err(), "{bad}");
+        }
+        for good in [r"^[\s\S]*?(<tool_call>)[\s\S]*$", "a*?b+?c??d{2,3}?", r"\*+", "[*+?]+", r"a\+*", "(a+)(b*)"] {
+            assert!(super::check_pattern(good).is_ok(), "{good}");
+        }
     }
 
     #[test]

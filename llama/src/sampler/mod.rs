@@ -548,8 +548,10 @@ impl<'m> SamplerChain<'m> {
     /// trigger tokens, or patterns anchored to short text.
     ///
     /// # Errors
-    /// [`Error::Grammar`] if the grammar or a pattern does not parse, or
-    /// the grammar repeats as [`SamplerChain::grammar`] refuses;
+    /// [`Error::Grammar`] if the grammar or a pattern does not parse, the
+    /// grammar repeats as [`SamplerChain::grammar`] refuses, or a pattern
+    /// applies a quantifier to a quantifier (`a+*`: exponential
+    /// backtracking in libstdc++'s matcher);
     /// [`Error::InvalidToken`] for a trigger token outside the vocabulary.
     #[doc(alias = "llama_sampler_init_grammar_lazy_patterns")]
     pub fn grammar_lazy(
@@ -567,6 +569,9 @@ impl<'m> SamplerChain<'m> {
         }
         let (g, r) = (CString::new(gbnf)?, CString::new(root)?);
         let patterns = trigger_patterns.iter().map(|s| CString::new(*s)).collect::<Result<Vec<_>, _>>()?;
+        for pattern in trigger_patterns {
+            deep::check_pattern(pattern).map_err(Error::Grammar)?;
+        }
         let stack = deep::grammar_stack(gbnf).map_err(Error::Grammar)?.max(deep::patterns_stack(trigger_patterns));
         let vocab_ptr = SendPtr(vocab.as_ptr().cast_mut());
         let raw = init_grammar(stack, "llama_sampler_init_grammar_lazy_patterns", move |raw| {
