@@ -126,19 +126,27 @@ pub(super) fn grammar_stack(gbnf: &str) -> Result<usize, String> {
     Ok(grammar_levels(gbnf)?.saturating_mul(GRAMMAR_STACK_PER_LEVEL))
 }
 
-/// Refuses a trigger pattern with a quantifier applied to a quantifier
-/// (`a+*`, `a*+?`; a lazy `?` right after one, as in `a*?`, is fine):
-/// libstdc++ accepts them, and its backtracking matcher then takes
-/// exponential time on every token the grammar waits through (found by
-/// the grammar_lazy fuzz target).
+/// Refuses the trigger patterns on which libstdc++'s backtracking matcher
+/// takes exponential time, on every token the grammar waits through (both
+/// found by the grammar_lazy fuzz target): a quantifier applied to a
+/// quantifier (`a+*`, `a*+?`; a lazy `?` right after one, as in `a*?`, is
+/// fine), and a repeating quantifier on a group that itself holds one
+/// (`(a+)*`, `([\s\S]+)*?x`). Other ambiguous patterns (`(a|a)*`) are not
+/// caught.
 pub(super) fn check_pattern(pattern: &str) -> Result<(), String> {
     let bytes = pattern.as_bytes();
+    let refuse = |what: &str, at: usize| Err(format!("the trigger pattern {pattern:?} {what} at byte {at}"));
     // 0: after an atom; 1: after a quantifier; 2: after a quantifier and
     // its lazy `?`.
     let mut state = 0u8;
+    // For each open group: whether it holds a repeating quantifier.
+    let mut groups: Vec<bool> = Vec::new();
+    // Right after a group closed: whether that group held one.
+    let mut closed_group: Option<bool> = None;
     let mut i = 0;
     while i < bytes.len() {
         let c = bytes[i];
+        let mut just_closed = None;
         match c {
             b'\\' => {
                 state = 0;
@@ -151,25 +159,65 @@ pub(super) fn check_pattern(pattern: &str) -> Result<(), String> {
                     i += if bytes[i] == b'\\' { 2 } else { 1 };
                 }
             }
+            b'(' => {
+                state = 0;
+                groups.push(false);
+            }
+            b')' => {
+                state = 0;
+                let inner = groups.pop().unwrap_or(false);
+                if let Some(outer) = groups.last_mut() {
+                    *outer |= inner;
+                }
+                just_closed = Some(inner);
+            }
             b'*' | b'+' | b'{' | b'?' => {
                 if c == b'?' && state == 1 {
                     state = 2;
                 } else if state != 0 {
-                    return Err(format!("the trigger pattern {pattern:?} repeats a repetition at byte {i}"));
+                    return refuse("repeats a repetition", i);
                 } else {
                     state = 1;
-                }
-                if c == b'{' {
-                    while i < bytes.len() && bytes[i] != b'}' {
-                        i += 1;
+                    let start = i;
+                    if c == b'{' {
+                        while i < bytes.len() && bytes[i] != b'}' {
+                            i += 1;
+                        }
+                    }
+                    if repeats(&bytes[start..(i + 1).min(bytes.len())]) {
+                        if closed_group == Some(true) {
+                            return refuse("repeats a group that repeats", start);
+                        }
+                        if let Some(group) = groups.last_mut() {
+                            *group = true;
+                        }
                     }
                 }
             }
             _ => state = 0,
         }
+        closed_group = just_closed;
         i += 1;
     }
     Ok(())
+}
+
+/// Whether a quantifier (`*`, `+`, `?`, `{m}`, `{m,}`, `{m,n}`) can match
+/// its atom more than once.
+fn repeats(quantifier: &[u8]) -> bool {
+    match quantifier.first() {
+        Some(b'*' | b'+') => true,
+        Some(b'{') => {
+            let inside = String::from_utf8_lossy(&quantifier[1..]).trim_end_matches('}').to_owned();
+            let mut parts = inside.split(',').map(|p| p.trim().parse::<u64>().ok());
+            match (parts.next().flatten(), parts.next()) {
+                (Some(n), None) => n >= 2,
+                (_, Some(Some(max))) => max >= 2,
+                _ => true,
+            }
+        }
+        _ => false,
+    }
 }
 
 /// The stack needed to compile `patterns` as `std::regex`es.
@@ -202,10 +250,34 @@ mod tests {
 
     #[test]
     fn trigger_patterns_that_repeat_a_repetition_are_refused() {
-        for bad in [r"[\s\S]+*?(<tool>)", "a+*", "a**", "a{2}+", "a*?+", "(x)+{3}"] {
+        for bad in [
+            r"[\s\S]+*?(<tool>)",
+            "a+*",
+            "a**",
+            "a{2}+",
+            "a*?+",
+            "(x)+{3}",
+            r"([\s\S]+)*?(<tool>)",
+            "(a+)+",
+            "((a*)b)*",
+            "(a{2,})+",
+            "(?:a+){2,5}",
+        ] {
             assert!(super::check_pattern(bad).is_err(), "{bad}");
         }
-        for good in [r"^[\s\S]*?(<tool_call>)[\s\S]*$", "a*?b+?c??d{2,3}?", r"\*+", "[*+?]+", r"a\+*", "(a+)(b*)"] {
+        for good in [
+            r"^[\s\S]*?(<tool_call>)[\s\S]*$",
+            "a*?b+?c??d{2,3}?",
+            r"\*+",
+            "[*+?]+",
+            r"a\+*",
+            "(a+)(b*)",
+            "(a+)?",
+            "(a+){1}",
+            "(a?)*",
+            "(ab)*c+",
+            r"(?:\s*)?x",
+        ] {
             assert!(super::check_pattern(good).is_ok(), "{good}");
         }
     }
