@@ -1,7 +1,10 @@
-//! Builds the pinned llama.cpp and links it: find the source, find cmake,
-//! configure and build, compile the exception shim, print the link lines.
-//! Each step lives in its own module under build/.
+//! Builds the pinned llama.cpp and links it: find the source, check that its
+//! headers are the ones the bindings came from, find cmake, configure and
+//! build, compile the exception shim, print the link lines. Each step lives
+//! in its own module under build/.
 
+#[path = "build/abi.rs"]
+mod abi;
 #[path = "build/bindings.rs"]
 mod bindings;
 #[path = "build/cmake_tool.rs"]
@@ -17,7 +20,7 @@ mod source;
 
 use std::path::{Path, PathBuf};
 
-use features::{Features, Lib, Target};
+use features::{Features, Lib, Sanitizer, Target};
 
 fn main() {
     for path in ["build.rs", "build", "shim"] {
@@ -36,11 +39,13 @@ fn main() {
     let src = source::locate(&vendor_dir(&manifest_dir, &shared), &shared.join("download"));
     write_paths(&out_dir, &src.root);
     println!("cargo:root={}", src.root.display());
+    let headers = check_abi(&src.root);
 
     let features = Features::from_enabled(env::feature);
     let target = target();
+    let sanitizer = sanitizer(&target);
     let cmake = cmake_tool::find(&shared.join("cmake-wheel"));
-    let install = native::build(&src, &features, &target, &cmake, &shared);
+    let install = native::build(&src, &features, &target, sanitizer, &cmake, &shared);
 
     println!("cargo:include={}", install.prefix.join("include").display());
     println!("cargo:lib={}", install.prefix.join("lib").display());
@@ -49,11 +54,42 @@ fn main() {
     println!("cargo:commit={}", source::PINNED_COMMIT);
 
     // The shim references libllama, so it goes first on the link line.
-    compile_shim(&src.root);
-    link(&features, &target, &install.prefix.join("lib"));
+    compile_shim(&src.root, sanitizer);
+    link(&features, &target, sanitizer, &install.prefix.join("lib"));
 
+    // The regeneration script copies both files into src/.
+    std::fs::write(out_dir.join(abi::FILE_NAME), abi::render(&headers)).expect("write the header list");
     #[cfg(feature = "bindgen")]
     bindings::generate(&src.root, &out_dir.join("bindings.rs"));
+}
+
+/// Stops the build when the headers of the source are not the ones the
+/// checked-in bindings came from (unless `bindgen` generates them now).
+fn check_abi(root: &Path) -> abi::Headers {
+    let checked = abi::check(root, env::feature("bindgen"), source::PINNED_COMMIT).unwrap_or_else(|e| source::fail(&e));
+    for (header, _) in &checked.headers {
+        println!("cargo:rerun-if-changed={}", root.join(header).display());
+    }
+    if !checked.differences.is_empty() {
+        println!(
+            "cargo:warning=llama-sys: the headers in {} differ from the ones src/bindings.rs came from ({}); \
+             using bindings generated from them now. The hand-written declarations in src/shim.rs are not \
+             regenerated: check them against these headers.",
+            root.display(),
+            checked.differences.join(", ")
+        );
+    }
+    checked.headers
+}
+
+/// `LLAMA_SYS_SANITIZE=address`: AddressSanitizer for llama.cpp and the shim.
+fn sanitizer(target: &Target) -> Option<Sanitizer> {
+    let sanitizer = Sanitizer::parse(&env::var("LLAMA_SYS_SANITIZE")?).unwrap_or_else(|e| source::fail(&e));
+    if let Err(e) = sanitizer.runtime(target) {
+        source::fail(&e);
+    }
+    println!("cargo:sanitize=address");
+    Some(sanitizer)
 }
 
 /// Where the fetched source goes: `vendor/llama.cpp` at the workspace root
@@ -87,8 +123,17 @@ fn target() -> Target {
     }
 }
 
-fn compile_shim(llama_root: &Path) {
-    cc::Build::new()
+fn compile_shim(llama_root: &Path, sanitizer: Option<Sanitizer>) {
+    let mut build = cc::Build::new();
+    if let Some(sanitizer) = sanitizer {
+        for flag in sanitizer.compile_flags() {
+            build.flag(flag);
+        }
+        // GCC 12 with -fsanitize=address warns about libstdc++'s own
+        // <regex> internals (a known false positive).
+        build.flag_if_supported("-Wno-maybe-uninitialized");
+    }
+    build
         .cpp(true)
         .std("c++17")
         .opt_level(2)
@@ -99,20 +144,24 @@ fn compile_shim(llama_root: &Path) {
         .compile("llama_rs_shim");
 }
 
-fn link(features: &Features, target: &Target, lib_dir: &Path) {
+fn link(features: &Features, target: &Target, sanitizer: Option<Sanitizer>, lib_dir: &Path) {
+    let print = |lib: Lib| match lib {
+        Lib::Static(name) => println!("cargo:rustc-link-lib=static={name}"),
+        Lib::Dylib(name) => println!("cargo:rustc-link-lib=dylib={name}"),
+        Lib::Framework(name) => println!("cargo:rustc-link-lib=framework={name}"),
+    };
+    // The sanitizer's runtime goes first: ASan checks at start-up that it
+    // comes before every other shared library (libstdc++, libc) it wraps.
+    if let Some(runtime) = sanitizer.and_then(|s| s.runtime(target).ok()) {
+        print(runtime);
+    }
     println!("cargo:rustc-link-search=native={}", lib_dir.display());
     if let Some(cuda) = features.cuda.then(|| env::var("CUDA_PATH")).flatten() {
         let cuda = PathBuf::from(cuda);
         println!("cargo:rustc-link-search=native={}", cuda.join("lib64").display());
         println!("cargo:rustc-link-search=native={}", cuda.join("lib64").join("stubs").display());
     }
-    for lib in features::link_libs(features, target) {
-        match lib {
-            Lib::Static(name) => println!("cargo:rustc-link-lib=static={name}"),
-            Lib::Dylib(name) => println!("cargo:rustc-link-lib=dylib={name}"),
-            Lib::Framework(name) => println!("cargo:rustc-link-lib=framework={name}"),
-        }
-    }
+    features::link_libs(features, target).into_iter().for_each(print);
 }
 
 fn write_paths(out_dir: &Path, root: &Path) {

@@ -65,6 +65,57 @@ pub struct Options {
     /// Build number and commit baked into llama.cpp's build info.
     pub build_number: String,
     pub build_commit: String,
+    /// `LLAMA_SYS_SANITIZE`: build llama.cpp (and the shim) with a sanitizer.
+    pub sanitizer: Option<Sanitizer>,
+}
+
+/// A sanitizer for the C/C++ side (`LLAMA_SYS_SANITIZE`). The Rust side
+/// stays uninstrumented (stable rustc has no `-Zsanitizer`); the runtime is
+/// linked into every binary that links llama-sys, so plain `cargo test`
+/// binaries run with it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sanitizer {
+    /// AddressSanitizer: out-of-bounds, use-after-free, double free, and
+    /// (LeakSanitizer, on exit) leaks.
+    Address,
+}
+
+impl Sanitizer {
+    /// The value of `LLAMA_SYS_SANITIZE`.
+    pub fn parse(value: &str) -> Result<Sanitizer, String> {
+        match value.to_ascii_lowercase().as_str() {
+            "address" | "asan" => Ok(Sanitizer::Address),
+            _ => Err(format!("LLAMA_SYS_SANITIZE={value} is not supported; the one supported value is `address`")),
+        }
+    }
+
+    /// Flags for the C/C++ compiler (the shim; llama.cpp's CMake adds the
+    /// same ones through the defines below).
+    pub fn compile_flags(self) -> &'static [&'static str] {
+        match self {
+            Sanitizer::Address => &["-fsanitize=address", "-fno-omit-frame-pointer"],
+        }
+    }
+
+    /// llama.cpp's own options: LLAMA_* for src/, GGML_* for ggml/.
+    fn cmake_defines(self) -> [(&'static str, String); 2] {
+        match self {
+            Sanitizer::Address => [("LLAMA_SANITIZE_ADDRESS", on(true)), ("GGML_SANITIZE_ADDRESS", on(true))],
+        }
+    }
+
+    /// The runtime library to link, or why this target cannot have it.
+    /// Only GCC's (libasan) is handled: with clang the runtime's name and
+    /// folder depend on the clang version, and MSVC's CMake path in
+    /// llama.cpp ignores the option.
+    pub fn runtime(self, t: &Target) -> Result<Lib, String> {
+        if t.env == "msvc" || t.clang {
+            return Err(
+                "LLAMA_SYS_SANITIZE=address needs GCC (it links GCC's libasan); set CC=gcc and CXX=g++".to_owned()
+            );
+        }
+        Ok(Lib::Dylib("asan"))
+    }
 }
 
 /// x86 rustc target features and the ggml option each one switches on when
@@ -117,6 +168,9 @@ pub fn cmake_defines(f: &Features, t: &Target, o: &Options) -> Vec<(&'static str
         ("GGML_RPC", on(f.rpc)),
         ("GGML_BLAS", on(f.blas)),
     ];
+    if let Some(sanitizer) = o.sanitizer {
+        d.extend(sanitizer.cmake_defines());
+    }
     if !f.native && t.arch == "x86_64" {
         for (feature, option) in X86_CPU_OPTIONS {
             d.push((option, on(t.has(feature))));

@@ -5,13 +5,17 @@
 //! share one build folder per configuration under the target dir, and a
 //! `cargo test` after a `cargo build --release` does not compile llama.cpp a
 //! second time.
+//!
+//! `LLAMA_SYS_SANITIZE=address` builds it with AddressSanitizer (and, unless
+//! `LLAMA_SYS_BUILD_TYPE` says otherwise, with debug info) in a folder of
+//! its own: the sanitizer's defines are part of the folder's key.
 
 use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
 use crate::env;
-use crate::features::{self, Features, Options, Target};
+use crate::features::{self, Features, Options, Sanitizer, Target};
 use crate::source::{self, Source};
 
 pub struct Install {
@@ -19,12 +23,21 @@ pub struct Install {
     pub prefix: PathBuf,
 }
 
-pub fn build(src: &Source, f: &Features, t: &Target, cmake: &Path, build_root: &Path) -> Install {
+pub fn build(
+    src: &Source,
+    f: &Features,
+    t: &Target,
+    sanitizer: Option<Sanitizer>,
+    cmake: &Path,
+    build_root: &Path,
+) -> Install {
     let build_type = match env::var("LLAMA_SYS_BUILD_TYPE") {
         Some(b) if ["Release", "Debug", "RelWithDebInfo", "MinSizeRel"].contains(&b.as_str()) => b,
         Some(b) => {
             source::fail(&format!("LLAMA_SYS_BUILD_TYPE={b} is not one of Release, Debug, RelWithDebInfo, MinSizeRel"))
         }
+        // A sanitizer report needs file and line numbers.
+        None if sanitizer.is_some() => "RelWithDebInfo".to_owned(),
         None => "Release".to_owned(),
     };
     let options = Options {
@@ -33,6 +46,7 @@ pub fn build(src: &Source, f: &Features, t: &Target, cmake: &Path, build_root: &
         blas_vendor: env::var("LLAMA_BLAS_VENDOR"),
         build_number: "0".to_owned(),
         build_commit: if src.pinned { source::PINNED_COMMIT[..7].to_owned() } else { "unknown".to_owned() },
+        sanitizer,
     };
     let mut defines: Vec<(String, String)> =
         features::cmake_defines(f, t, &options).into_iter().map(|(k, v)| (k.to_owned(), v)).collect();

@@ -1,15 +1,25 @@
 #!/usr/bin/env bash
 # Regenerates llama-sys/src/bindings.rs from the headers of the llama.cpp
-# source the build uses (needs libclang: `apt-get install libclang-dev`).
-# The test `bindings_are_fresh` (feature `bindgen`) fails until this is run
-# after a header or bindgen change.
+# source the build uses (needs libclang: `apt-get install libclang-dev`),
+# and llama-sys/src/bindings.headers.sha256, the sha256 of those headers
+# that every build without the `bindgen` feature compares with the headers
+# it builds against (build/abi.rs). The test `bindings_are_fresh` (feature
+# `bindgen`) fails until this is run after a header or bindgen change;
+# without `bindgen` the build itself fails.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-cargo build -p llama-sys --features bindgen --message-format=json \
+out=$(cargo build -p llama-sys --features bindgen --message-format=json \
   | python3 -c '
 import json, sys
 for line in sys.stdin:
     m = json.loads(line)
     if m.get("reason") == "build-script-executed" and m["package_id"].find("llama-sys") >= 0:
         print(m["out_dir"])
-' | tail -n 1 | { read -r out; cp "$out/bindings.rs" llama-sys/src/bindings.rs; echo "updated llama-sys/src/bindings.rs from $out"; }
+' | tail -n 1)
+if [ -z "$out" ] || [ ! -f "$out/bindings.rs" ] || [ ! -f "$out/bindings.headers.sha256" ]; then
+  echo "regen-bindings: the bindgen build wrote no bindings (out dir: '${out}')" >&2
+  exit 1
+fi
+cp "$out/bindings.rs" llama-sys/src/bindings.rs
+cp "$out/bindings.headers.sha256" llama-sys/src/bindings.headers.sha256
+echo "updated llama-sys/src/bindings.rs and llama-sys/src/bindings.headers.sha256 from $out"
