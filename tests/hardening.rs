@@ -7,6 +7,14 @@ mod safe_api;
 use llama::{Batch, Candidates, CustomSampler, Error, MetadataValue, Model, ModelParams, SamplerChain, Token};
 use safe_api::{isolated, layout, real_model, small_params, tiny_model, tiny_path};
 
+/// A context of `model` that decoded "Hello world": its last row has logits.
+fn hello_world_context(model: &Model) -> llama::Context<'_> {
+    let mut ctx = model.new_context(&small_params()).unwrap();
+    let tokens = model.vocab().tokenize("Hello world", true).unwrap();
+    ctx.decode(&Batch::from_tokens(&tokens, 0)).unwrap();
+    ctx
+}
+
 /// Removes every candidate.
 struct BanAll;
 impl CustomSampler for BanAll {
@@ -37,9 +45,7 @@ impl CustomSampler for LyingSort {
 fn a_sampler_that_removes_every_candidate_is_an_error() {
     isolated(|| {
         let model = tiny_model();
-        let mut ctx = model.new_context(&small_params()).unwrap();
-        let tokens = model.vocab().tokenize("Hello world", true).unwrap();
-        ctx.decode(&Batch::from_tokens(&tokens, 0)).unwrap();
+        let mut ctx = hello_world_context(&model);
         // top_p would run softmax on zero candidates: GGML_ASSERT in llama.cpp.
         let mut sampler = SamplerChain::new().custom(BanAll).top_p(0.9, 1).dist(1).build().unwrap();
         assert!(matches!(sampler.sample(&mut ctx, -1), Err(Error::NoCandidates)));
@@ -93,9 +99,7 @@ fn a_sampler_after_the_grammar_cannot_force_a_forbidden_end() {
         // sampler unmasks it, greedy picks it: accepting it would make
         // llama.cpp abort ("fatal error" in llama_grammar_accept_impl).
         let model = tiny_model();
-        let mut ctx = model.new_context(&small_params()).unwrap();
-        let tokens = model.vocab().tokenize("Hello world", true).unwrap();
-        ctx.decode(&Batch::from_tokens(&tokens, 0)).unwrap();
+        let mut ctx = hello_world_context(&model);
         let mut sampler = SamplerChain::new()
             .grammar(model.vocab(), r#"root ::= "ab""#, "root")
             .unwrap()
@@ -145,9 +149,7 @@ fn huge_penalty_windows_are_capped_not_allocated() {
     isolated(|| {
         // llama.cpp would allocate i32::MAX ints and throw bad_alloc through C.
         let model = tiny_model();
-        let mut ctx = model.new_context(&small_params()).unwrap();
-        let tokens = model.vocab().tokenize("Hello world", true).unwrap();
-        ctx.decode(&Batch::from_tokens(&tokens, 0)).unwrap();
+        let mut ctx = hello_world_context(&model);
         let mut sampler = SamplerChain::new()
             .penalties(i32::MAX, 1.1, 0.0, 0.0)
             .dry(model.vocab(), 0.8, 1.75, 2, i32::MAX, &["\n"])
@@ -321,9 +323,7 @@ fn a_custom_sampler_cannot_select_an_id_outside_the_vocabulary() {
     isolated(|| {
         let model = tiny_model();
         let n_vocab = model.vocab().n_tokens() as i32;
-        let mut ctx = model.new_context(&small_params()).unwrap();
-        let tokens = model.vocab().tokenize("Hello world", true).unwrap();
-        ctx.decode(&Batch::from_tokens(&tokens, 0)).unwrap();
+        let mut ctx = hello_world_context(&model);
         for bad in [-1, n_vocab, i32::MAX] {
             // Selected by the custom sampler itself...
             let mut own = SamplerChain::new().custom(SelectId(bad)).build().unwrap();
