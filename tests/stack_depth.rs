@@ -70,6 +70,19 @@ fn hand_split_pre_tokenizers_need_no_deep_stack() {
     });
 }
 
+/// Builds a sampler of `gbnf` (which allows exactly "a") and checks that
+/// it refuses "b", accepts "a", and accepts it again after a reset.
+fn assert_accepts_only_a(vocab: &llama::Vocab, gbnf: &str) {
+    let mut sampler = SamplerChain::new().grammar(vocab, gbnf, "root").unwrap().greedy().build().unwrap();
+    let a = vocab.tokenize("a", false).unwrap();
+    let b = vocab.tokenize("b", false).unwrap();
+    assert_eq!(a.len(), 1);
+    assert!(matches!(sampler.accept(b[0]), Err(Error::Grammar(_))), "the grammar allows only \"a\"");
+    sampler.accept(a[0]).unwrap();
+    sampler.reset();
+    sampler.accept(a[0]).unwrap();
+}
+
 #[test]
 fn a_grammar_nested_100_000_deep_parses_and_constrains() {
     isolated_with_stack(SMALL_STACK, || {
@@ -77,14 +90,7 @@ fn a_grammar_nested_100_000_deep_parses_and_constrains() {
         let vocab = model.vocab();
         let n = 100_000;
         let gbnf = format!("root ::= {}\"a\"{}", "(".repeat(n), ")".repeat(n));
-        let mut sampler = SamplerChain::new().grammar(vocab, &gbnf, "root").unwrap().greedy().build().unwrap();
-        let a = vocab.tokenize("a", false).unwrap();
-        let b = vocab.tokenize("b", false).unwrap();
-        assert_eq!(a.len(), 1);
-        assert!(matches!(sampler.accept(b[0]), Err(Error::Grammar(_))), "the grammar allows only \"a\"");
-        sampler.accept(a[0]).unwrap();
-        sampler.reset();
-        sampler.accept(a[0]).unwrap();
+        assert_accepts_only_a(vocab, &gbnf);
     });
 }
 
@@ -99,11 +105,7 @@ fn a_chain_of_100_000_rules_parses_and_constrains() {
             gbnf.push_str(&format!("r{i} ::= r{}\n", i + 1));
         }
         gbnf.push_str(&format!("r{n} ::= \"a\"\n"));
-        let mut sampler = SamplerChain::new().grammar(vocab, &gbnf, "root").unwrap().greedy().build().unwrap();
-        let a = vocab.tokenize("a", false).unwrap();
-        let b = vocab.tokenize("b", false).unwrap();
-        assert!(matches!(sampler.accept(b[0]), Err(Error::Grammar(_))));
-        sampler.accept(a[0]).unwrap();
+        assert_accepts_only_a(vocab, &gbnf);
     });
 }
 
