@@ -4,3 +4,4 @@
 
 pub mod model_cache;
 pub mod synthetic;
+pub mod teacher;

@@ -140,6 +140,17 @@ pub enum Error {
         /// The size requested.
         bytes: usize,
     },
+    /// The engine's waiting queue is full: try again later (an HTTP
+    /// server answers 429).
+    #[error("the engine's queue is full ({capacity} requests waiting)")]
+    QueueFull {
+        /// The most requests that may wait.
+        capacity: usize,
+    },
+    /// The engine has stopped (shut down, or its worker failed) and takes
+    /// no more requests.
+    #[error("the engine has stopped: {0}")]
+    EngineStopped(String),
     /// A string argument contains a NUL byte.
     #[error("string contains a NUL byte: {0}")]
     Nul(#[from] std::ffi::NulError),

@@ -179,8 +179,15 @@ pub enum FinishReason {
     /// a callback of [`Generation::stream`].
     Cancelled,
     /// The context was full and the overflow policy was [`Overflow::Error`]
-    /// (or a shift could free nothing).
+    /// (or a shift could free nothing); in the
+    /// [engine](crate::engine), the request reached its `max_context` or
+    /// could not get room in the KV pool even alone.
     ContextFull,
+    /// The [engine](crate::engine) shut down while the request ran.
+    Shutdown,
+    /// The [engine](crate::engine) could not run the request (a failed
+    /// decode, a sampler error): the message says why.
+    Failed(String),
 }
 
 impl fmt::Display for FinishReason {
@@ -191,6 +198,8 @@ impl fmt::Display for FinishReason {
             FinishReason::EndOfGeneration => f.write_str("end of generation"),
             FinishReason::Cancelled => f.write_str("cancelled"),
             FinishReason::ContextFull => f.write_str("context full"),
+            FinishReason::Shutdown => f.write_str("shutdown"),
+            FinishReason::Failed(why) => write!(f, "failed: {why}"),
         }
     }
 }
@@ -572,7 +581,7 @@ impl Session {
 /// window nothing is forgotten. (The check must not run then: a recurrent
 /// or hybrid model's cache reports its last position as its first, which
 /// would fail it and defeat prefix reuse.)
-fn swa_window_present(ctx: &mut Context<'_>, seq: SeqId, n_past: usize) -> Result<bool> {
+pub(crate) fn swa_window_present(ctx: &mut Context<'_>, seq: SeqId, n_past: usize) -> Result<bool> {
     let window = ctx.model().n_swa();
     if window == 0 {
         return Ok(true);

@@ -43,6 +43,7 @@ mod backend;
 mod batch;
 mod chat;
 mod context;
+pub mod engine;
 mod error;
 pub mod generate;
 mod memory;

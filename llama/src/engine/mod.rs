@@ -1,0 +1,616 @@
+//! Many concurrent requests over one context: continuous batching with
+//! chunked prefill under a token budget, a shared KV pool with admission
+//! and preemption, a prefix cache shared across requests, blocking and
+//! async streams, and metrics.
+//!
+//! [`Engine::start`] spawns one worker thread that owns a [`Context`]
+//! whose KV cache is the pool every sequence shares (`kv_unified`). Each
+//! step the worker makes one [`Context::decode`] call holding one token of
+//! every generating sequence first, then prefill chunks of the prompts
+//! waiting for their first token, sharing the rest of the step's budget
+//! between them (so a long prompt never holds up a short one, and a
+//! running stream waits at most one step). A finished sequence's cells
+//! stay in the pool as a cached prefix: a later prompt that starts with
+//! the same tokens (or with those of a running sequence) shares those
+//! cells and prefills only the rest. When the pool is full, cached
+//! prefixes are evicted (least recently used first) and then the
+//! lowest-priority, most recently admitted sequence is preempted: its
+//! cells are freed and it is requeued, to be recomputed from its prompt
+//! and the tokens it has generated, with its sampler state kept, so it
+//! continues as it would have.
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use llama::engine::{Engine, EngineConfig, Event, Request};
+//! use llama::{Model, ModelParams};
+//!
+//! # fn main() -> Result<(), llama::Error> {
+//! let model = Arc::new(Model::load("gemma-3-270m-q4_k_m.gguf", &ModelParams::default())?);
+//! let engine = Engine::start(model, EngineConfig::default())?;
+//! let requests = ["The capital of France is", "The capital of Japan is"]
+//!     .map(|p| engine.submit(Request::text(p).max_tokens(16)));
+//! for completion in requests {
+//!     for event in completion? {
+//!         match event {
+//!             Event::Piece(piece) => print!("{}", piece.text),
+//!             Event::Done(done) => println!("\n[{}; {:?}]", done.reason, done.usage),
+//!         }
+//!     }
+//! }
+//! println!("{:?}", engine.stats());
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! [`Context`]: crate::Context
+//! [`Context::decode`]: crate::Context::decode
+
+use std::fmt;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context as TaskContext, Poll};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::context::{FlashAttention, KvType, PerfCounters};
+use crate::error::{Error, Result};
+use crate::generate::FinishReason;
+use crate::model::Model;
+use crate::vocab::Token;
+
+mod kv;
+mod metrics;
+mod request;
+mod scheduler;
+mod worker;
+
+pub use metrics::Latency;
+pub use request::{Prompt, Request, SamplingParams};
+
+/// How the engine is set up; a builder.
+///
+/// Defaults: a pool of 4096 KV cells, a step budget of 512 tokens
+/// (`n_batch` = `n_ubatch` = 512), up to 16 generating sequences and 16
+/// cached prefixes holding at most half the pool, 256 waiting requests, 16
+/// cells reserved per admitted request, F16 KV cache, the machine's thread
+/// count.
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    pub(crate) n_ctx: u32,
+    pub(crate) n_batch: u32,
+    pub(crate) n_ubatch: u32,
+    pub(crate) prefill_cap: Option<u32>,
+    pub(crate) max_running: u32,
+    pub(crate) max_cached_prefixes: u32,
+    pub(crate) prefix_cache_share: f32,
+    pub(crate) max_queue: usize,
+    pub(crate) admission_reserve: usize,
+    pub(crate) n_threads: Option<i32>,
+    pub(crate) kv_type: KvType,
+    pub(crate) flash_attention: FlashAttention,
+    pub(crate) prefix_block: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            n_ctx: 4096,
+            n_batch: 512,
+            n_ubatch: 512,
+            prefill_cap: None,
+            max_running: 16,
+            max_cached_prefixes: 16,
+            prefix_cache_share: 0.5,
+            max_queue: 256,
+            admission_reserve: 16,
+            n_threads: None,
+            kv_type: KvType::F16,
+            flash_attention: FlashAttention::Auto,
+            prefix_block: 16,
+        }
+    }
+}
+
+macro_rules! config_setters {
+    ($($(#[$doc:meta])* $name:ident: $ty:ty => $field:ident $(($conv:expr))?;)*) => {$(
+        $(#[$doc])*
+        #[must_use]
+        pub fn $name(mut self, value: $ty) -> Self {
+            self.$field = config_setters!(@conv value $(, $conv)?);
+            self
+        }
+    )*};
+    (@conv $v:ident) => { $v };
+    (@conv $v:ident, $conv:expr) => { $conv($v) };
+}
+
+impl EngineConfig {
+    config_setters! {
+        /// KV cells shared by all sequences (the context's `n_ctx`;
+        /// llama.cpp pads it up to a multiple of 256).
+        n_ctx: u32 => n_ctx;
+        /// Most tokens per step: the one `llama_decode` of every step
+        /// (the context's `n_batch`).
+        n_batch: u32 => n_batch;
+        /// Most tokens per compute pass (the context's `n_ubatch`).
+        n_ubatch: u32 => n_ubatch;
+        /// Most prompt tokens per step while any sequence is generating
+        /// (default: the whole step budget). Smaller values shorten the
+        /// steps running streams wait for during a long prefill, at some
+        /// cost in prefill throughput.
+        prefill_cap: u32 => prefill_cap (Some);
+        /// Most sequences admitted at once (generating or prefilling).
+        max_running: u32 => max_running;
+        /// Most finished sequences kept as cached prefixes (0: no prefix
+        /// cache; prompts still share the cells of running sequences).
+        max_cached_prefixes: u32 => max_cached_prefixes;
+        /// Largest share of the pool's cells cached prefixes may hold.
+        prefix_cache_share: f32 => prefix_cache_share;
+        /// Most requests waiting for admission; more are refused with
+        /// [`Error::QueueFull`].
+        max_queue: usize => max_queue;
+        /// Free cells a request needs beyond its uncached prompt to be
+        /// admitted, so that it can generate a little before the pool
+        /// must make room.
+        admission_reserve: usize => admission_reserve;
+        /// Threads for decoding and prefill (default: the machine's).
+        n_threads: i32 => n_threads (Some);
+        /// Element type of the KV cache (K and V).
+        kv_type: KvType => kv_type;
+        /// Flash attention (a quantized V cache needs it).
+        flash_attention: FlashAttention => flash_attention;
+    }
+
+    fn check(&self) -> Result<()> {
+        let bad = |m: String| Err(Error::InvalidArgument(m));
+        if self.max_running == 0 {
+            return bad("max_running must be at least 1".into());
+        }
+        let n_seq = self.max_running as u64 + self.max_cached_prefixes as u64;
+        let most = crate::context::max_sequences() as u64;
+        if n_seq > most {
+            return bad(format!(
+                "max_running + max_cached_prefixes = {n_seq} exceeds the {most} sequences a context can have"
+            ));
+        }
+        if self.max_running > self.n_batch {
+            return bad(format!(
+                "max_running {} exceeds n_batch {}: every generating sequence needs a token of each step",
+                self.max_running, self.n_batch
+            ));
+        }
+        if !(0.0..=1.0).contains(&self.prefix_cache_share) {
+            return bad(format!("prefix_cache_share must be in [0, 1], got {}", self.prefix_cache_share));
+        }
+        if self.prefill_cap == Some(0) {
+            return bad("prefill_cap must be at least 1".into());
+        }
+        Ok(())
+    }
+}
+
+/// Text released by one step (or the final flush) of a request, with the
+/// tokens sampled since the previous piece.
+///
+/// The texts of a request's pieces, concatenated, are its output: valid
+/// UTF-8, never containing (part of) a stop string. Every sampled token
+/// except a final end-of-generation token is in exactly one piece's
+/// `tokens`; a piece's text can be empty when its tokens' text is held
+/// back (an unfinished character, or a possible start of a stop string).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Piece {
+    /// The released text.
+    pub text: String,
+    /// The tokens sampled since the previous piece.
+    pub tokens: Vec<Token>,
+}
+
+/// Token counts of one request.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Usage {
+    /// Tokens of the prompt.
+    pub prompt_tokens: usize,
+    /// Of those, the ones shared from the prefix cache or a running
+    /// sequence instead of being prefilled.
+    pub cached_tokens: usize,
+    /// Tokens sampled (including a final end-of-generation token).
+    pub completion_tokens: usize,
+}
+
+/// Latencies of one request.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Timings {
+    /// From submit to admission into the pool.
+    pub queued: Duration,
+    /// From submit to the first sampled token (`None` if none was).
+    pub time_to_first_token: Option<Duration>,
+    /// Mean gap between consecutive tokens.
+    pub inter_token_mean: Duration,
+    /// Largest gap between consecutive tokens.
+    pub inter_token_max: Duration,
+    /// From submit to the end.
+    pub total: Duration,
+    /// Engine steps (decode calls) from submit to the first token.
+    pub steps_to_first_token: Option<u64>,
+    /// How often the request was preempted and recomputed.
+    pub preemptions: u32,
+}
+
+/// The end of a request: why, and what it cost.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Finish {
+    /// Why it ended.
+    pub reason: FinishReason,
+    /// Token counts.
+    pub usage: Usage,
+    /// Latencies.
+    pub timings: Timings,
+}
+
+/// What a [`Completion`] yields: pieces of text, then exactly one
+/// [`Event::Done`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// Text and the tokens it came from.
+    Piece(Piece),
+    /// The request ended; no event follows.
+    Done(Finish),
+}
+
+/// The output of one submitted request: a blocking [`Iterator`] and an
+/// async [`Stream`](futures_core::Stream) of [`Event`]s, ending with
+/// exactly one [`Event::Done`] (also when the engine stops).
+///
+/// Both traits have a `next` method: with `futures::StreamExt` in scope,
+/// call the async one as `StreamExt::next(&mut completion).await`.
+///
+/// Dropping it cancels the request; its KV cells are released at the
+/// worker's next step. Events wait in an unbounded channel, so a slow
+/// reader never stalls the engine; a request buffers at most one piece
+/// per generated token.
+pub struct Completion {
+    id: u64,
+    /// Boxed: the receiver's pending listener is not `Unpin`.
+    events: Pin<Box<async_channel::Receiver<Event>>>,
+    cancel: Arc<AtomicBool>,
+    done: bool,
+}
+
+impl fmt::Debug for Completion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Completion").field("id", &self.id).field("done", &self.done).finish()
+    }
+}
+
+/// The final event of a request whose worker went away without sending
+/// one (a worker that panicked).
+fn lost() -> Event {
+    Event::Done(Finish {
+        reason: FinishReason::Failed("the engine's worker stopped".into()),
+        usage: Usage::default(),
+        timings: Timings::default(),
+    })
+}
+
+impl Completion {
+    /// The request's id (unique within its engine, in submit order).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Asks the engine to end the request: it finishes with
+    /// [`FinishReason::Cancelled`] at the next step, and the events up to
+    /// then are still delivered.
+    pub fn cancel(&self) {
+        self.cancel.store(true, Ordering::Relaxed);
+    }
+
+    fn received(&mut self, received: std::result::Result<Event, ()>) -> Option<Event> {
+        let event = received.unwrap_or_else(|()| lost());
+        if matches!(event, Event::Done(_)) {
+            self.done = true;
+            self.events.close();
+        }
+        Some(event)
+    }
+
+    /// Waits for the whole output: the text, the tokens and the finish.
+    pub fn wait(self) -> Output {
+        let mut out = Output {
+            text: String::new(),
+            tokens: Vec::new(),
+            finish: Finish { reason: FinishReason::Cancelled, usage: Usage::default(), timings: Timings::default() },
+        };
+        for event in self {
+            match event {
+                Event::Piece(p) => {
+                    out.text.push_str(&p.text);
+                    out.tokens.extend(p.tokens);
+                }
+                Event::Done(f) => out.finish = f,
+            }
+        }
+        out
+    }
+}
+
+/// A request's whole output ([`Completion::wait`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Output {
+    /// The text.
+    pub text: String,
+    /// Every sampled token (a final end-of-generation token excluded).
+    pub tokens: Vec<Token>,
+    /// How it ended.
+    pub finish: Finish,
+}
+
+impl Iterator for Completion {
+    type Item = Event;
+
+    /// Blocks until the next event.
+    fn next(&mut self) -> Option<Event> {
+        if self.done {
+            return None;
+        }
+        let received = self.events.recv_blocking().map_err(|_| ());
+        self.received(received)
+    }
+}
+
+impl std::iter::FusedIterator for Completion {}
+
+impl futures_core::Stream for Completion {
+    type Item = Event;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Option<Event>> {
+        if self.done {
+            return Poll::Ready(None);
+        }
+        // The receiver registers the waker before reporting Pending.
+        match futures_core::Stream::poll_next(self.events.as_mut(), cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(event) => Poll::Ready(self.received(event.ok_or(()))),
+        }
+    }
+}
+
+impl Drop for Completion {
+    fn drop(&mut self) {
+        self.cancel.store(true, Ordering::Relaxed);
+    }
+}
+
+/// A snapshot of the engine ([`Engine::stats`]).
+#[derive(Clone, Debug, Default, PartialEq)]
+#[non_exhaustive]
+pub struct EngineStats {
+    /// Requests admitted into the pool (prefilling or generating).
+    pub running: usize,
+    /// Requests waiting for admission (including preempted ones).
+    pub waiting: usize,
+    /// Sequences preempted for room so far.
+    pub preemptions: u64,
+    /// KV cells in use (shared cells counted once).
+    pub kv_cells_used: usize,
+    /// KV cells in the pool.
+    pub kv_cells_total: usize,
+    /// Cells held by cached prefixes (some may be shared with running
+    /// sequences).
+    pub cached_prefix_cells: usize,
+    /// Cached prefixes.
+    pub cached_prefixes: usize,
+    /// Admissions that looked for a shared prefix.
+    pub prefix_lookups: u64,
+    /// Prompt tokens shared instead of prefilled.
+    pub prefix_hit_tokens: u64,
+    /// Prompt tokens of admitted requests.
+    pub prompt_tokens: u64,
+    /// Prompt tokens decoded (including recomputation after preemption).
+    pub prompt_tokens_evaluated: u64,
+    /// Tokens sampled.
+    pub completion_tokens: u64,
+    /// Requests finished (any reason).
+    pub requests_finished: u64,
+    /// Decode steps.
+    pub steps: u64,
+    /// llama.cpp's own counters of the engine's context (a step with
+    /// more than one token counts as prompt evaluation there).
+    pub perf: PerfCounters,
+    /// Submit to first token.
+    pub time_to_first_token: Latency,
+    /// Between consecutive tokens of a request.
+    pub inter_token: Latency,
+    /// Submit to finish.
+    pub end_to_end: Latency,
+    /// Submit to admission.
+    pub queue: Latency,
+}
+
+/// What the handles and the worker share.
+#[derive(Debug, Default)]
+struct Shared {
+    /// Requests counted against `max_queue`: submitted, not yet admitted.
+    queued: AtomicUsize,
+    /// Decode steps so far.
+    steps: AtomicU64,
+    /// Why the engine stopped, once it has.
+    stopped: Mutex<Option<String>>,
+    stats: Mutex<worker::StatsState>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // The data under these locks is plain counters, valid at every point.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The part of the handle whose drop stops the worker.
+#[derive(Debug)]
+struct Handle {
+    model: Arc<Model>,
+    commands: Mutex<Option<mpsc::Sender<worker::Submission>>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    shared: Arc<Shared>,
+    next_id: AtomicU64,
+    pool: usize,
+    max_queue: usize,
+}
+
+impl Handle {
+    fn stop(&self) {
+        lock(&self.shared.stopped).get_or_insert_with(|| "shut down".into());
+        drop(lock(&self.commands).take());
+        let thread = lock(&self.thread).take();
+        if let Some(thread) = thread
+            && thread.thread().id() != std::thread::current().id()
+        {
+            // The worker ends every request with `Shutdown` and exits
+            // after its current step; a panic there was already turned
+            // into failed requests.
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A continuous-batching inference engine: a cheap, cloneable handle to
+/// one worker thread that owns a context over an `Arc<Model>`.
+///
+/// The worker stops when the last handle is dropped or on
+/// [`Engine::shutdown`]; requests still in flight then finish with
+/// [`FinishReason::Shutdown`].
+#[derive(Clone, Debug)]
+pub struct Engine {
+    handle: Arc<Handle>,
+}
+
+impl Engine {
+    /// Starts the worker thread and creates its context: `n_ctx` cells
+    /// shared by `max_running + max_cached_prefixes` sequences
+    /// (`kv_unified`, full-size sliding-window cache).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for inconsistent settings (see
+    /// [`EngineConfig`]); [`Error::ContextCreate`] and the other errors of
+    /// [`Context::new`](crate::Context::new).
+    pub fn start(model: Arc<Model>, config: EngineConfig) -> Result<Engine> {
+        config.check()?;
+        let shared = Arc::new(Shared::default());
+        let (commands, inbox) = mpsc::channel();
+        let (ready_tx, ready) = mpsc::sync_channel(1);
+        let thread = {
+            let model = Arc::clone(&model);
+            let shared = Arc::clone(&shared);
+            let config = config.clone();
+            std::thread::Builder::new()
+                .name("llama-engine".into())
+                .spawn(move || worker::run(&model, &config, inbox, &shared, ready_tx))
+                .map_err(|e| Error::InvalidArgument(format!("cannot spawn the engine thread: {e}")))?
+        };
+        let pool = match ready.recv() {
+            Ok(Ok(pool)) => pool,
+            Ok(Err(e)) => {
+                let _ = thread.join();
+                return Err(e);
+            }
+            Err(_) => {
+                let _ = thread.join();
+                return Err(Error::EngineStopped("the worker failed while starting".into()));
+            }
+        };
+        Ok(Engine {
+            handle: Arc::new(Handle {
+                model,
+                commands: Mutex::new(Some(commands)),
+                thread: Mutex::new(Some(thread)),
+                shared,
+                next_id: AtomicU64::new(0),
+                pool,
+                max_queue: config.max_queue,
+            }),
+        })
+    }
+
+    /// The model the engine runs.
+    pub fn model(&self) -> &Arc<Model> {
+        &self.handle.model
+    }
+
+    /// KV cells in the pool.
+    pub fn pool_cells(&self) -> usize {
+        self.handle.pool
+    }
+
+    /// Submits a request; its output arrives through the returned
+    /// [`Completion`].
+    ///
+    /// The request is tokenized and checked here, so everything the worker
+    /// could fail on is the caller's error now.
+    ///
+    /// # Errors
+    /// [`Error::QueueFull`] when `max_queue` requests are waiting;
+    /// [`Error::EngineStopped`] after shutdown;
+    /// [`Error::InvalidArgument`] for an empty prompt, one longer than the
+    /// pool or the request's `max_context`, `max_tokens` 0, or sampling
+    /// values out of range; [`Error::InvalidToken`] for token ids outside
+    /// the vocabulary (prompt or logit bias); [`Error::Grammar`] for a
+    /// grammar that does not parse; tokenizer errors for text prompts.
+    pub fn submit(&self, request: Request) -> Result<Completion> {
+        let h = &*self.handle;
+        if let Some(why) = lock(&h.shared.stopped).clone() {
+            return Err(Error::EngineStopped(why));
+        }
+        let checked = request::check(&h.model, h.pool, request)?;
+        if h.shared
+            .queued
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < h.max_queue).then_some(n + 1))
+            .is_err()
+        {
+            return Err(Error::QueueFull { capacity: h.max_queue });
+        }
+        let id = h.next_id.fetch_add(1, Ordering::Relaxed);
+        let (events_tx, events) = async_channel::unbounded();
+        let cancel = Arc::new(AtomicBool::new(false));
+        let submission = worker::Submission {
+            id,
+            request: checked,
+            events: events_tx,
+            cancel: Arc::clone(&cancel),
+            submitted: Instant::now(),
+            submit_step: h.shared.steps.load(Ordering::Acquire),
+        };
+        let sent = lock(&h.commands).as_ref().is_some_and(|tx| tx.send(submission).is_ok());
+        if !sent {
+            h.shared.queued.fetch_sub(1, Ordering::AcqRel);
+            let why = lock(&h.shared.stopped).clone().unwrap_or_else(|| "shut down".into());
+            return Err(Error::EngineStopped(why));
+        }
+        Ok(Completion { id, events: Box::pin(events), cancel, done: false })
+    }
+
+    /// A snapshot of the engine's state, counters and latency
+    /// distributions (updated after every step).
+    pub fn stats(&self) -> EngineStats {
+        lock(&self.handle.shared.stats).snapshot()
+    }
+
+    /// Stops the worker after its current step; requests in flight finish
+    /// with [`FinishReason::Shutdown`] and later submits fail with
+    /// [`Error::EngineStopped`]. Waits for the worker to exit (unless
+    /// called from it). Every handle of this engine is affected.
+    pub fn shutdown(&self) {
+        self.handle.stop();
+    }
+}

@@ -1,0 +1,59 @@
+//! Checks for batched decoding that do not depend on exact rounding.
+//!
+//! Batched and single-sequence decoding round differently inside ggml, so
+//! a greedy stream run among others can pick a different token where the
+//! top two are nearly tied, and from there continue differently. The
+//! teacher-forced check asks instead whether every token a stream chose was
+//! (nearly) the best choice given the tokens before it: it re-scores the
+//! stream in a single-sequence run and measures, at each position, how far
+//! the chosen token's logit is below the best one. A stream that read
+//! another sequence's cells, or the wrong positions, fails it by far more
+//! than rounding can explain.
+
+use llama::{Batch, ContextParams, Model, Token};
+
+/// The result of re-scoring one stream.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TeacherForced {
+    /// For each generated token: the best logit at its position minus the
+    /// chosen token's (0 when the chosen one is the best).
+    pub gaps: Vec<f32>,
+}
+
+impl TeacherForced {
+    /// The largest gap (0 for no tokens).
+    pub fn worst(&self) -> f32 {
+        self.gaps.iter().copied().fold(0.0, f32::max)
+    }
+}
+
+/// Re-scores `generated` after `prompt` in a fresh single-sequence context
+/// (one decode with logits at the last prompt token and every generated
+/// token but the last).
+///
+/// # Errors
+/// The context's or the decode's error.
+pub fn rescore(model: &Model, prompt: &[Token], generated: &[Token]) -> llama::Result<TeacherForced> {
+    let total = prompt.len() + generated.len();
+    let n = total.max(1) as u32;
+    let params = ContextParams::default().n_ctx(n + 1).n_batch(n).n_ubatch(n.min(512)).n_threads(2);
+    let mut ctx = model.new_context(&params)?;
+    let mut batch = Batch::new(total, 1);
+    let mut all = prompt.to_vec();
+    all.extend_from_slice(generated);
+    for (i, &t) in all.iter().enumerate().take(total.saturating_sub(1)) {
+        batch.push(t, i as i32, &[0], i + 1 >= prompt.len())?;
+    }
+    if batch.is_empty() {
+        return Ok(TeacherForced { gaps: Vec::new() });
+    }
+    ctx.decode(&batch)?;
+    let mut gaps = Vec::with_capacity(generated.len());
+    for (k, &chosen) in generated.iter().enumerate() {
+        let row = (prompt.len() - 1 + k) as i32;
+        let logits = ctx.logits(row)?;
+        let best = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        gaps.push(best - logits[chosen.0 as usize]);
+    }
+    Ok(TeacherForced { gaps })
+}

@@ -1,0 +1,479 @@
+//! The continuous-batching engine on the tiny synthetic model (fast, no
+//! download): concurrent streams equal their single-sequence runs token for
+//! token, a short prompt is served while a long one prefills, preempted
+//! requests finish as they would have, prefixes are shared, cancellation
+//! frees cells, random concurrent use neither deadlocks nor leaks, async
+//! streams wake up, bad input is refused at submit.
+
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use llama::engine::{Completion, Engine, EngineConfig, EngineStats, Event, Finish, Output, Request, SamplingParams};
+use llama::generate::{FinishReason, GenerateOptions, Session};
+use llama::{ContextParams, Error, Model, ModelParams, Sampler, Token};
+use llama_suite::synthetic::{TINY_BOS_ID, TINY_VOCAB_SIZE, TinyModelSpec, tiny_llama_path};
+
+fn model() -> Arc<Model> {
+    static MODEL: OnceLock<Arc<Model>> = OnceLock::new();
+    MODEL
+        .get_or_init(|| {
+            let spec = TinyModelSpec { n_ctx_train: 16_384, ..TinyModelSpec::default() };
+            let path = tiny_llama_path(&spec).expect("write the tiny model");
+            Arc::new(Model::load(&path, &ModelParams::default()).expect("load the tiny model"))
+        })
+        .clone()
+}
+
+/// BOS and `n - 1` ordinary tokens of a pattern chosen by `salt`.
+fn prompt(n: usize, salt: usize) -> Vec<Token> {
+    let first_normal = 260;
+    let span = TINY_VOCAB_SIZE - first_normal;
+    let mut tokens = vec![Token(TINY_BOS_ID)];
+    tokens.extend((1..n).map(|i| Token((first_normal + (i * 7 + salt * 131 + i * i * salt) % span) as i32)));
+    tokens
+}
+
+fn config() -> EngineConfig {
+    EngineConfig::default().n_ctx(4096).n_batch(512).n_threads(2)
+}
+
+fn greedy(prompt: Vec<Token>, n: usize) -> Request {
+    Request::tokens(prompt).max_tokens(n).stop_at_eog(false)
+}
+
+/// The tokens a single-sequence greedy run through `generate::Session`
+/// produces.
+fn sequential(model: &Model, prompt: &[Token], n: usize) -> Vec<Token> {
+    let mut ctx = model.new_context(&ContextParams::default().n_ctx(2048).n_batch(512).n_threads(2)).unwrap();
+    let mut sampler = Sampler::greedy();
+    let mut session = Session::new();
+    // The session's record ends with the last decoded token: sample one
+    // more than needed.
+    let options = GenerateOptions::default().max_tokens(n + 1).stop_at_eog(false);
+    let mut generation = session.generate(&mut ctx, &mut sampler, prompt, &options).unwrap();
+    while let Some(piece) = generation.next_piece() {
+        piece.unwrap();
+    }
+    drop(generation);
+    session.tokens()[prompt.len()..prompt.len() + n].to_vec()
+}
+
+/// Waits (bounded) until the stats, published after every step, satisfy
+/// `ready`.
+fn wait_for(engine: &Engine, ready: impl Fn(&EngineStats) -> bool) -> EngineStats {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let stats = engine.stats();
+        if ready(&stats) {
+            return stats;
+        }
+        assert!(Instant::now() < deadline, "the engine did not get there: {stats:?}");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Waits until nothing runs or waits.
+fn idle(engine: &Engine) -> EngineStats {
+    wait_for(engine, |s| s.running == 0 && s.waiting == 0)
+}
+
+/// What a completion delivered, counted without trusting `wait`.
+#[derive(Debug)]
+struct Drained {
+    tokens: Vec<Token>,
+    finish: Finish,
+    finals: usize,
+}
+
+fn drain(completion: Completion) -> Drained {
+    let mut tokens = Vec::new();
+    let mut finish = None;
+    let mut finals = 0;
+    for event in completion {
+        match event {
+            Event::Piece(p) => tokens.extend(p.tokens),
+            Event::Done(f) => {
+                finals += 1;
+                finish = Some(f);
+            }
+        }
+    }
+    Drained { tokens, finish: finish.expect("a final event"), finals }
+}
+
+#[test]
+fn eight_concurrent_greedy_streams_equal_their_sequential_runs() {
+    let model = model();
+    let prompts: Vec<Vec<Token>> = (0..8).map(|i| prompt(8 + 13 * i, i + 1)).collect();
+    let expected: Vec<Vec<Token>> = prompts.iter().map(|p| sequential(&model, p, 32)).collect();
+    let engine = Engine::start(model, config()).unwrap();
+    let completions: Vec<Completion> = prompts.iter().map(|p| engine.submit(greedy(p.clone(), 32)).unwrap()).collect();
+    for (i, completion) in completions.into_iter().enumerate() {
+        let out = completion.wait();
+        assert_eq!(out.finish.reason, FinishReason::Length);
+        assert_eq!(out.finish.usage.completion_tokens, 32);
+        assert_eq!(out.finish.usage.prompt_tokens, prompts[i].len());
+        assert_eq!(out.tokens, expected[i], "stream {i} differs from its sequential run");
+    }
+    let stats = idle(&engine);
+    // All eight ran together: far fewer steps than 8 × 32 sequential ones.
+    assert!(stats.steps <= 40, "{} steps", stats.steps);
+    assert_eq!(stats.completion_tokens, 8 * 32);
+    assert_eq!(stats.requests_finished, 8);
+    assert_eq!(stats.time_to_first_token.count, 8);
+    assert_eq!(stats.inter_token.count, 8 * 31);
+}
+
+#[test]
+fn a_short_request_gets_its_first_token_while_a_long_prompt_prefills() {
+    let engine = Engine::start(model(), config().n_ctx(8192)).unwrap();
+    // One stream is generating when the long prompt arrives.
+    let mut running = engine.submit(greedy(prompt(16, 1), 64)).unwrap();
+    assert!(matches!(running.next(), Some(Event::Piece(_))));
+    let long = engine.submit(greedy(prompt(4000, 2), 4)).unwrap();
+    let short = engine.submit(greedy(prompt(16, 3), 4)).unwrap();
+    let short = short.wait();
+    let long = long.wait();
+    let running = drain(running);
+    let short_steps = short.finish.timings.steps_to_first_token.unwrap();
+    let long_steps = long.finish.timings.steps_to_first_token.unwrap();
+    assert!(short_steps <= 2, "the short request waited {short_steps} steps");
+    // The long prompt was prefilled in chunks of at most one step's budget.
+    assert!(long_steps >= 8, "the long prompt took {long_steps} steps");
+    // The running stream got a token in every step: 64 tokens in 64 steps.
+    assert_eq!(running.finish.usage.completion_tokens, 64);
+    assert_eq!(running.tokens.len(), 64 - 1, "the first piece was read before");
+    assert_eq!(running.finish.reason, FinishReason::Length);
+    assert!(engine.stats().steps <= 64 + 2, "{:?}", engine.stats());
+}
+
+#[test]
+fn preempted_requests_finish_with_the_tokens_of_an_unpressured_run() {
+    let model = model();
+    let prompts: Vec<Vec<Token>> = (0..6).map(|i| prompt(40 + 5 * i, 10 + i)).collect();
+    let run = |config: EngineConfig| {
+        let engine = Engine::start(model.clone(), config).unwrap();
+        let completions: Vec<Completion> =
+            prompts.iter().map(|p| engine.submit(greedy(p.clone(), 80)).unwrap()).collect();
+        let outputs: Vec<Output> = completions.into_iter().map(Completion::wait).collect();
+        (outputs, idle(&engine))
+    };
+    let (free, free_stats) = run(config().n_ctx(4096));
+    assert_eq!(free_stats.preemptions, 0);
+    // 6 × ~125 cells do not fit in 256: the pool must preempt.
+    let (pressed, stats) = run(config().n_ctx(256).max_cached_prefixes(0));
+    assert!(stats.preemptions > 0, "{stats:?}");
+    assert_eq!(stats.kv_cells_total, 256);
+    let mut preempted = 0;
+    for (i, (a, b)) in free.iter().zip(&pressed).enumerate() {
+        assert_eq!(b.finish.reason, FinishReason::Length, "request {i}");
+        assert_eq!(a.tokens, b.tokens, "request {i} changed under preemption");
+        assert_eq!(a.text, b.text);
+        preempted += b.finish.timings.preemptions;
+    }
+    assert_eq!(u64::from(preempted), stats.preemptions);
+    assert_eq!(stats.kv_cells_used, 0);
+    // Recomputation shows in the prompt tokens evaluated.
+    assert!(stats.prompt_tokens_evaluated > free_stats.prompt_tokens_evaluated);
+}
+
+#[test]
+fn a_shared_prefix_is_prefilled_once() {
+    let model = model();
+    let prefix = prompt(1000, 4);
+    let with_suffix = |salt| {
+        let mut p = prefix.clone();
+        p.extend(prompt(17, salt)[1..].iter().copied());
+        p
+    };
+    let (a, b) = (with_suffix(5), with_suffix(6));
+    let cold = Engine::start(model.clone(), config()).unwrap().submit(greedy(b.clone(), 16)).unwrap().wait();
+    assert_eq!(cold.finish.usage.cached_tokens, 0);
+
+    let engine = Engine::start(model, config()).unwrap();
+    let first = engine.submit(greedy(a, 16)).unwrap().wait();
+    assert_eq!(first.finish.usage.cached_tokens, 0);
+    let before = idle(&engine);
+    assert_eq!(before.cached_prefixes, 1);
+    assert_eq!(before.kv_cells_used, 1016 + 15);
+    let second = engine.submit(greedy(b.clone(), 16)).unwrap().wait();
+    let after = idle(&engine);
+    let cached = second.finish.usage.cached_tokens;
+    assert!(cached >= 1000, "only {cached} tokens shared");
+    assert_eq!(after.prefix_hit_tokens - before.prefix_hit_tokens, cached as u64);
+    // Only the suffix was prefilled: the engine's count and llama.cpp's own.
+    let evaluated = after.prompt_tokens_evaluated - before.prompt_tokens_evaluated;
+    assert_eq!(evaluated as usize, b.len() - cached);
+    assert_eq!((after.perf.prompt_tokens - before.perf.prompt_tokens) as usize, b.len() - cached);
+    assert_eq!(second.tokens, cold.tokens, "sharing the prefix changed the output");
+    // The shared 1000 cells are counted once.
+    assert_eq!(after.kv_cells_used, 1016 + 15 + (b.len() - cached) + 15);
+}
+
+#[test]
+fn a_prompt_shares_the_cells_of_a_running_sequence() {
+    let engine = Engine::start(model(), config()).unwrap();
+    let base = prompt(200, 7);
+    let mut running = engine.submit(greedy(base.clone(), 200)).unwrap();
+    assert!(matches!(running.next(), Some(Event::Piece(_))));
+    let mut longer = base.clone();
+    longer.extend(prompt(9, 8)[1..].iter().copied());
+    let out = engine.submit(greedy(longer, 4)).unwrap().wait();
+    assert!(out.finish.usage.cached_tokens >= 192, "{:?}", out.finish.usage);
+    running.cancel();
+    assert_eq!(drain(running).finish.reason, FinishReason::Cancelled);
+}
+
+#[test]
+fn cancel_and_drop_free_the_cells() {
+    let engine = Engine::start(model(), config().max_cached_prefixes(0)).unwrap();
+    let mut a = engine.submit(greedy(prompt(50, 1), 10_000)).unwrap();
+    let mut b = engine.submit(greedy(prompt(60, 2), 10_000)).unwrap();
+    assert!(matches!(a.next(), Some(Event::Piece(_))));
+    assert!(matches!(b.next(), Some(Event::Piece(_))));
+    wait_for(&engine, |s| s.kv_cells_used >= 110);
+    a.cancel();
+    let a = drain(a);
+    assert_eq!(a.finals, 1);
+    assert_eq!(a.finish.reason, FinishReason::Cancelled);
+    drop(b);
+    let stats = idle(&engine);
+    assert_eq!(stats.kv_cells_used, 0);
+    assert_eq!(stats.cached_prefix_cells, 0);
+
+    // With the prefix cache on, cells go back to the cached-prefix level.
+    let engine = Engine::start(model(), config()).unwrap();
+    let c = engine.submit(greedy(prompt(50, 3), 10_000)).unwrap();
+    let mut c = c;
+    assert!(matches!(c.next(), Some(Event::Piece(_))));
+    drop(c);
+    let stats = idle(&engine);
+    assert_eq!(stats.cached_prefixes, 1);
+    assert_eq!(stats.kv_cells_used, stats.cached_prefix_cells);
+    assert!(stats.cached_prefix_cells >= 50);
+}
+
+#[test]
+fn random_submit_cancel_and_drop_from_eight_threads() {
+    // A watchdog: a deadlock fails the test instead of hanging it.
+    let finished = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    {
+        let finished = finished.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_secs(300));
+            if !finished.load(std::sync::atomic::Ordering::Relaxed) {
+                eprintln!("random_submit_cancel_and_drop_from_eight_threads: deadlock (300 s)");
+                std::process::exit(1);
+            }
+        });
+    }
+    let engine = Engine::start(model(), config().n_ctx(1024).max_running(6).max_queue(64)).unwrap();
+    let threads: Vec<_> = (0..8)
+        .map(|t| {
+            let engine = engine.clone();
+            std::thread::spawn(move || {
+                let mut state = 0x9e37_79b9_7f4a_7c15u64 ^ (t as u64 + 1);
+                let mut next = move |m: u64| {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    state % m
+                };
+                let mut ended = 0;
+                for op in 0..38 {
+                    let len = next(120) as usize + 1;
+                    let request = greedy(prompt(len, (t * 100 + op) as usize), next(24) as usize + 1);
+                    let completion = match engine.submit(request) {
+                        Ok(c) => c,
+                        Err(Error::QueueFull { .. }) => continue,
+                        Err(e) => panic!("{e}"),
+                    };
+                    match next(3) {
+                        0 => drop(completion),
+                        1 => {
+                            let mut completion = completion;
+                            let _ = completion.next();
+                            completion.cancel();
+                            assert_eq!(drain(completion).finals, 1);
+                            ended += 1;
+                        }
+                        _ => {
+                            let out = drain(completion);
+                            assert_eq!(out.finals, 1);
+                            assert!(
+                                matches!(out.finish.reason, FinishReason::Length | FinishReason::ContextFull),
+                                "{:?}",
+                                out.finish.reason
+                            );
+                            ended += 1;
+                        }
+                    }
+                }
+                ended
+            })
+        })
+        .collect();
+    let ended: usize = threads.into_iter().map(|t| t.join().unwrap()).sum();
+    assert!(ended > 100, "{ended}");
+    let stats = idle(&engine);
+    finished.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(stats.kv_cells_used, stats.cached_prefix_cells, "{stats:?}");
+    assert!(stats.cached_prefixes <= 16);
+    // Everything still works afterwards.
+    let out = engine.submit(greedy(prompt(10, 999), 3)).unwrap().wait();
+    assert_eq!(out.finish.usage.completion_tokens, 3);
+}
+
+#[test]
+fn async_streams_on_one_thread_all_finish_with_the_blocking_outputs() {
+    use futures::StreamExt;
+    let engine = Engine::start(model(), config()).unwrap();
+    let prompts: Vec<Vec<Token>> = (0..8).map(|i| prompt(10 + i, 40 + i)).collect();
+    let blocking: Vec<Vec<Token>> =
+        prompts.iter().map(|p| engine.submit(greedy(p.clone(), 20)).unwrap().wait().tokens).collect();
+
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let engine2 = engine.clone();
+    let prompts2 = prompts.clone();
+    // Bounded: a lost wakeup would hang the executor; the test then fails
+    // on the timeout below instead of hanging.
+    std::thread::spawn(move || {
+        let streams = prompts2.iter().map(|p| {
+            let completion = engine2.submit(greedy(p.clone(), 20)).unwrap();
+            async move {
+                let mut tokens = Vec::new();
+                let mut finals = 0;
+                let mut completion = completion;
+                while let Some(event) = StreamExt::next(&mut completion).await {
+                    match event {
+                        Event::Piece(p) => tokens.extend(p.tokens),
+                        Event::Done(_) => finals += 1,
+                    }
+                }
+                (tokens, finals)
+            }
+        });
+        let results = futures::executor::block_on(futures::future::join_all(streams));
+        let _ = done_tx.send(results);
+    });
+    let results = done_rx.recv_timeout(Duration::from_secs(120)).expect("the async streams hung");
+    for (i, (tokens, finals)) in results.into_iter().enumerate() {
+        assert_eq!(finals, 1);
+        assert_eq!(tokens, blocking[i], "stream {i}");
+    }
+}
+
+#[test]
+fn bad_requests_are_refused_at_submit_and_the_engine_keeps_serving() {
+    let engine = Engine::start(model(), config().n_ctx(512)).unwrap();
+    let bad = |r: Request| engine.submit(r).err().expect("refused");
+    assert!(matches!(bad(Request::tokens(vec![])), Error::InvalidArgument(_)));
+    assert!(matches!(bad(Request::tokens(vec![Token(1), Token(-5)])), Error::InvalidToken { token: -5, .. }));
+    assert!(matches!(bad(Request::tokens(vec![Token(1), Token(1 << 20)])), Error::InvalidToken { .. }));
+    assert!(matches!(bad(greedy(prompt(600, 1), 4)), Error::InvalidArgument(m) if m.contains("600 tokens")));
+    assert!(matches!(bad(greedy(prompt(60, 1), 4).max_context(50)), Error::InvalidArgument(_)));
+    assert!(matches!(bad(greedy(prompt(6, 1), 4).max_context(100_000)), Error::InvalidArgument(_)));
+    assert!(matches!(bad(greedy(prompt(6, 1), 0)), Error::InvalidArgument(_)));
+    let sampled = |s: SamplingParams| greedy(prompt(6, 1), 4).sampling(s);
+    assert!(matches!(bad(sampled(SamplingParams::greedy().temperature(f32::NAN))), Error::InvalidArgument(_)));
+    assert!(matches!(bad(sampled(SamplingParams::greedy().temperature(-1.0))), Error::InvalidArgument(_)));
+    assert!(matches!(bad(sampled(SamplingParams::greedy().top_p(0.0))), Error::InvalidArgument(_)));
+    assert!(matches!(bad(sampled(SamplingParams::greedy().min_p(2.0))), Error::InvalidArgument(_)));
+    assert!(matches!(bad(sampled(SamplingParams::greedy().top_k(-1))), Error::InvalidArgument(_)));
+    assert!(matches!(bad(sampled(SamplingParams::greedy().penalties(64, 0.0, 0.0, 0.0))), Error::InvalidArgument(_)));
+    assert!(matches!(bad(sampled(SamplingParams::greedy().penalties(64, 1.0, 5.0, 0.0))), Error::InvalidArgument(_)));
+    assert!(matches!(
+        bad(sampled(SamplingParams::greedy().logit_bias(vec![(Token(99_999), 1.0)]))),
+        Error::InvalidToken { .. }
+    ));
+    assert!(matches!(
+        bad(sampled(SamplingParams::greedy().logit_bias(vec![(Token(300), f32::NAN)]))),
+        Error::InvalidArgument(_)
+    ));
+    assert!(matches!(bad(sampled(SamplingParams::greedy().grammar("root ::= ("))), Error::Grammar(_)));
+    assert!(matches!(bad(sampled(SamplingParams::greedy().grammar("start ::= \"a\""))), Error::Grammar(_)));
+    // Bad engine settings.
+    for config in [
+        config().max_running(0),
+        config().max_running(200).max_cached_prefixes(100),
+        config().n_batch(8).max_running(16),
+        config().prefix_cache_share(1.5),
+    ] {
+        assert!(matches!(Engine::start(model(), config), Err(Error::InvalidArgument(_))));
+    }
+    // And a good request still runs.
+    let out = engine.submit(greedy(prompt(6, 1), 4)).unwrap().wait();
+    assert_eq!(out.finish.reason, FinishReason::Length);
+    assert_eq!(out.tokens.len(), 4);
+    // A grammar that parses constrains the output.
+    let gbnf = r#"root ::= " the"+"#;
+    let vocab = engine.model().vocab();
+    let out = engine.submit(sampled(SamplingParams::greedy().grammar(gbnf))).unwrap().wait();
+    assert_eq!(out.finish.reason, FinishReason::Length);
+    let text = vocab.detokenize(&out.tokens, false, false).unwrap();
+    assert!(text.chars().all(|c| " the".contains(c)), "{text:?}");
+}
+
+#[test]
+fn a_full_queue_refuses_at_once() {
+    let engine = Engine::start(model(), config().max_running(1).max_queue(2)).unwrap();
+    let mut first = engine.submit(greedy(prompt(8, 1), 100_000)).unwrap();
+    assert!(matches!(first.next(), Some(Event::Piece(_))));
+    let waiting: Vec<Completion> = (0..2).map(|i| engine.submit(greedy(prompt(8, 2 + i), 2)).unwrap()).collect();
+    assert!(matches!(engine.submit(greedy(prompt(8, 9), 2)), Err(Error::QueueFull { capacity: 2 })));
+    wait_for(&engine, |s| s.waiting == 2);
+    drop(first);
+    for c in waiting {
+        assert_eq!(c.wait().finish.reason, FinishReason::Length);
+    }
+    assert!(engine.submit(greedy(prompt(8, 9), 2)).is_ok());
+}
+
+#[test]
+fn shutdown_ends_requests_in_flight_and_refuses_new_ones() {
+    let engine = Engine::start(model(), config().max_running(1)).unwrap();
+    let mut running = engine.submit(greedy(prompt(8, 1), 100_000)).unwrap();
+    let queued = engine.submit(greedy(prompt(8, 2), 4)).unwrap();
+    assert!(matches!(running.next(), Some(Event::Piece(_))));
+    let clone = engine.clone();
+    engine.shutdown();
+    let out = drain(running);
+    assert_eq!((out.finish.reason, out.finals), (FinishReason::Shutdown, 1));
+    assert_eq!(queued.wait().finish.reason, FinishReason::Shutdown);
+    assert!(matches!(clone.submit(greedy(prompt(8, 3), 4)), Err(Error::EngineStopped(_))));
+
+    // Dropping the last handle does the same.
+    let engine = Engine::start(model(), config()).unwrap();
+    let mut c = engine.submit(greedy(prompt(8, 1), 100_000)).unwrap();
+    assert!(matches!(c.next(), Some(Event::Piece(_))));
+    drop(engine);
+    assert_eq!(drain(c).finish.reason, FinishReason::Shutdown);
+}
+
+#[test]
+fn stop_strings_max_context_and_priorities() {
+    let model = model();
+    let engine = Engine::start(model.clone(), config().max_running(1)).unwrap();
+    // A stop string taken from the greedy continuation itself.
+    let p = prompt(12, 77);
+    let full = engine.submit(greedy(p.clone(), 24)).unwrap().wait();
+    let piece = model.vocab().detokenize(&full.tokens[5..7], false, false).unwrap();
+    let stopped = engine.submit(greedy(p.clone(), 24).stop([piece.clone()])).unwrap().wait();
+    assert_eq!(stopped.finish.reason, FinishReason::Stop(piece.clone()));
+    let at = full.text.find(&piece).unwrap();
+    assert_eq!(stopped.text, full.text[..at]);
+    // max_context caps prompt + generated tokens.
+    let capped = engine.submit(greedy(p.clone(), 24).max_context(20)).unwrap().wait();
+    assert_eq!(capped.finish.reason, FinishReason::ContextFull);
+    assert_eq!(capped.tokens.len(), 20 - 12 + 1);
+    assert_eq!(capped.tokens, full.tokens[..9]);
+    // With one running slot, a high-priority request overtakes queued ones.
+    let mut blocker = engine.submit(greedy(prompt(8, 1), 100_000)).unwrap();
+    assert!(matches!(blocker.next(), Some(Event::Piece(_))));
+    let low = engine.submit(greedy(prompt(8, 2), 2)).unwrap();
+    let high = engine.submit(greedy(prompt(8, 3), 2).priority(5)).unwrap();
+    blocker.cancel();
+    drop(blocker);
+    let (low, high) = (low.wait(), high.wait());
+    assert!(high.finish.timings.queued < low.finish.timings.queued, "{:?} {:?}", high.finish, low.finish);
+}
