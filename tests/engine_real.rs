@@ -1,0 +1,173 @@
+//! The engine on the real default model (Gemma 3 270M Q4_K_M, or
+//! `LLAMA_MODEL`). Batched decoding rounds differently from
+//! single-sequence decoding, so these tests do not compare token lists:
+//! every stream is re-scored alone (teacher forcing, `llama_suite::teacher`)
+//! and each chosen token must be within 0.5 of the best logit at its
+//! position, and copy tasks with large margins must come out right. A mixed
+//! up sequence, position or KV cell fails these by far more. They never
+//! skip: without the model they fail.
+
+use std::sync::{Arc, OnceLock};
+
+use llama::engine::{Completion, Engine, EngineConfig, Output, Request};
+use llama::generate::FinishReason;
+use llama::{Model, ModelParams, Token};
+use llama_suite::model_cache::model_path;
+use llama_suite::teacher::rescore;
+
+/// Largest allowed distance of a chosen token's logit below the best one.
+const MARGIN: f32 = 0.5;
+
+fn model() -> Arc<Model> {
+    static MODEL: OnceLock<Arc<Model>> = OnceLock::new();
+    MODEL
+        .get_or_init(|| {
+            let path = model_path().unwrap_or_else(|e| panic!("the real model is needed: {e}"));
+            Arc::new(Model::load(&path, &ModelParams::default()).unwrap_or_else(|e| panic!("{e}")))
+        })
+        .clone()
+}
+
+fn config() -> EngineConfig {
+    EngineConfig::default().n_ctx(4096).n_threads(2)
+}
+
+fn tokens(text: &str) -> Vec<Token> {
+    model().vocab().tokenize(text, true).unwrap()
+}
+
+const SUBJECTS: [&str; 16] = [
+    "The history of the Roman Empire",
+    "A recipe for bread needs",
+    "The planets of the solar system are",
+    "In computer science, a hash table",
+    "The river Nile flows through",
+    "Photosynthesis is the process by which",
+    "The rules of chess say that",
+    "A healthy breakfast usually includes",
+    "The first law of thermodynamics states",
+    "Mount Everest is located in",
+    "The French Revolution began in",
+    "To learn a new language, you should",
+    "The human heart has four chambers:",
+    "Rust is a programming language that",
+    "The capital of Australia is",
+    "Honey bees communicate by",
+];
+
+fn assert_teacher_forced(prompt: &[Token], out: &Output, what: &str) {
+    let check = rescore(&model(), prompt, &out.tokens).unwrap();
+    assert_eq!(check.gaps.len(), out.tokens.len());
+    assert!(check.worst() <= MARGIN, "{what}: a token {} below the best (gaps {:?})", check.worst(), check.gaps);
+}
+
+#[test]
+fn sixteen_concurrent_greedy_streams_pass_the_teacher_forced_check() {
+    let engine = Engine::start(model(), config()).unwrap();
+    let prompts: Vec<Vec<Token>> = SUBJECTS.iter().map(|s| tokens(s)).collect();
+    let completions: Vec<Completion> = prompts
+        .iter()
+        .map(|p| engine.submit(Request::tokens(p.clone()).max_tokens(24).stop_at_eog(false)).unwrap())
+        .collect();
+    let outputs: Vec<Output> = completions.into_iter().map(Completion::wait).collect();
+    let stats = engine.stats();
+    // They ran together: one step per token, not one per stream and token.
+    assert!(stats.steps <= 30, "{} steps", stats.steps);
+    for (i, (prompt, out)) in prompts.iter().zip(&outputs).enumerate() {
+        assert_eq!(out.finish.reason, FinishReason::Length);
+        assert_eq!(out.tokens.len(), 24);
+        assert_teacher_forced(prompt, out, SUBJECTS[i]);
+    }
+    // The check can fail: stream 0's tokens scored after stream 1's prompt
+    // are far from the best choices.
+    let mixed = rescore(&model(), &prompts[1], &outputs[0].tokens).unwrap();
+    assert!(mixed.worst() > 5.0 * MARGIN, "a mixed-up stream passes: {:?}", mixed.gaps);
+}
+
+/// A prompt of `n` random words repeated three times, and the words.
+fn copy_task(seed: u64, n: usize) -> (String, Vec<&'static str>) {
+    const WORDS: [&str; 32] = [
+        "apple", "river", "stone", "cloud", "tiger", "piano", "garden", "silver", "window", "candle", "forest",
+        "rocket", "orange", "bridge", "pencil", "winter", "dragon", "mirror", "castle", "violet", "hammer", "island",
+        "jacket", "lemon", "marble", "needle", "ocean", "parrot", "rabbit", "saddle", "turtle", "velvet",
+    ];
+    let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let words: Vec<&str> = (0..n)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            WORDS[(state % WORDS.len() as u64) as usize]
+        })
+        .collect();
+    let line = words.join(" ");
+    (format!("{line}\n{line}\n{line}\n"), words)
+}
+
+#[test]
+fn sixteen_copy_tasks_at_once_are_all_right() {
+    let engine = Engine::start(model(), config()).unwrap();
+    let tasks: Vec<(String, Vec<&str>)> = (0..16).map(|i| copy_task(i + 1, 8)).collect();
+    let completions: Vec<Completion> = tasks
+        .iter()
+        .map(|(prompt, _)| engine.submit(Request::text(prompt.clone()).max_tokens(24).stop(["\n"])).unwrap())
+        .collect();
+    for (i, (completion, (_, words))) in completions.into_iter().zip(&tasks).enumerate() {
+        let out = completion.wait();
+        assert_eq!(out.text.trim(), words.join(" "), "copy task {i}");
+        assert!(matches!(out.finish.reason, FinishReason::Stop(_)), "{:?}", out.finish.reason);
+    }
+}
+
+#[test]
+fn preempted_streams_finish_and_pass_the_teacher_forced_check() {
+    // 10 streams of ~10 + 96 tokens need ~1,060 cells; the pool has 512.
+    let engine = Engine::start(model(), config().n_ctx(512).max_cached_prefixes(0)).unwrap();
+    let prompts: Vec<Vec<Token>> = SUBJECTS[..10].iter().map(|s| tokens(s)).collect();
+    let completions: Vec<Completion> = prompts
+        .iter()
+        .map(|p| engine.submit(Request::tokens(p.clone()).max_tokens(96).stop_at_eog(false)).unwrap())
+        .collect();
+    let outputs: Vec<Output> = completions.into_iter().map(Completion::wait).collect();
+    let stats = engine.stats();
+    assert!(stats.preemptions > 0, "{stats:?}");
+    let mut preempted = 0;
+    for (i, (prompt, out)) in prompts.iter().zip(&outputs).enumerate() {
+        assert_eq!(out.finish.reason, FinishReason::Length, "{}", SUBJECTS[i]);
+        assert_eq!(out.tokens.len(), 96);
+        preempted += usize::from(out.finish.timings.preemptions > 0);
+        assert_teacher_forced(prompt, out, SUBJECTS[i]);
+    }
+    assert!(preempted > 0);
+}
+
+#[test]
+fn a_shared_thousand_token_prefix_is_reused_and_passes_the_teacher_forced_check() {
+    let mut text = String::new();
+    let mut i = 0;
+    while model().vocab().tokenize(&text, true).unwrap().len() < 1000 {
+        text.push_str(&format!(
+            "Entry {i}: the {} walked along the {} and counted {} stones. ",
+            ["fox", "heron", "badger", "otter", "lynx"][i % 5],
+            ["river", "forest", "meadow", "hill"][i % 4],
+            i * 7 % 23
+        ));
+        i += 1;
+    }
+    let prefix = tokens(&text);
+    assert!(prefix.len() >= 1000);
+    let with = |question: &str| {
+        let mut p = prefix.clone();
+        p.extend(model().vocab().tokenize(question, false).unwrap());
+        p
+    };
+    let a = with("\nQuestion: which animal walked first? Answer:");
+    let b = with("\nQuestion: what did the animals count? Answer:");
+    let engine = Engine::start(model(), config()).unwrap();
+    let first = engine.submit(Request::tokens(a).max_tokens(8)).unwrap().wait();
+    assert_eq!(first.finish.usage.cached_tokens, 0);
+    let second = engine.submit(Request::tokens(b.clone()).max_tokens(16).stop_at_eog(false)).unwrap().wait();
+    assert!(second.finish.usage.cached_tokens >= 1000, "{:?}", second.finish.usage);
+    assert_eq!(second.finish.usage.prompt_tokens, b.len());
+    assert_teacher_forced(&b, &second, "the request sharing the prefix");
+}
