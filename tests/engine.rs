@@ -91,7 +91,7 @@ fn drain(completion: Completion) -> Drained {
     let mut finals = 0;
     for event in completion {
         match event {
-            Event::Piece(p) => tokens.extend(p.tokens),
+            Event::Piece(p) => tokens.extend(p.token),
             Event::Done(f) => {
                 finals += 1;
                 finish = Some(f);
@@ -346,7 +346,7 @@ fn async_streams_on_one_thread_all_finish_with_the_blocking_outputs() {
                 let mut completion = completion;
                 while let Some(event) = StreamExt::next(&mut completion).await {
                     match event {
-                        Event::Piece(p) => tokens.extend(p.tokens),
+                        Event::Piece(p) => tokens.extend(p.token),
                         Event::Done(_) => finals += 1,
                     }
                 }
@@ -476,4 +476,23 @@ fn stop_strings_max_context_and_priorities() {
     drop(blocker);
     let (low, high) = (low.wait(), high.wait());
     assert!(high.finish.timings.queued < low.finish.timings.queued, "{:?} {:?}", high.finish, low.finish);
+}
+
+#[test]
+fn every_token_arrives_in_its_own_piece_and_the_text_is_whole() {
+    let model = model();
+    let engine = Engine::start(model.clone(), config()).unwrap();
+    let p = prompt(9, 5);
+    let completion = engine.submit(greedy(p.clone(), 12)).unwrap();
+    let events: Vec<Event> = completion.collect();
+    assert_eq!(events.len(), 12 + 1, "{events:?}");
+    let mut text = String::new();
+    let mut tokens = Vec::new();
+    for event in &events[..12] {
+        let Event::Piece(piece) = event else { panic!("{event:?}") };
+        tokens.push(piece.token.expect("a token per piece"));
+        text.push_str(&piece.text);
+    }
+    assert!(matches!(&events[12], Event::Done(f) if f.usage.completion_tokens == 12));
+    assert_eq!(text, model.vocab().detokenize(&tokens, false, false).unwrap());
 }

@@ -191,21 +191,24 @@ impl EngineConfig {
     }
 }
 
-/// Text released by one step (or the final flush) of a request, with the
-/// tokens sampled since the previous piece.
+/// One sampled token and the text it released.
 ///
-/// The texts of a request's pieces, concatenated, are its output: valid
-/// UTF-8, never containing (part of) a stop string. Every sampled token
-/// except a final end-of-generation token is in exactly one piece's
-/// `tokens`; a piece's text can be empty when its tokens' text is held
-/// back (an unfinished character, or a possible start of a stop string).
+/// A request yields one piece per sampled token, as soon as it is sampled,
+/// except for the tokens of the last step (the one whose token ended the
+/// request), which come in one final piece together with any text still
+/// held back. The texts of a request's pieces, concatenated, are its
+/// output: valid UTF-8, never containing (part of) a stop string. A
+/// piece's text can be empty while its token's text is held back (an
+/// unfinished character, or a possible start of a stop string); it is
+/// released with a later piece. A final end-of-generation token is in no
+/// piece.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Piece {
     /// The released text.
     pub text: String,
-    /// The tokens sampled since the previous piece.
-    pub tokens: Vec<Token>,
+    /// The token sampled (`None` in a final piece of held-back text only).
+    pub token: Option<Token>,
 }
 
 /// Token counts of one request.
@@ -331,7 +334,7 @@ impl Completion {
             match event {
                 Event::Piece(p) => {
                     out.text.push_str(&p.text);
-                    out.tokens.extend(p.tokens);
+                    out.tokens.extend(p.token);
                 }
                 Event::Done(f) => out.finish = f,
             }

@@ -93,7 +93,8 @@ struct Seq<'m> {
     stop: StopMatcher,
     piece: String,
     out: String,
-    out_tokens: Vec<Token>,
+    /// The sampled token not yet handed out in a piece.
+    out_token: Option<Token>,
     generated: usize,
     max_tokens: Option<usize>,
     stop_at_eog: bool,
@@ -298,7 +299,7 @@ impl<'m> Worker<'m> {
             stop: StopMatcher::new(&r.stop),
             piece: String::new(),
             out: String::new(),
-            out_tokens: Vec::new(),
+            out_token: None,
             generated: 0,
             max_tokens: r.max_tokens,
             stop_at_eog: r.stop_at_eog,
@@ -637,8 +638,8 @@ impl<'m> Worker<'m> {
             }
             seq.stop.flush(&mut seq.out);
         }
-        if !seq.out.is_empty() || !seq.out_tokens.is_empty() {
-            let piece = Piece { text: std::mem::take(&mut seq.out), tokens: std::mem::take(&mut seq.out_tokens) };
+        if !seq.out.is_empty() || seq.out_token.is_some() {
+            let piece = Piece { text: std::mem::take(&mut seq.out), token: seq.out_token.take() };
             let _ = seq.events.try_send(Event::Piece(piece));
         }
         let now = Instant::now();
@@ -784,7 +785,7 @@ fn sample(ctx: &mut Context<'_>, seq: &mut Seq<'_>, row: i32, step: u64) -> Resu
         return Ok(sampled);
     }
     seq.tokens.push(token);
-    seq.out_tokens.push(token);
+    seq.out_token = Some(token);
     seq.piece.clear();
     seq.detokenizer.push(token, &mut seq.piece)?;
     if let Some(i) = seq.stop.push(&seq.piece, &mut seq.out) {
@@ -794,8 +795,8 @@ fn sample(ctx: &mut Context<'_>, seq: &mut Seq<'_>, row: i32, step: u64) -> Resu
     } else if seq.tokens.len() > seq.max_context {
         // The token just sampled would need a cell beyond the cap.
         sampled.reason = Some(FinishReason::ContextFull);
-    } else if !seq.out.is_empty() {
-        let piece = Piece { text: std::mem::take(&mut seq.out), tokens: std::mem::take(&mut seq.out_tokens) };
+    } else {
+        let piece = Piece { text: std::mem::take(&mut seq.out), token: seq.out_token.take() };
         let _ = seq.events.try_send(Event::Piece(piece));
     }
     Ok(sampled)
