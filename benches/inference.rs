@@ -10,6 +10,10 @@
 //! - `sampling/*`: one sample from Gemma's 262,144-entry logits row, our
 //!   `Sampler::sample` (greedy and top-k shortcuts) vs llama.cpp's
 //!   `llama_sampler_sample` on the same chain;
+//! - `engine/N`: N concurrent requests through `llama::engine` (distinct
+//!   32-token prompts, 32 new tokens each, greedy), submit to last token;
+//!   throughput in generated tokens (`examples/serve_bench` measures the
+//!   engine's latencies and compares it with llama-server);
 //! - `validation/N`: what `Context::decode` checks in Rust before calling
 //!   llama.cpp, for an N-token batch (the batch fails the check at its last
 //!   token, so llama.cpp never runs).
@@ -256,5 +260,38 @@ fn validation(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, prefill, decode, batched_decode, kv_type, prompt_cache, sampling, validation);
+fn engine(c: &mut Criterion) {
+    use llama::engine::{Completion, Engine, EngineConfig, Request};
+    const PROMPT: usize = 32;
+    const NEW: usize = 32;
+    let path = llama_suite::model_cache::model_path().unwrap_or_else(|e| panic!("no model: {e}"));
+    let model = std::sync::Arc::new(Model::load(&path, &ModelParams::default()).expect("model"));
+    let mut group = c.benchmark_group("engine");
+    group.sample_size(10).warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(5));
+    for n in [1usize, 4, 8, 16] {
+        let config = EngineConfig::default().n_ctx(4096).max_running(16).n_threads(threads());
+        let engine = Engine::start(model.clone(), config).expect("engine");
+        let mut round = 0u64;
+        group.throughput(Throughput::Elements((n * NEW) as u64));
+        group.bench_function(BenchmarkId::from_parameter(n), |b| {
+            b.iter(|| {
+                round += 1;
+                // Fresh prompts every round: nothing comes from the prefix cache.
+                let completions: Vec<Completion> = (0..n)
+                    .map(|i| {
+                        let request =
+                            Request::tokens(prompt(PROMPT, round * 1000 + i as u64)).max_tokens(NEW).stop_at_eog(false);
+                        engine.submit(request).expect("submit")
+                    })
+                    .collect();
+                for completion in completions {
+                    black_box(completion.wait());
+                }
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, prefill, decode, batched_decode, kv_type, prompt_cache, sampling, validation, engine);
 criterion_main!(benches);

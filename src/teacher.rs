@@ -10,7 +10,7 @@
 //! another sequence's cells, or the wrong positions, fails it by far more
 //! than rounding can explain.
 
-use llama::{Batch, ContextParams, Model, Token};
+use llama::{Batch, ContextParams, KvType, Model, Token};
 
 /// The result of re-scoring one stream.
 #[derive(Clone, Debug, PartialEq)]
@@ -18,9 +18,19 @@ pub struct TeacherForced {
     /// For each generated token: the best logit at its position minus the
     /// chosen token's (0 when the chosen one is the best).
     pub gaps: Vec<f32>,
+    /// For each generated token: the best logit at its position minus the
+    /// second best (how decisive the position is).
+    pub margins: Vec<f32>,
 }
 
 impl TeacherForced {
+    /// The first position whose best and second-best logits are within
+    /// `eps` of each other: where rounding alone may change a greedy
+    /// choice, so two correct runs may part there.
+    pub fn first_near_tie(&self, eps: f32) -> Option<usize> {
+        self.margins.iter().position(|&m| m < eps)
+    }
+
     /// The largest gap (0 for no tokens).
     pub fn worst(&self) -> f32 {
         self.gaps.iter().copied().fold(0.0, f32::max)
@@ -34,9 +44,23 @@ impl TeacherForced {
 /// # Errors
 /// The context's or the decode's error.
 pub fn rescore(model: &Model, prompt: &[Token], generated: &[Token]) -> llama::Result<TeacherForced> {
+    rescore_with_kv(model, KvType::F16, prompt, generated)
+}
+
+/// [`rescore`] with a KV cache of type `kv` (F32 keeps the synthetic
+/// model's comparisons free of F16 rounding).
+///
+/// # Errors
+/// The context's or the decode's error.
+pub fn rescore_with_kv(
+    model: &Model,
+    kv: KvType,
+    prompt: &[Token],
+    generated: &[Token],
+) -> llama::Result<TeacherForced> {
     let total = prompt.len() + generated.len();
     let n = total.max(1) as u32;
-    let params = ContextParams::default().n_ctx(n + 1).n_batch(n).n_ubatch(n.min(512)).n_threads(2);
+    let params = ContextParams::default().n_ctx(n + 1).n_batch(n).n_ubatch(n.min(512)).n_threads(2).kv_type(kv);
     let mut ctx = model.new_context(&params)?;
     let mut batch = Batch::new(total, 1);
     let mut all = prompt.to_vec();
@@ -45,15 +69,25 @@ pub fn rescore(model: &Model, prompt: &[Token], generated: &[Token]) -> llama::R
         batch.push(t, i as i32, &[0], i + 1 >= prompt.len())?;
     }
     if batch.is_empty() {
-        return Ok(TeacherForced { gaps: Vec::new() });
+        return Ok(TeacherForced { gaps: Vec::new(), margins: Vec::new() });
     }
     ctx.decode(&batch)?;
     let mut gaps = Vec::with_capacity(generated.len());
+    let mut margins = Vec::with_capacity(generated.len());
     for (k, &chosen) in generated.iter().enumerate() {
         let row = (prompt.len() - 1 + k) as i32;
         let logits = ctx.logits(row)?;
-        let best = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let (mut best, mut second) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
+        for &l in logits {
+            if l > best {
+                second = best;
+                best = l;
+            } else if l > second {
+                second = l;
+            }
+        }
         gaps.push(best - logits[chosen.0 as usize]);
+        margins.push(best - second);
     }
-    Ok(TeacherForced { gaps })
+    Ok(TeacherForced { gaps, margins })
 }

@@ -1,22 +1,6 @@
-//! Latency histograms for [`EngineStats`](super::EngineStats), and the
-//! names under which the engine reports to the [`metrics`] facade.
+//! Latency histograms for [`EngineStats`](super::EngineStats).
 //!
-//! Without an installed recorder the facade calls do nothing; an
-//! application that installs one (for example
-//! `metrics-exporter-prometheus`) gets these series:
-//!
-//! | name | kind | meaning |
-//! |---|---|---|
-//! | `llama_engine_requests_total{reason}` | counter | finished requests by finish reason |
-//! | `llama_engine_prompt_tokens_total` | counter | prompt tokens of admitted requests |
-//! | `llama_engine_prompt_tokens_evaluated_total` | counter | prompt tokens decoded (not from the prefix cache) |
-//! | `llama_engine_prefix_hit_tokens_total` | counter | prompt tokens shared from cached or running sequences |
-//! | `llama_engine_completion_tokens_total` | counter | sampled tokens |
-//! | `llama_engine_preemptions_total` | counter | sequences preempted for room |
-//! | `llama_engine_steps_total` | counter | decode steps |
-//! | `llama_engine_running`, `llama_engine_waiting` | gauge | requests |
-//! | `llama_engine_kv_cells_used`, `llama_engine_kv_cells_total`, `llama_engine_cached_prefix_cells` | gauge | KV pool |
-//! | `llama_engine_ttft_seconds`, `llama_engine_inter_token_seconds`, `llama_engine_e2e_seconds`, `llama_engine_queue_seconds` | histogram | latencies |
+//! The series are listed in the `engine` module's docs.
 
 use std::time::Duration;
 

@@ -8,8 +8,9 @@
 //! step the worker makes one [`Context::decode`] call holding one token of
 //! every generating sequence first, then prefill chunks of the prompts
 //! waiting for their first token, sharing the rest of the step's budget
-//! between them (so a long prompt never holds up a short one, and a
-//! running stream waits at most one step). A finished sequence's cells
+//! between them, shortest first with a guaranteed share for the oldest (so
+//! a long prompt never holds up a short one, and a running stream waits at
+//! most one step). A finished sequence's cells
 //! stay in the pool as a cached prefix: a later prompt that starts with
 //! the same tokens (or with those of a running sequence) shares those
 //! cells and prefills only the rest. When the pool is full, cached
@@ -42,6 +43,26 @@
 //! # }
 //! ```
 //!
+//! # Metrics
+//!
+//! [`Engine::stats`] returns a snapshot. The engine also reports to the
+//! [`metrics`](https://docs.rs/metrics) facade: without an installed
+//! recorder these calls do nothing; an application that installs one (for
+//! example `metrics-exporter-prometheus`) gets these series:
+//!
+//! | name | kind | meaning |
+//! |---|---|---|
+//! | `llama_engine_requests_total{reason}` | counter | finished requests by finish reason (`length`, `stop`, `eog`, `cancelled`, `context_full`, `shutdown`, `failed`) |
+//! | `llama_engine_prompt_tokens_total` | counter | prompt tokens of admitted requests |
+//! | `llama_engine_prompt_tokens_evaluated_total` | counter | prompt tokens decoded (not shared; recomputation included) |
+//! | `llama_engine_prefix_hit_tokens_total` | counter | prompt tokens shared from cached or running sequences |
+//! | `llama_engine_completion_tokens_total` | counter | sampled tokens |
+//! | `llama_engine_preemptions_total` | counter | sequences preempted for room |
+//! | `llama_engine_steps_total` | counter | decode steps |
+//! | `llama_engine_running`, `llama_engine_waiting` | gauge | requests |
+//! | `llama_engine_kv_cells_used`, `llama_engine_kv_cells_total`, `llama_engine_cached_prefix_cells` | gauge | KV pool |
+//! | `llama_engine_ttft_seconds`, `llama_engine_inter_token_seconds`, `llama_engine_e2e_seconds`, `llama_engine_queue_seconds` | histogram | latencies |
+//!
 //! [`Context`]: crate::Context
 //! [`Context::decode`]: crate::Context::decode
 
@@ -72,7 +93,8 @@ pub use request::{Prompt, Request, SamplingParams};
 /// How the engine is set up; a builder.
 ///
 /// Defaults: a pool of 4096 KV cells, a step budget of 512 tokens
-/// (`n_batch` = `n_ubatch` = 512), up to 16 generating sequences and 16
+/// (`n_batch` = `n_ubatch` = 512) of which at most 256 prefill prompts
+/// while streams are generating, up to 16 generating sequences and 16
 /// cached prefixes holding at most half the pool, 256 waiting requests, 16
 /// cells reserved per admitted request, F16 KV cache, the machine's thread
 /// count.
@@ -137,9 +159,9 @@ impl EngineConfig {
         /// Most tokens per compute pass (the context's `n_ubatch`).
         n_ubatch: u32 => n_ubatch;
         /// Most prompt tokens per step while any sequence is generating
-        /// (default: the whole step budget). Smaller values shorten the
-        /// steps running streams wait for during a long prefill, at some
-        /// cost in prefill throughput.
+        /// (default: half of `n_batch`; `n_batch` turns the cap off). It
+        /// bounds how long running streams wait for a step during a long
+        /// prefill, at some cost in that prefill's time.
         prefill_cap: u32 => prefill_cap (Some);
         /// Most sequences admitted at once (generating or prefilling).
         max_running: u32 => max_running;

@@ -13,17 +13,20 @@ pub(crate) struct Load {
     pub decoding: bool,
 }
 
-/// Shares one step's budget of `budget` tokens: every decoding sequence
+/// Shares one step's budget of `budget` tokens. Every decoding sequence
 /// gets its one token first (the oldest first, should there be more of
-/// them than the budget), then the prefilling sequences share what is
-/// left, capped at `prefill_cap` while any sequence decodes, by
-/// water-filling: each gets an equal share, a sequence needing less than
-/// its share gives the rest to the others, and any remainder goes to the
-/// oldest. A short prompt therefore finishes its prefill in the step it
-/// arrives in even while a long one is prefilling, and a running stream
-/// waits for at most one step of `budget` tokens.
+/// them than the budget). The prefilling sequences share what is left,
+/// capped at `prefill_cap` while any sequence decodes: the oldest of them
+/// is guaranteed a quarter of it (so a stream of short prompts cannot
+/// starve a long one), and the rest goes to the prompts with the fewest
+/// tokens left first, the oldest first among equals. Shortest-remaining
+/// first minimises the mean time to first token: a short prompt that
+/// arrives during a long prefill finishes its prefill in the next step, and
+/// prompts that arrive together start generating one after another instead
+/// of all at the end. A running stream waits for at most one step.
 ///
-/// `out[i]` receives the tokens of `loads[i]` in this step (0: none).
+/// `loads` are in admission order (oldest first); `out[i]` receives the
+/// tokens of `loads[i]` in this step (0: none).
 pub(crate) fn plan(budget: usize, prefill_cap: usize, loads: &[Load], out: &mut Vec<usize>) {
     out.clear();
     out.resize(loads.len(), 0);
@@ -39,39 +42,19 @@ pub(crate) fn plan(budget: usize, prefill_cap: usize, loads: &[Load], out: &mut 
     if decoding {
         left = left.min(prefill_cap);
     }
-    // Water-filling: repeatedly give every unsatisfied prefill an equal
-    // share; those needing no more than the share are settled.
-    let mut open: Vec<usize> = (0..loads.len()).filter(|&i| !loads[i].decoding && loads[i].remaining > 0).collect();
-    while left > 0 && !open.is_empty() {
-        let share = left / open.len();
-        if share == 0 {
-            // Fewer tokens than sequences: one each to the oldest.
-            for &i in open.iter().take(left) {
-                out[i] += 1;
-            }
-            break;
-        }
-        let mut settled = false;
-        open.retain(|&i| {
-            let need = loads[i].remaining - out[i];
-            if need <= share {
-                out[i] += need;
-                left -= need;
-                settled = true;
-                false
-            } else {
-                true
-            }
-        });
-        if !settled {
-            // Every open sequence needs more than its share: give each the
-            // share and the remainder to the oldest.
-            let extra = left - share * open.len();
-            for (n, &i) in open.iter().enumerate() {
-                out[i] += share + usize::from(n < extra);
-            }
-            break;
-        }
+    let mut prefills: Vec<usize> = (0..loads.len()).filter(|&i| !loads[i].decoding && loads[i].remaining > 0).collect();
+    let Some(&oldest) = prefills.first() else {
+        return;
+    };
+    let floor = loads[oldest].remaining.min(left / 4);
+    out[oldest] = floor;
+    left -= floor;
+    // Stable: equal needs keep admission order.
+    prefills.sort_by_key(|&i| loads[i].remaining - out[i]);
+    for i in prefills {
+        let take = (loads[i].remaining - out[i]).min(left);
+        out[i] += take;
+        left -= take;
     }
 }
 
@@ -123,8 +106,8 @@ mod tests {
         // The long prompt arrived first, the short one right after.
         assert_eq!(run(512, 512, &[dec(), pre(4000), pre(16)]), [1, 495, 16]);
         // Two long and two short prompts: the short ones finish at once,
-        // the long ones split the rest evenly (remainder to the oldest).
-        assert_eq!(run(512, 512, &[pre(4000), pre(10), pre(3000), pre(7)]), [248, 10, 247, 7]);
+        // the oldest gets its quarter, the shorter long one the rest.
+        assert_eq!(run(512, 512, &[pre(4000), pre(10), pre(3000), pre(7)]), [128, 10, 367, 7]);
     }
 
     #[test]
@@ -134,8 +117,11 @@ mod tests {
     }
 
     #[test]
-    fn more_prefills_than_tokens_serve_the_oldest() {
-        assert_eq!(run(3, 3, &[pre(5), pre(5), pre(5), pre(5)]), [1, 1, 1, 0]);
+    fn prompts_arriving_together_are_served_one_after_another() {
+        // Sixteen equal prompts: four finish in this step, not all sixteen
+        // in the fourth.
+        assert_eq!(run(512, 512, &[pre(128); 16])[..5], [128, 128, 128, 128, 0]);
+        assert_eq!(run(3, 3, &[pre(5), pre(5), pre(5), pre(5)]), [3, 0, 0, 0]);
         // Decodes beyond the budget wait for the next step, oldest first.
         assert_eq!(run(2, 2, &[dec(), dec(), dec()]), [1, 1, 0]);
     }
@@ -148,10 +134,7 @@ mod tests {
     }
 
     #[test]
-    fn water_filling_is_fair_for_random_loads() {
-        // For any loads: the budget is used up whenever the work exceeds
-        // it, and no prefill gets more than another unless the other
-        // needed less (max-min fairness).
+    fn random_loads_use_the_budget_shortest_first_without_starving_the_oldest() {
         let mut state = 0x2545_f491_4f6c_dd1du64;
         let mut next = |m: usize| {
             state ^= state << 13;
@@ -163,13 +146,32 @@ mod tests {
             let n = next(8) + 1;
             let loads: Vec<Load> = (0..n).map(|_| if next(3) == 0 { dec() } else { pre(next(700) + 1) }).collect();
             let budget = next(600) + 1;
-            let out = run(budget, budget, &loads);
-            let work: usize = loads.iter().map(|l| l.remaining).sum();
-            assert_eq!(out.iter().sum::<usize>(), work.min(budget), "{loads:?} {budget} {out:?}");
-            for i in 0..n {
-                for j in 0..n {
-                    if !loads[i].decoding && !loads[j].decoding && out[i] < loads[i].remaining {
-                        assert!(out[j] <= out[i] + 1, "unfair: {loads:?} {budget} {out:?}");
+            let cap = if next(2) == 0 { budget } else { next(budget) + 1 };
+            let out = run(budget, cap, &loads);
+            let decodes = loads.iter().filter(|l| l.decoding).count();
+            let for_decode = decodes.min(budget);
+            let for_prefill = if decodes > 0 { (budget - for_decode).min(cap) } else { budget };
+            let prefill_work: usize = loads.iter().filter(|l| !l.decoding).map(|l| l.remaining).sum();
+            let got: usize = out.iter().zip(&loads).filter(|(_, l)| !l.decoding).map(|(o, _)| o).sum();
+            // The budget is used up whenever the work exceeds it.
+            assert_eq!(got, prefill_work.min(for_prefill), "{loads:?} {budget} {cap} {out:?}");
+            let prefills: Vec<usize> = (0..n).filter(|&i| !loads[i].decoding).collect();
+            if let Some(&oldest) = prefills.first() {
+                // The oldest prompt gets at least its quarter.
+                let floor = loads[oldest].remaining.min(for_prefill / 4);
+                assert!(out[oldest] >= floor, "{loads:?} {out:?}");
+                // Shortest first: a prompt that got anything beyond its floor
+                // comes after every prompt needing fewer tokens (older among
+                // equals), which therefore got all they needed.
+                let base = |i: usize| if i == oldest { floor } else { 0 };
+                let need = |i: usize| (loads[i].remaining - base(i), i);
+                for &i in &prefills {
+                    if out[i] > base(i) {
+                        for &j in &prefills {
+                            if need(j) < need(i) {
+                                assert_eq!(out[j], loads[j].remaining, "{loads:?} {budget} {cap} {out:?}");
+                            }
+                        }
                     }
                 }
             }

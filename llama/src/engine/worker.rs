@@ -86,6 +86,9 @@ struct Seq<'m> {
     own_run: u64,
     /// Admission order (for the preemption rule).
     admitted_order: u64,
+    /// The KV cells of a preempted sequence (llama.cpp's sequence state)
+    /// and how many positions they hold, restored at readmission.
+    saved: Option<(Vec<u8>, usize)>,
     /// Still counted against `max_queue`.
     queued: bool,
     sampler: Sampler<'m>,
@@ -154,6 +157,9 @@ struct Worker<'m> {
     next_run: u64,
     samples: Samples,
     stats: EngineStats,
+    /// Events of this step, sent after the stats are published: a reader
+    /// who got an event sees stats that include the step that made it.
+    outbox: Vec<(async_channel::Sender<Event>, Event)>,
 }
 
 /// The worker thread's body: creates the context, reports the pool size
@@ -191,7 +197,7 @@ pub(crate) fn run(
         budget: ctx.n_batch() as usize,
         ctx,
         shared,
-        prefill_cap: config.prefill_cap.map_or(usize::MAX, |c| c as usize),
+        prefill_cap: config.prefill_cap.map_or(config.n_batch as usize / 2, |c| c as usize).max(1),
         max_running: config.max_running as usize,
         max_cached: config.max_cached_prefixes as usize,
         cached_cell_limit: (capacity as f64 * f64::from(config.prefix_cache_share)) as usize,
@@ -211,6 +217,7 @@ pub(crate) fn run(
         next_run: 0,
         samples: Samples::default(),
         stats: EngineStats { kv_cells_total: capacity, ..EngineStats::default() },
+        outbox: Vec::new(),
     };
     worker.publish();
     let _ = ready.send(Ok(capacity));
@@ -224,7 +231,17 @@ pub(crate) fn run(
     let reason = if why == "shut down" { FinishReason::Shutdown } else { FinishReason::Failed(why) };
     // Whatever is left ends now; a panic mid-step may have left a request
     // out of these lists, and its dropped sender tells its reader.
-    worker.finish_all(reason);
+    worker.finish_all(reason.clone());
+    // Submissions that reached the channel but not the worker end the same
+    // way (after a failure the handles still hold the sender).
+    while let Ok(s) = inbox.try_recv() {
+        shared.queued.fetch_sub(1, Ordering::AcqRel);
+        let _ = s.events.try_send(Event::Done(Finish {
+            reason: reason.clone(),
+            usage: Usage { prompt_tokens: s.request.prompt.len(), ..Usage::default() },
+            timings: Timings { total: s.submitted.elapsed(), queued: s.submitted.elapsed(), ..Timings::default() },
+        }));
+    }
     worker.publish();
 }
 
@@ -293,6 +310,7 @@ impl<'m> Worker<'m> {
             cells: Cells::default(),
             own_run: 0,
             admitted_order: 0,
+            saved: None,
             queued: true,
             sampler,
             detokenizer: Detokenizer::new(self.model.vocab(), r.special),
@@ -406,9 +424,16 @@ impl<'m> Worker<'m> {
     /// the uncached prompt plus the reserve, and `max_running` allows.
     fn admit(&mut self) {
         while self.running.len() < self.max_running && !self.waiting.is_empty() {
-            let tokens = std::mem::take(&mut self.waiting[0].tokens);
-            let shared = self.lookup(&tokens);
-            self.waiting[0].tokens = tokens;
+            // A preempted sequence with saved cells restores them (every
+            // cell its own); others look for a prefix to share.
+            let shared = if self.waiting[0].saved.is_some() {
+                None
+            } else {
+                let tokens = std::mem::take(&mut self.waiting[0].tokens);
+                let shared = self.lookup(&tokens);
+                self.waiting[0].tokens = tokens;
+                shared
+            };
             let keep = shared.map(|(slot, _)| slot);
             let k = shared.map_or(0, |(_, k)| k);
             let need = self.waiting[0].tokens.len() - k + self.reserve;
@@ -428,6 +453,20 @@ impl<'m> Worker<'m> {
             seq.slot = Some(slot);
             seq.n_cached = 0;
             seq.cells.clear();
+            seq.own_run = self.next_run;
+            self.next_run += 1;
+            if let Some((state, n)) = seq.saved.take() {
+                let restored = self.ctx.load_seq_state(&state, slot).is_ok()
+                    && self.ctx.seq_pos_max(slot).ok().flatten() == Some(n as Pos - 1);
+                if restored {
+                    seq.n_cached = n;
+                    seq.cells.append(seq.own_run, n);
+                    self.index.extend(slot, &seq.tokens[..n]);
+                } else {
+                    // Recompute instead.
+                    let _ = self.ctx.seq_rm(Some(slot), None, None);
+                }
+            }
             if let Some((src, k)) = shared {
                 let src_cells = match self.running.iter().find(|s| s.slot == Some(src)) {
                     Some(s) => s.cells.prefix(k),
@@ -445,8 +484,6 @@ impl<'m> Worker<'m> {
             }
             self.stats.prefix_lookups += u64::from(self.prefix_sharing);
             seq.prefill_to = seq.tokens.len();
-            seq.own_run = self.next_run;
-            self.next_run += 1;
             seq.admitted_order = self.tick;
             self.tick += 1;
             if seq.queued {
@@ -465,11 +502,18 @@ impl<'m> Worker<'m> {
         }
     }
 
-    /// Frees a running sequence's cells and requeues it, to be recomputed
-    /// from its tokens when there is room again.
+    /// Frees a running sequence's cells and requeues it. Its cells are
+    /// saved to host memory first (llama.cpp's sequence state) and
+    /// restored when there is room again, so it continues exactly where it
+    /// was; if saving or restoring fails, it is recomputed from its tokens.
     fn preempt(&mut self, i: usize) {
         let mut seq = self.running.remove(i);
         if let Some(slot) = seq.slot.take() {
+            if seq.n_cached > 0
+                && let Ok(state) = self.ctx.save_seq_state(slot)
+            {
+                seq.saved = Some((state, seq.n_cached));
+            }
             self.release_slot(slot);
         }
         seq.cells.clear();
@@ -599,7 +643,8 @@ impl<'m> Worker<'m> {
         let mut ended = Vec::new();
         for (i, row) in to_sample {
             let seq = &mut self.running[i];
-            let outcome = catch_unwind(AssertUnwindSafe(|| sample(&mut self.ctx, seq, row, self.stats.steps)));
+            let outcome =
+                catch_unwind(AssertUnwindSafe(|| sample(&mut self.ctx, seq, row, self.stats.steps, &mut self.outbox)));
             let outcome = match outcome {
                 Ok(o) => o,
                 Err(panic) => Err(Error::InvalidArgument(format!("panic: {}", panic_message(&*panic)))),
@@ -640,7 +685,7 @@ impl<'m> Worker<'m> {
         }
         if !seq.out.is_empty() || seq.out_token.is_some() {
             let piece = Piece { text: std::mem::take(&mut seq.out), token: seq.out_token.take() };
-            let _ = seq.events.try_send(Event::Piece(piece));
+            self.outbox.push((seq.events.clone(), Event::Piece(piece)));
         }
         let now = Instant::now();
         let total = now - seq.submitted;
@@ -664,7 +709,7 @@ impl<'m> Worker<'m> {
         };
         log::debug!("request {} finished: {} ({:?})", seq.id, finish.reason, finish.usage);
         ::metrics::counter!("llama_engine_requests_total", "reason" => reason_label(&finish.reason)).increment(1);
-        let _ = seq.events.try_send(Event::Done(finish));
+        self.outbox.push((seq.events.clone(), Event::Done(finish)));
         self.samples.end_to_end.push(total);
         self.stats.requests_finished += 1;
         if seq.queued {
@@ -733,6 +778,11 @@ impl<'m> Worker<'m> {
                 ::metrics::histogram!(name).record(d.as_secs_f64());
             }
         }
+        drop(guard);
+        for (to, event) in self.outbox.drain(..) {
+            // A reader that went away cancels at the next step.
+            let _ = to.try_send(event);
+        }
     }
 }
 
@@ -760,7 +810,13 @@ struct Sampled {
 
 /// Samples a sequence's next token from batch row `row`, releases its
 /// text, and says whether the request ends.
-fn sample(ctx: &mut Context<'_>, seq: &mut Seq<'_>, row: i32, step: u64) -> Result<Sampled> {
+fn sample(
+    ctx: &mut Context<'_>,
+    seq: &mut Seq<'_>,
+    row: i32,
+    step: u64,
+    outbox: &mut Vec<(async_channel::Sender<Event>, Event)>,
+) -> Result<Sampled> {
     let token = seq.sampler.sample(ctx, row)?;
     let now = Instant::now();
     seq.generated += 1;
@@ -797,7 +853,7 @@ fn sample(ctx: &mut Context<'_>, seq: &mut Seq<'_>, row: i32, step: u64) -> Resu
         sampled.reason = Some(FinishReason::ContextFull);
     } else {
         let piece = Piece { text: std::mem::take(&mut seq.out), token: seq.out_token.take() };
-        let _ = seq.events.try_send(Event::Piece(piece));
+        outbox.push((seq.events.clone(), Event::Piece(piece)));
     }
     Ok(sampled)
 }

@@ -1,0 +1,146 @@
+#!/usr/bin/env bash
+# Builds llama.cpp's own `llama-server` and `llama-bench` from the SAME pinned
+# llama.cpp source that llama-sys links (llama-cpp-python 0.3.36's sdist,
+# upstream commit 0c1e570), with the same CMake defines as llama-sys
+# (llama-sys/build/features.rs `cmake_defines`, default features native +
+# openmp), except that the common library, tools and server are switched on.
+# Used as the reference side of examples/serve_bench.
+#
+# Everything lives under target/ (gitignored):
+#   target/llama-sys/download/llama_cpp_python-0.3.36.tar.gz  the sdist (shared with llama-sys)
+#   target/llama-tools/src     its vendor/llama.cpp/ subtree, in full
+#   target/llama-tools/build   the CMake build; binaries in build/bin/
+#   target/llama-tools/venv    a venv with pip's cmake, only if no cmake is found
+#
+# Usage (from anywhere; heavy, so nice it on a shared machine):
+#   nice -n 19 scripts/build-llama-server.sh            # -j2
+#   JOBS=8 scripts/build-llama-server.sh
+# Environment: JOBS (parallel jobs, default 2), CMAKE (a cmake to use),
+# PYTHON (interpreter for pip, default python3), GGML_NATIVE (ON/OFF,
+# default ON as with llama-sys's default `native` feature).
+#
+# The web UI is not embedded: LLAMA_BUILD_UI=OFF (no npm build) and
+# LLAMA_USE_PREBUILT_UI=OFF (no download of prebuilt assets from Hugging
+# Face at build time); the server then serves its API only.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+SDIST_VERSION=0.3.36
+SDIST_FILE="llama_cpp_python-${SDIST_VERSION}.tar.gz"
+SDIST_SHA256=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
+SDIST_PREFIX="llama_cpp_python-${SDIST_VERSION}/vendor/llama.cpp"
+PINNED_COMMIT=0c1e57098bba43ac29e6e3b677cdceebdd22334f
+
+DOWNLOAD_DIR="$ROOT/target/llama-sys/download"
+TOOLS_DIR="$ROOT/target/llama-tools"
+SRC_DIR="$TOOLS_DIR/src"
+BUILD_DIR="$TOOLS_DIR/build"
+VENV_DIR="$TOOLS_DIR/venv"
+JOBS="${JOBS:-2}"
+PYTHON="${PYTHON:-python3}"
+NATIVE="${GGML_NATIVE:-ON}"
+
+# The sdist's tree carries a `.git` file (a stale submodule pointer of
+# llama-cpp-python's); it is removed, and git is kept from walking up into
+# this repository, so llama.cpp's CMake finds no git repository at all and
+# uses the build number and commit given below.
+export GIT_CEILING_DIRECTORIES="$TOOLS_DIR"
+
+say() { printf 'build-llama-server: %s\n' "$*" >&2; }
+die() { say "error: $*"; exit 1; }
+
+sha256_of() { sha256sum "$1" | cut -d' ' -f1; }
+
+# 1. The sdist, verified.
+TARBALL="$DOWNLOAD_DIR/$SDIST_FILE"
+if [[ ! -f "$TARBALL" || "$(sha256_of "$TARBALL")" != "$SDIST_SHA256" ]]; then
+    say "fetching llama-cpp-python==$SDIST_VERSION sdist with pip"
+    mkdir -p "$DOWNLOAD_DIR"
+    rm -f "$TARBALL"
+    "$PYTHON" -m pip download --no-deps --disable-pip-version-check -q \
+        --no-binary :all: "llama-cpp-python==$SDIST_VERSION" -d "$DOWNLOAD_DIR"
+    [[ -f "$TARBALL" ]] || die "pip download left no $TARBALL"
+fi
+digest="$(sha256_of "$TARBALL")"
+[[ "$digest" == "$SDIST_SHA256" ]] || die "$TARBALL has sha256 $digest, expected $SDIST_SHA256"
+
+# 2. The vendor/llama.cpp/ subtree, extracted once (into a staging folder,
+#    renamed into place, so an interrupted run leaves no half tree).
+STAMP="$SRC_DIR/.sdist-sha256"
+if [[ ! -f "$STAMP" || "$(cat "$STAMP")" != "$SDIST_SHA256" ]]; then
+    say "extracting $SDIST_PREFIX/ into $SRC_DIR"
+    mkdir -p "$TOOLS_DIR"
+    staging="$TOOLS_DIR/.src-partial-$$"
+    rm -rf "$staging"
+    mkdir -p "$staging"
+    tar -xzf "$TARBALL" -C "$staging" --strip-components=3 "$SDIST_PREFIX/"
+    [[ -f "$staging/include/llama.h" && -f "$staging/tools/server/CMakeLists.txt" ]] \
+        || die "the extracted tree in $staging has no include/llama.h or tools/server"
+    rm -rf "$staging/.git"
+    echo "$PINNED_COMMIT" > "$staging/.pinned-commit"
+    echo "$SDIST_SHA256" > "$staging/.sdist-sha256"
+    rm -rf "$SRC_DIR"
+    mv "$staging" "$SRC_DIR"
+fi
+
+rm -rf "$SRC_DIR/.git"  # trees extracted before the line above
+
+# 3. cmake: $CMAKE, then cmake on PATH, then the cmake wheel llama-sys's
+#    build script already unpacked, then pip's cmake in a venv of our own.
+runs() { "$1" --version >/dev/null 2>&1; }
+CMAKE_BIN=""
+if [[ -n "${CMAKE:-}" ]] && runs "$CMAKE"; then
+    CMAKE_BIN="$CMAKE"
+elif runs cmake; then
+    CMAKE_BIN=cmake
+elif runs "$ROOT/target/llama-sys/cmake-wheel/cmake/data/bin/cmake"; then
+    CMAKE_BIN="$ROOT/target/llama-sys/cmake-wheel/cmake/data/bin/cmake"
+else
+    if ! runs "$VENV_DIR/bin/cmake"; then
+        say "no cmake found; installing pip's cmake into $VENV_DIR"
+        "$PYTHON" -m venv "$VENV_DIR"
+        "$VENV_DIR/bin/pip" install --disable-pip-version-check -q cmake
+    fi
+    CMAKE_BIN="$VENV_DIR/bin/cmake"
+fi
+runs "$CMAKE_BIN" || die "cmake ($CMAKE_BIN) does not run"
+say "using $("$CMAKE_BIN" --version | head -n1) ($CMAKE_BIN)"
+
+# 4. Configure and build. The first block is llama-sys's cmake_defines for
+#    its default features (native, openmp) on Linux; the second what differs.
+"$CMAKE_BIN" -S "$SRC_DIR" -B "$BUILD_DIR" \
+    -DCMAKE_BUILD_TYPE=Release \
+    -DBUILD_SHARED_LIBS=OFF \
+    -DCMAKE_POSITION_INDEPENDENT_CODE=ON \
+    -DCMAKE_INSTALL_LIBDIR=lib \
+    -DLLAMA_BUILD_TESTS=OFF \
+    -DLLAMA_BUILD_EXAMPLES=OFF \
+    -DLLAMA_BUILD_APP=OFF \
+    -DLLAMA_OPENSSL=OFF \
+    -DLLAMA_BUILD_NUMBER=0 \
+    -DLLAMA_BUILD_COMMIT="${PINNED_COMMIT:0:7}" \
+    -DGGML_CCACHE=OFF \
+    -DGGML_BACKEND_DL=OFF \
+    -DGGML_OPENMP=ON \
+    -DGGML_NATIVE="$NATIVE" \
+    -DGGML_CUDA=OFF \
+    -DGGML_METAL=OFF \
+    -DGGML_VULKAN=OFF \
+    -DGGML_RPC=OFF \
+    -DGGML_BLAS=OFF \
+    \
+    -DLLAMA_BUILD_COMMON=ON \
+    -DLLAMA_BUILD_TOOLS=ON \
+    -DLLAMA_BUILD_SERVER=ON \
+    -DLLAMA_BUILD_UI=OFF \
+    -DLLAMA_USE_PREBUILT_UI=OFF
+
+"$CMAKE_BIN" --build "$BUILD_DIR" --config Release -j "$JOBS" --target llama-server llama-bench
+
+SERVER="$BUILD_DIR/bin/llama-server"
+BENCH="$BUILD_DIR/bin/llama-bench"
+[[ -x "$SERVER" ]] || die "the build finished but $SERVER is missing"
+[[ -x "$BENCH" ]] || die "the build finished but $BENCH is missing"
+"$SERVER" --version >&2
+echo "$SERVER"
+echo "$BENCH"
