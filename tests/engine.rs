@@ -541,3 +541,30 @@ fn every_token_arrives_in_its_own_piece_and_the_text_is_whole() {
     assert!(matches!(&events[12], Event::Done(f) if f.usage.completion_tokens == 12));
     assert_eq!(text, model.vocab().detokenize(&tokens, false, false).unwrap());
 }
+
+#[test]
+fn a_burst_is_admitted_as_the_pool_allows_without_preemption() {
+    // 12 prompts of 150 tokens need ~1,900 cells; the pool has 1,024. The
+    // engine admits what fits (counting the prompts it is still
+    // prefilling) and the rest as cells free up: nothing is preempted.
+    let engine = Engine::start(model(), config().n_ctx(1024).max_cached_prefixes(0)).unwrap();
+    let completions: Vec<Completion> =
+        (0..12).map(|i| engine.submit(greedy(prompt(150, 300 + i), 8)).unwrap()).collect();
+    for completion in completions {
+        let out = completion.wait();
+        assert_eq!(out.finish.reason, FinishReason::Length);
+        assert_eq!(out.finish.timings.preemptions, 0);
+    }
+    let stats = idle(&engine);
+    assert_eq!(stats.preemptions, 0, "{stats:?}");
+    assert_eq!(stats.requests_finished, 12);
+    assert_eq!(stats.prompt_tokens_evaluated, 12 * 150);
+}
+
+#[test]
+fn models_that_cannot_generate_are_refused_at_start() {
+    let path = tiny_llama_path(&TinyModelSpec::default()).unwrap();
+    let vocab_only = Model::load(&path, &ModelParams { vocab_only: true, ..ModelParams::default() }).unwrap();
+    let err = Engine::start(Arc::new(vocab_only), config()).unwrap_err();
+    assert!(matches!(err, Error::InvalidArgument(ref m) if m.contains("vocabulary-only")), "{err}");
+}

@@ -51,6 +51,11 @@ impl Cells {
         Cells { runs }
     }
 
+    /// Positions held in run `id` (the ones a sequence decoded itself).
+    pub fn own(&self, id: u64) -> usize {
+        self.runs.iter().filter(|r| r.id == id).map(|r| r.end - r.start).sum()
+    }
+
     pub fn clear(&mut self) {
         self.runs.clear();
     }
@@ -163,6 +168,7 @@ mod tests {
         let mut b = a.prefix(80);
         b.append(2, 30);
         assert_eq!(b.len(), 110);
+        assert_eq!((b.own(2), b.own(1), a.own(1)), (30, 80, 120));
         assert_eq!(cells_in_use([&a, &b]), 150);
         // c shares 100 of b: 80 of a's run and 20 of b's.
         let mut c = b.prefix(100);

@@ -16,9 +16,11 @@
 //! cells and prefills only the rest. When the pool is full, cached
 //! prefixes are evicted (least recently used first) and then the
 //! lowest-priority, most recently admitted sequence is preempted: its
-//! cells are freed and it is requeued, to be recomputed from its prompt
-//! and the tokens it has generated, with its sampler state kept, so it
-//! continues as it would have.
+//! cells are saved to host memory (llama.cpp's sequence state) and freed,
+//! and it is requeued with its sampler, detokenizer and stop-string state;
+//! at readmission the cells are restored (or, for a sequence whose cells
+//! were mostly shared, recomputed from its prompt and the tokens it has
+//! generated), so it continues as it would have.
 //!
 //! ```no_run
 //! use std::sync::Arc;
@@ -170,8 +172,9 @@ impl EngineConfig {
         max_cached_prefixes: u32 => max_cached_prefixes;
         /// Largest share of the pool's cells cached prefixes may hold.
         prefix_cache_share: f32 => prefix_cache_share;
-        /// Most requests waiting for admission; more are refused with
-        /// [`Error::QueueFull`].
+        /// Most submitted requests waiting for their first admission; more
+        /// are refused with [`Error::QueueFull`]. (Preempted requests wait
+        /// too, beyond this bound: they were admitted before.)
         max_queue: usize => max_queue;
         /// Free cells a request needs beyond its uncached prompt to be
         /// admitted, so that it can generate a little before the pool
@@ -208,6 +211,18 @@ impl EngineConfig {
         }
         if self.prefill_cap == Some(0) {
             return bad("prefill_cap must be at least 1".into());
+        }
+        if n_seq > u64::from(self.n_batch) {
+            return bad(format!(
+                "max_running + max_cached_prefixes = {n_seq} sequences exceed n_batch {} (llama.cpp needs n_batch >= its sequences)",
+                self.n_batch
+            ));
+        }
+        if self.admission_reserve > self.n_ctx as usize {
+            return bad(format!(
+                "admission_reserve {} exceeds the pool of {} cells",
+                self.admission_reserve, self.n_ctx
+            ));
         }
         Ok(())
     }
@@ -295,8 +310,8 @@ pub enum Event {
 /// Both traits have a `next` method: with `futures::StreamExt` in scope,
 /// call the async one as `StreamExt::next(&mut completion).await`.
 ///
-/// Dropping it cancels the request; its KV cells are released at the
-/// worker's next step. Events wait in an unbounded channel, so a slow
+/// Dropping it cancels the request at the worker's next step; its KV cells
+/// then become a cached prefix (or are freed when the prefix cache is off). Events wait in an unbounded channel, so a slow
 /// reader never stalls the engine; a request buffers at most one piece
 /// per generated token.
 pub struct Completion {
@@ -528,10 +543,21 @@ impl Engine {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for inconsistent settings (see
-    /// [`EngineConfig`]); [`Error::ContextCreate`] and the other errors of
+    /// [`EngineConfig`]: `max_running` 0 or above `n_batch`,
+    /// `max_running + max_cached_prefixes` above `n_batch` or the 256
+    /// sequences of a context, a share outside [0, 1], an
+    /// `admission_reserve` above the pool) and for models that cannot
+    /// generate this way (vocabulary-only, encoder, encoder-decoder); [`Error::ContextCreate`] and the other errors of
     /// [`Context::new`](crate::Context::new).
     pub fn start(model: Arc<Model>, config: EngineConfig) -> Result<Engine> {
         config.check()?;
+        if model.is_vocab_only() || !model.has_decoder() || model.has_encoder() {
+            return Err(Error::InvalidArgument(
+                "the engine generates with decoder-only models; this one is vocabulary-only, an encoder or \
+                 encoder-decoder model"
+                    .into(),
+            ));
+        }
         let shared = Arc::new(Shared::default());
         let (commands, inbox) = mpsc::channel();
         let (ready_tx, ready) = mpsc::sync_channel(1);

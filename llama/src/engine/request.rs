@@ -29,7 +29,8 @@ pub enum Prompt {
 /// own sampler chain from it (logit bias → penalties → grammar → greedy,
 /// or top-k → top-p → min-p → temperature → a seeded random pick).
 ///
-/// The default is greedy decoding.
+/// The default is greedy decoding; the seed defaults to 0, so the same
+/// request samples the same tokens every time unless a seed is set.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SamplingParams {
     temperature: f32,

@@ -46,7 +46,7 @@ pub(crate) fn plan(budget: usize, prefill_cap: usize, loads: &[Load], out: &mut 
     let Some(&oldest) = prefills.first() else {
         return;
     };
-    let floor = loads[oldest].remaining.min(left / 4);
+    let floor = loads[oldest].remaining.min(left.div_ceil(4));
     out[oldest] = floor;
     left -= floor;
     // Stable: equal needs keep admission order.
@@ -122,6 +122,8 @@ mod tests {
         // in the fourth.
         assert_eq!(run(512, 512, &[pre(128); 16])[..5], [128, 128, 128, 128, 0]);
         assert_eq!(run(3, 3, &[pre(5), pre(5), pre(5), pre(5)]), [3, 0, 0, 0]);
+        // Even a budget of one token cannot starve the oldest prompt.
+        assert_eq!(run(4, 1, &[pre(900), dec(), pre(2), dec(), dec()]), [1, 1, 0, 1, 1]);
         // Decodes beyond the budget wait for the next step, oldest first.
         assert_eq!(run(2, 2, &[dec(), dec(), dec()]), [1, 1, 0]);
     }
@@ -158,7 +160,7 @@ mod tests {
             let prefills: Vec<usize> = (0..n).filter(|&i| !loads[i].decoding).collect();
             if let Some(&oldest) = prefills.first() {
                 // The oldest prompt gets at least its quarter.
-                let floor = loads[oldest].remaining.min(for_prefill / 4);
+                let floor = loads[oldest].remaining.min(for_prefill.div_ceil(4));
                 assert!(out[oldest] >= floor, "{loads:?} {out:?}");
                 // Shortest first: a prompt that got anything beyond its floor
                 // comes after every prompt needing fewer tokens (older among

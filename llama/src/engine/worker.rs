@@ -289,6 +289,8 @@ impl<'m> Worker<'m> {
                 // Checked at submit; a failure here is still only this
                 // request's.
                 self.shared.queued.fetch_sub(1, Ordering::AcqRel);
+                self.stats.requests_finished += 1;
+                ::metrics::counter!("llama_engine_requests_total", "reason" => "failed").increment(1);
                 let _ = s.events.try_send(Event::Done(Finish {
                     reason: FinishReason::Failed(e.to_string()),
                     usage: Usage { prompt_tokens: r.prompt.len(), ..Usage::default() },
@@ -436,16 +438,33 @@ impl<'m> Worker<'m> {
             };
             let keep = shared.map(|(slot, _)| slot);
             let k = shared.map_or(0, |(_, k)| k);
-            let need = self.waiting[0].tokens.len() - k + self.reserve;
-            while self.free_slots.is_empty() || self.capacity.saturating_sub(self.cells_used()) < need {
+            let need = (self.waiting[0].tokens.len() - k).saturating_add(self.reserve);
+            // The cells running sequences still add before they sample
+            // (their uncached prompts, also of those admitted just now).
+            let pending: usize = self.running.iter().map(|s| s.prefill_to.saturating_sub(s.n_cached)).sum();
+            let capacity = self.capacity;
+            let fits = move |used: usize| capacity.saturating_sub(used.saturating_add(pending)) >= need;
+            if !self.running.is_empty() {
+                // Evict only if evicting every other cached prefix would
+                // make room: otherwise the request waits and the cache stays.
+                let kept = cells_in_use(
+                    self.running
+                        .iter()
+                        .map(|s| &s.cells)
+                        .chain(self.cached.iter().filter(|c| Some(c.slot) == keep).map(|c| &c.cells)),
+                );
+                if !fits(kept) {
+                    break;
+                }
+            }
+            while self.free_slots.is_empty() || !fits(self.cells_used()) {
                 if !self.evict_one(keep) {
                     break;
                 }
             }
-            let room = self.capacity.saturating_sub(self.cells_used()) >= need;
             // With nothing running, the request gets the whole pool: its
             // prompt fits (checked at submit), only the reserve may not.
-            if self.free_slots.is_empty() || !room && !self.running.is_empty() {
+            if self.free_slots.is_empty() || !fits(self.cells_used()) && !self.running.is_empty() {
                 break;
             }
             let mut seq = self.waiting.pop_front().expect("not empty");
@@ -455,6 +474,7 @@ impl<'m> Worker<'m> {
             seq.cells.clear();
             seq.own_run = self.next_run;
             self.next_run += 1;
+            let restoring = seq.saved.is_some();
             if let Some((state, n)) = seq.saved.take() {
                 let restored = self.ctx.load_seq_state(&state, slot).is_ok()
                     && self.ctx.seq_pos_max(slot).ok().flatten() == Some(n as Pos - 1);
@@ -482,7 +502,9 @@ impl<'m> Worker<'m> {
                     self.index.extend(slot, &seq.tokens[..k]);
                 }
             }
-            self.stats.prefix_lookups += u64::from(self.prefix_sharing);
+            if !restoring {
+                self.stats.prefix_lookups += u64::from(self.prefix_sharing);
+            }
             seq.prefill_to = seq.tokens.len();
             seq.admitted_order = self.tick;
             self.tick += 1;
@@ -509,7 +531,11 @@ impl<'m> Worker<'m> {
     fn preempt(&mut self, i: usize) {
         let mut seq = self.running.remove(i);
         if let Some(slot) = seq.slot.take() {
+            // A sequence whose cells are mostly shared with others is
+            // recomputed instead: its readmission shares them again, where
+            // a restore would copy them.
             if seq.n_cached > 0
+                && seq.cells.own(seq.own_run) * 2 >= seq.n_cached
                 && let Ok(state) = self.ctx.save_seq_state(slot)
             {
                 seq.saved = Some((state, seq.n_cached));
@@ -557,9 +583,21 @@ impl<'m> Worker<'m> {
             return true;
         }
         if self.running.len() > 1 {
-            let candidates: Vec<Candidate> =
-                self.running.iter().map(|s| Candidate { priority: s.priority, admitted: s.admitted_order }).collect();
-            let i = scheduler::victim(&candidates).expect("running is not empty");
+            // Preempting a sequence frees its own cells and its tokens of
+            // this step; one with neither would be preempted for nothing.
+            let frees = |i: usize| {
+                let s = &self.running[i];
+                self.plan.get(i).is_some_and(|&n| n > 0) || s.cells.own(s.own_run) > 0
+            };
+            let mut pool: Vec<usize> = (0..self.running.len()).filter(|&i| frees(i)).collect();
+            if pool.is_empty() {
+                pool = (0..self.running.len()).collect();
+            }
+            let candidates: Vec<Candidate> = pool
+                .iter()
+                .map(|&i| Candidate { priority: self.running[i].priority, admitted: self.running[i].admitted_order })
+                .collect();
+            let i = pool[scheduler::victim(&candidates).expect("running is not empty")];
             self.preempt(i);
             return true;
         }
