@@ -34,10 +34,11 @@ for round in $(seq "$ROUNDS"); do
   run llama-server --spawn --parallel 16 --scenario throughput --levels 1,2,4,8,16
   # (b) a 4,000-token prompt arrives while one stream decodes; a short request right after (-np 4).
   run engine --backend engine --parallel 4 --scenario long-short --gap-ms 20
-  run engine-nocap --backend engine --parallel 4 --prefill-cap 512 --scenario long-short --gap-ms 20
+  run engine-cap256 --backend engine --parallel 4 --prefill-cap 256 --scenario long-short --gap-ms 20
   run llama-server --spawn --parallel 4 --scenario long-short --gap-ms 20
   # (b') six short requests 50 ms apart after the long prompt (-np 8).
   run engine --backend engine --parallel 8 --scenario long-short --shorts 6 --gap-ms 50
+  run engine-cap256 --backend engine --parallel 8 --prefill-cap 256 --scenario long-short --shorts 6 --gap-ms 50
   run llama-server --spawn --parallel 8 --scenario long-short --shorts 6 --gap-ms 50
   # (c) shared 1,000-token prefix: TTFT of B (shared) vs C (cold).
   run engine --backend engine --parallel 4 --scenario prefix

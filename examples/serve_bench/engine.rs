@@ -48,7 +48,7 @@ impl EngineBackend {
             engine.pool_cells(),
             o.parallel,
             o.batch,
-            o.prefill_cap.unwrap_or(o.batch / 2)
+            o.prefill_cap.unwrap_or(o.batch / 4)
         );
         Ok(EngineBackend { engine })
     }

@@ -171,7 +171,7 @@ struct Args {
     #[arg(long, value_enum, default_value = "f16")]
     kv_type: KvKind,
     /// engine: most prompt tokens per step while any stream decodes
-    /// (default: the engine's, half the batch; the batch size turns it off).
+    /// (default: the engine's, a quarter of the batch; the batch size turns it off).
     #[arg(long)]
     prefill_cap: Option<usize>,
 

@@ -197,7 +197,7 @@ pub(crate) fn run(
         budget: ctx.n_batch() as usize,
         ctx,
         shared,
-        prefill_cap: config.prefill_cap.map_or(config.n_batch as usize / 2, |c| c as usize).max(1),
+        prefill_cap: config.prefill_cap.map_or(config.n_batch as usize / 4, |c| c as usize).max(1),
         max_running: config.max_running as usize,
         max_cached: config.max_cached_prefixes as usize,
         cached_cell_limit: (capacity as f64 * f64::from(config.prefix_cache_share)) as usize,
