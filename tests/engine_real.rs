@@ -2,7 +2,7 @@
 //! `LLAMA_MODEL`). Batched decoding rounds differently from
 //! single-sequence decoding, so these tests do not compare token lists:
 //! every stream is re-scored alone (teacher forcing, `llama_suite::teacher`)
-//! and each chosen token must be within 0.5 of the best logit at its
+//! and each chosen token must be within `MARGIN` of the best logit at its
 //! position, and copy tasks with large margins must come out right. A mixed
 //! up sequence, position or KV cell fails these by far more. They never
 //! skip: without the model they fail.
@@ -16,7 +16,11 @@ use llama_suite::model_cache::model_path;
 use llama_suite::teacher::rescore;
 
 /// Largest allowed distance of a chosen token's logit below the best one.
-const MARGIN: f32 = 0.5;
+/// Measured for these 16 streams (24 tokens each, 16 at once): worst 0.36
+/// with the native (AVX-512) kernels, 0.64 with the portable baseline
+/// x86-64 build that CI also runs; a stream scored after another stream's
+/// prompt is off by 6.9 or more on both.
+const MARGIN: f32 = 1.0;
 
 fn model() -> Arc<Model> {
     static MODEL: OnceLock<Arc<Model>> = OnceLock::new();

@@ -374,7 +374,7 @@ impl<'m> Worker<'m> {
         }
         let limit = tokens.len() - 1;
         let (holders, depth) = self.index.lookup(&tokens[..limit])?;
-        let mut best: Option<(SeqId, usize)> = None;
+        let mut found: Vec<(SeqId, usize)> = Vec::new();
         for &slot in holders {
             let held: &[Token] = if let Some(s) = self.running.iter().find(|s| s.slot == Some(slot)) {
                 &s.tokens[..s.n_cached]
@@ -387,18 +387,13 @@ impl<'m> Worker<'m> {
                 continue; // a hash collision
             }
             let n = depth + held[depth..].iter().zip(&tokens[depth..limit]).take_while(|(a, b)| a == b).count();
-            if best.is_none_or(|(_, m)| n > m) {
-                best = Some((slot, n));
-            }
+            found.push((slot, n));
         }
-        let (slot, n) = best?;
-        // Without a full-size sliding-window cache, positions older than
-        // the window are gone (the engine's context has one, but a source
-        // must still hold what the new sequence attends to).
-        match swa_window_present(&mut self.ctx, slot, n) {
-            Ok(true) => Some((slot, n)),
-            _ => None,
-        }
+        // The longest match whose source still holds every position the
+        // new sequence attends to (a sliding-window cache may have dropped
+        // old ones; the engine's is full-size, but the check is cheap).
+        found.sort_by_key(|&(_, n)| std::cmp::Reverse(n));
+        found.into_iter().find(|&(slot, n)| swa_window_present(&mut self.ctx, slot, n).unwrap_or(false))
     }
 
     /// Removes the least recently used cached prefix other than `keep`.
