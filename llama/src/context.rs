@@ -147,19 +147,6 @@ impl Default for ContextParams {
     }
 }
 
-macro_rules! setters {
-    ($($(#[$doc:meta])* $name:ident: $ty:ty => $field:ident $(($conv:expr))?;)*) => {$(
-        $(#[$doc])*
-        #[must_use]
-        pub fn $name(mut self, value: $ty) -> Self {
-            self.$field = setters!(@conv value $(, $conv)?);
-            self
-        }
-    )*};
-    (@conv $v:ident) => { $v };
-    (@conv $v:ident, $conv:expr) => { $conv($v) };
-}
-
 impl ContextParams {
     setters! {
         /// Context length in tokens (0: the model's training length).

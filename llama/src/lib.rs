@@ -38,6 +38,21 @@
 
 pub use llama_sys as sys;
 
+/// Builder setters `fn name(mut self, value: T) -> Self`, each assigning a
+/// field (through a conversion where given): for the parameter builders.
+macro_rules! setters {
+    ($($(#[$doc:meta])* $name:ident: $ty:ty => $field:ident $(($conv:expr))?;)*) => {$(
+        $(#[$doc])*
+        #[must_use]
+        pub fn $name(mut self, value: $ty) -> Self {
+            self.$field = setters!(@conv value $(, $conv)?);
+            self
+        }
+    )*};
+    (@conv $v:ident) => { $v };
+    (@conv $v:ident, $conv:expr) => { $conv($v) };
+}
+
 mod adapter;
 mod backend;
 mod batch;

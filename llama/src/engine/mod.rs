@@ -137,21 +137,8 @@ impl Default for EngineConfig {
     }
 }
 
-macro_rules! config_setters {
-    ($($(#[$doc:meta])* $name:ident: $ty:ty => $field:ident $(($conv:expr))?;)*) => {$(
-        $(#[$doc])*
-        #[must_use]
-        pub fn $name(mut self, value: $ty) -> Self {
-            self.$field = config_setters!(@conv value $(, $conv)?);
-            self
-        }
-    )*};
-    (@conv $v:ident) => { $v };
-    (@conv $v:ident, $conv:expr) => { $conv($v) };
-}
-
 impl EngineConfig {
-    config_setters! {
+    setters! {
         /// KV cells shared by all sequences (the context's `n_ctx`;
         /// llama.cpp pads it up to a multiple of 256).
         n_ctx: u32 => n_ctx;

@@ -371,11 +371,11 @@ impl<'m> Worker<'m> {
     /// Copies the counters into the shared snapshot and records the
     /// step's latency samples.
     fn publish(&mut self) {
+        let used = self.cells_used();
         let s = &mut self.stats;
         s.running = self.running.len();
         s.waiting = self.waiting.len();
-        s.kv_cells_used =
-            cells_in_use(self.running.iter().map(|s| &s.cells).chain(self.cached.iter().map(|c| &c.cells)));
+        s.kv_cells_used = used;
         s.cached_prefix_cells = cells_in_use(self.cached.iter().map(|c| &c.cells));
         s.cached_prefixes = self.cached.len();
         s.perf = if s.steps > 0 { self.ctx.perf() } else { PerfCounters::default() };
