@@ -3,5 +3,6 @@
 //! model writer. Not published.
 
 pub mod model_cache;
+pub mod python;
 pub mod synthetic;
 pub mod teacher;

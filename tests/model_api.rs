@@ -7,7 +7,7 @@ mod safe_api;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use llama::{
-    ChatMessage, Detokenizer, DeviceKind, Error, MetadataValue, Model, ModelParams, Token, TokenAttrs,
+    ChatFormat, ChatMessage, Detokenizer, DeviceKind, Error, MetadataValue, Model, ModelParams, Token, TokenAttrs,
     apply_chat_template, builtin_chat_templates,
 };
 use llama_suite::synthetic::{
@@ -60,7 +60,14 @@ fn hyper_parameters_and_metadata_match_the_spec() {
     // Arrays (the vocabulary) are left out by llama.cpp.
     assert!(!entries.iter().any(|(k, _)| k == "tokenizer.ggml.tokens"));
     assert_eq!(model.chat_template(None), None);
-    assert!(matches!(model.apply_chat_template(&[ChatMessage::user("hi")], true), Err(Error::ChatTemplate(_))));
+    // Without a template (and no built-in of the `llama` architecture's
+    // name), llama.cpp's chatml is the fallback.
+    assert!(matches!(model.chat_format(None).unwrap(), ChatFormat::Builtin(name) if name == "chatml"));
+    assert_eq!(
+        model.apply_chat_template(&[ChatMessage::user("hi")], true).unwrap(),
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    );
+    assert!(matches!(model.chat_format(Some("tool_use")), Err(Error::ChatTemplate(_))));
 
     // Another shape, to be sure the numbers are read, not assumed.
     let other = other_tiny_model();
@@ -278,15 +285,19 @@ fn chat_templates() {
 }
 
 /// The cached Gemma 3 270M is the base model: its GGUF has no
-/// `tokenizer.chat_template`, so the model's own template is `None` and
-/// applying it is an error. The built-in `gemma` format tokenizes with its
+/// `tokenizer.chat_template`, so its chat format falls back to llama.cpp's
+/// built-in `gemma` (its architecture's family), which tokenizes with its
 /// vocabulary into the real turn markers.
 #[test]
 fn gemma_chat_formatting() {
     let model = real_model();
     assert_eq!(model.metadata("general.architecture").as_deref(), Some("gemma3"));
     assert_eq!(model.chat_template(None), None);
-    assert!(matches!(model.apply_chat_template(&[ChatMessage::user("hi")], true), Err(Error::ChatTemplate(_))));
+    assert!(matches!(model.chat_format(None).unwrap(), ChatFormat::Builtin(name) if name == "gemma"));
+    assert_eq!(
+        model.apply_chat_template(&[ChatMessage::user("hi")], true).unwrap(),
+        apply_chat_template("gemma", &[ChatMessage::user("hi")], true).unwrap()
+    );
 
     let out = apply_chat_template("gemma", &[ChatMessage::user("What is 2+2?")], true).unwrap();
     assert!(out.contains("<start_of_turn>user\nWhat is 2+2?<end_of_turn>"), "{out:?}");
@@ -302,11 +313,13 @@ fn gemma_chat_formatting() {
     assert!(plain.len() > special.len());
 }
 
-/// A template given as a metadata override is the model's template: here a
-/// short Jinja text that llama.cpp's matcher recognises as Gemma's format.
+/// A template given as a metadata override is the model's template, and it
+/// is run as Jinja (llama.cpp's matcher would have taken this text for
+/// Gemma's format), with the vocabulary's BOS and EOS texts.
 #[test]
 fn a_chat_template_override_is_the_models_template() {
-    let template = "{{ bos_token }}{% for m in messages %}<start_of_turn>{{ m.role }}{% endfor %}";
+    let template =
+        "{{ bos_token }}{% for m in messages %}<start_of_turn>{{ m.role }}:{{ m.content }}{% endfor %}{{ eos_token }}";
     assert!(template.len() < 128);
     let params = ModelParams {
         metadata_overrides: vec![("tokenizer.chat_template".into(), MetadataValue::Str(template.into()))],
@@ -314,11 +327,21 @@ fn a_chat_template_override_is_the_models_template() {
     };
     let model = Model::load(tiny_path(), &params).unwrap();
     assert_eq!(model.chat_template(None), Some(template));
-    let out = model.apply_chat_template(&[ChatMessage::user("Hi"), ChatMessage::assistant("Yo")], true).unwrap();
-    assert_eq!(
-        out,
-        "<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\nYo<end_of_turn>\n<start_of_turn>model\n"
+    let format = model.chat_format(None).unwrap();
+    assert!(
+        matches!(&format, ChatFormat::Jinja { bos_token, eos_token, .. } if bos_token == "<s>" && eos_token == "</s>")
     );
+    let chat = [ChatMessage::user("Hi"), ChatMessage::assistant("Yo")];
+    assert_eq!(
+        model.apply_chat_template(&chat, true).unwrap(),
+        "<s><start_of_turn>user:Hi<start_of_turn>assistant:Yo</s>"
+    );
+    // Options override the vocabulary's texts; a built-in format refuses tools.
+    let options = llama::chat::RenderOptions::default().bos_token("[B]").eos_token("");
+    assert_eq!(format.render(&chat[..1], &options).unwrap(), "[B]<start_of_turn>user:Hi");
+    let builtin = ChatFormat::Builtin("chatml".into());
+    let tools = llama::chat::RenderOptions::default().tools(serde_json::json!([]));
+    assert!(matches!(builtin.render(&chat, &tools), Err(Error::ChatTemplate(_))));
 }
 
 #[test]

@@ -104,9 +104,23 @@ pub enum Error {
     /// Saving or restoring state failed.
     #[error("state error: {0}")]
     State(String),
-    /// A chat template is unknown or failed to apply.
+    /// A chat template is unknown, does not parse, or failed to render.
     #[error("chat template error: {0}")]
     ChatTemplate(String),
+    /// The chat template itself refused the conversation: it called
+    /// `raise_exception` (a system message where the model has no system
+    /// role, roles that do not alternate, …). The message is the template's.
+    #[error("the chat template refused the conversation: {0}")]
+    ChatTemplateRaised(String),
+    /// A JSON schema uses something the grammar converter cannot express
+    /// exactly (rather than a grammar that would accept invalid output).
+    #[error("JSON schema at {pointer}: {message}")]
+    JsonSchema {
+        /// The JSON pointer of the offending part of the schema (`""` is the root).
+        pointer: String,
+        /// What is wrong or unsupported, naming the keyword.
+        message: String,
+    },
     /// A LoRA adapter or control vector was rejected.
     #[error("adapter error: {0}")]
     Adapter(String),

@@ -56,7 +56,7 @@ macro_rules! setters {
 mod adapter;
 mod backend;
 mod batch;
-mod chat;
+pub mod chat;
 mod context;
 pub mod engine;
 mod error;
@@ -75,7 +75,7 @@ pub use backend::{
     time_us, version,
 };
 pub use batch::{Batch, Pos, SeqId};
-pub use chat::{ChatMessage, apply_chat_template, builtin_chat_templates};
+pub use chat::{ChatFormat, ChatMessage, ChatTemplate, apply_chat_template, builtin_chat_templates};
 pub use context::{
     AbortHandle, Attention, Context, ContextParams, FlashAttention, KvType, PerfCounters, Pooling, max_sequences,
 };

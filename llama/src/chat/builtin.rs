@@ -1,44 +1,19 @@
-//! Chat templates, through llama.cpp's built-in template matcher (which
-//! recognises well-known templates; it does not run arbitrary Jinja).
+//! llama.cpp's built-in chat templates: a fixed list of well-known formats
+//! matched by name or by looking at a template's text (no Jinja is run).
 
 use std::ffi::{CStr, CString, c_char};
 
+use super::ChatMessage;
 use crate::error::{Error, Result, check_shim, try_reserve};
-use crate::model::Model;
 use crate::sys;
 
-/// One chat message.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ChatMessage {
-    /// `system`, `user`, `assistant`, …
-    pub role: String,
-    /// The text.
-    pub content: String,
-}
-
-impl ChatMessage {
-    /// A message with the given role.
-    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
-        ChatMessage { role: role.into(), content: content.into() }
-    }
-    /// A `user` message.
-    pub fn user(content: impl Into<String>) -> Self {
-        Self::new("user", content)
-    }
-    /// A `system` message.
-    pub fn system(content: impl Into<String>) -> Self {
-        Self::new("system", content)
-    }
-    /// An `assistant` message.
-    pub fn assistant(content: impl Into<String>) -> Self {
-        Self::new("assistant", content)
-    }
-}
-
-/// Formats `messages` with `template`: a built-in name (see
-/// [`builtin_chat_templates`]) or a model's Jinja template string, which
-/// llama.cpp matches to a known format. With `add_assistant`, the result
-/// ends with the opening of an assistant turn.
+/// Formats `messages` with llama.cpp's built-in `template`: a name (see
+/// [`builtin_chat_templates`]) or a Jinja template string, which llama.cpp
+/// matches to one of its known formats without running it (so a template
+/// it does not know is an error, and one it mistakes renders wrongly: use
+/// [`ChatTemplate`](super::ChatTemplate) to run a template). Only the text
+/// of each message is used (text parts joined). With `add_assistant`, the
+/// result ends with the opening of an assistant turn.
 ///
 /// # Errors
 /// [`Error::ChatTemplate`] if the template is not recognised;
@@ -48,11 +23,12 @@ pub fn apply_chat_template(template: &str, messages: &[ChatMessage], add_assista
     let tmpl = CString::new(template)?;
     let owned = messages
         .iter()
-        .map(|m| Ok((CString::new(m.role.as_str())?, CString::new(m.content.as_str())?)))
+        .map(|m| Ok((CString::new(m.role.as_str())?, CString::new(m.text())?)))
         .collect::<Result<Vec<_>>>()?;
     let raw: Vec<sys::llama_chat_message> =
         owned.iter().map(|(r, c)| sys::llama_chat_message { role: r.as_ptr(), content: c.as_ptr() }).collect();
-    let guess = messages.iter().map(|m| m.content.len() + m.role.len() + 32).fold(64usize, usize::saturating_add);
+    let guess =
+        owned.iter().map(|(r, c)| c.as_bytes().len() + r.as_bytes().len() + 32).fold(64usize, usize::saturating_add);
     let mut buf = Vec::new();
     try_reserve(&mut buf, guess)?;
     buf.resize(guess, 0);
@@ -102,17 +78,4 @@ pub fn builtin_chat_templates() -> Vec<&'static str> {
         // SAFETY: the names are static NUL-terminated strings.
         .filter_map(|p| unsafe { CStr::from_ptr(p) }.to_str().ok())
         .collect()
-}
-
-impl Model {
-    /// Formats `messages` with the model's own chat template.
-    ///
-    /// # Errors
-    /// [`Error::ChatTemplate`] if the model has no template or llama.cpp
-    /// does not recognise it.
-    pub fn apply_chat_template(&self, messages: &[ChatMessage], add_assistant: bool) -> Result<String> {
-        let template =
-            self.chat_template(None).ok_or_else(|| Error::ChatTemplate("the model has no chat template".into()))?;
-        apply_chat_template(template, messages, add_assistant)
-    }
 }

@@ -1,0 +1,225 @@
+//! Chat templates: turning a conversation into the prompt a model was
+//! trained on.
+//!
+//! - [`ChatTemplate`] runs a Jinja template (a model's
+//!   `tokenizer.chat_template`) with minijinja, the way Hugging Face's
+//!   `apply_chat_template` renders it.
+//! - [`apply_chat_template`] is llama.cpp's built-in matcher: a fixed list
+//!   of formats, chosen by name.
+//! - [`Model::chat_format`] picks for a model: its own template when it has
+//!   one, else the built-in format of its family (or chatml), and says
+//!   which ([`ChatFormat`]).
+
+mod builtin;
+mod jinja;
+mod python;
+
+use serde::{Deserialize, Serialize};
+
+pub use builtin::{apply_chat_template, builtin_chat_templates};
+pub use jinja::{ChatTemplate, RenderOptions};
+
+use crate::error::{Error, Result};
+use crate::model::Model;
+
+/// One chat message, as Hugging Face templates expect it (and as OpenAI's
+/// chat API sends it). Optional fields that are unset are absent from the
+/// template's view (`message.tool_calls is defined` is false).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ChatMessage {
+    /// `system`, `user`, `assistant`, `tool`, …
+    pub role: String,
+    /// The text, or a list of parts; `None` (JSON `null`) for an assistant
+    /// turn that only calls tools.
+    pub content: Option<MessageContent>,
+    /// The tool calls of an assistant turn.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+    /// The call a `tool` message answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// The tool's (or participant's) name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// An assistant turn's reasoning, for templates that render it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+}
+
+/// A message's content: one string, or a list of typed parts.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum MessageContent {
+    /// Plain text.
+    Text(String),
+    /// A list of parts (`[{"type": "text", "text": …}]`).
+    Parts(Vec<ContentPart>),
+}
+
+/// One part of a message's content.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum ContentPart {
+    /// A piece of text.
+    Text {
+        /// The text.
+        text: String,
+    },
+}
+
+/// A function call made by an assistant turn.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ToolCall {
+    /// The call's id, which the answering `tool` message repeats.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// Always `function`.
+    #[serde(rename = "type", default = "function_type")]
+    pub kind: String,
+    /// What is called.
+    pub function: FunctionCall,
+}
+
+fn function_type() -> String {
+    "function".to_owned()
+}
+
+/// The function and arguments of a [`ToolCall`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FunctionCall {
+    /// The function's name.
+    pub name: String,
+    /// The arguments: a JSON object as Hugging Face templates expect
+    /// (OpenAI clients send a string holding JSON; templates differ in
+    /// which they accept).
+    pub arguments: serde_json::Value,
+}
+
+impl ChatMessage {
+    /// A text message with the given role.
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
+        ChatMessage {
+            role: role.into(),
+            content: Some(MessageContent::Text(content.into())),
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+            name: None,
+            reasoning_content: None,
+        }
+    }
+    /// A `user` message.
+    pub fn user(content: impl Into<String>) -> Self {
+        Self::new("user", content)
+    }
+    /// A `system` message.
+    pub fn system(content: impl Into<String>) -> Self {
+        Self::new("system", content)
+    }
+    /// An `assistant` message.
+    pub fn assistant(content: impl Into<String>) -> Self {
+        Self::new("assistant", content)
+    }
+    /// A `tool` message: the result of the call `tool_call_id`.
+    pub fn tool(tool_call_id: impl Into<String>, content: impl Into<String>) -> Self {
+        ChatMessage { tool_call_id: Some(tool_call_id.into()), ..Self::new("tool", content) }
+    }
+
+    /// The message's text: the content string, or its text parts joined.
+    pub fn text(&self) -> String {
+        match &self.content {
+            None => String::new(),
+            Some(MessageContent::Text(t)) => t.clone(),
+            Some(MessageContent::Parts(parts)) => {
+                parts.iter().map(|ContentPart::Text { text }| text.as_str()).collect::<Vec<_>>().concat()
+            }
+        }
+    }
+}
+
+/// How a model's conversations become prompts, and which path was taken.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub enum ChatFormat {
+    /// The model's own Jinja template, with the texts of its BOS and EOS
+    /// tokens.
+    Jinja {
+        /// The compiled template.
+        template: ChatTemplate,
+        /// The vocabulary's BOS text (`bos_token` in the template), or empty.
+        bos_token: String,
+        /// The vocabulary's EOS text (`eos_token`), or empty.
+        eos_token: String,
+    },
+    /// llama.cpp's built-in template of this name: the fallback for a model
+    /// without a template.
+    Builtin(String),
+}
+
+impl ChatFormat {
+    /// Renders `messages` into a prompt. A Jinja format fills `bos_token`
+    /// and `eos_token` from the model unless `options` sets them.
+    ///
+    /// # Errors
+    /// As [`ChatTemplate::render`]; a built-in format cannot render tools or
+    /// extra variables and returns [`Error::ChatTemplate`] if given tools.
+    pub fn render(&self, messages: &[ChatMessage], options: &RenderOptions) -> Result<String> {
+        match self {
+            ChatFormat::Jinja { template, bos_token, eos_token } => {
+                let mut options = options.clone();
+                options.bos_token.get_or_insert_with(|| bos_token.clone());
+                options.eos_token.get_or_insert_with(|| eos_token.clone());
+                template.render(messages, &options)
+            }
+            ChatFormat::Builtin(name) => {
+                if options.tools.is_some() {
+                    return Err(Error::ChatTemplate(format!(
+                        "llama.cpp's built-in {name:?} template cannot render tools (the model has no template)"
+                    )));
+                }
+                apply_chat_template(name, messages, options.add_generation_prompt)
+            }
+        }
+    }
+}
+
+impl Model {
+    /// How this model's conversations become prompts: its Jinja template
+    /// `tokenizer.chat_template` (or the named variant
+    /// `tokenizer.chat_template.NAME`, e.g. `tool_use`) when it has one;
+    /// otherwise llama.cpp's built-in template of its architecture's family
+    /// (`gemma` for `gemma3`, …) or chatml, as llama.cpp's server does. The
+    /// choice is logged at info level.
+    ///
+    /// # Errors
+    /// [`Error::ChatTemplate`] if the model's template does not parse, or a
+    /// named variant does not exist.
+    #[doc(alias = "llama_model_chat_template")]
+    pub fn chat_format(&self, name: Option<&str>) -> Result<ChatFormat> {
+        if let Some(source) = self.chat_template(name) {
+            let template = ChatTemplate::new(source)?;
+            let vocab = self.vocab();
+            let text = |t: Option<crate::Token>| t.and_then(|t| vocab.text(t).ok()).unwrap_or_default().to_owned();
+            log::info!("chat: the model's Jinja template {}", name.unwrap_or("(default)"));
+            return Ok(ChatFormat::Jinja { template, bos_token: text(vocab.bos()), eos_token: text(vocab.eos()) });
+        }
+        if let Some(name) = name {
+            return Err(Error::ChatTemplate(format!("the model has no chat template named {name:?}")));
+        }
+        let arch = self.metadata("general.architecture").unwrap_or_default();
+        let builtin = builtin_chat_templates();
+        let family =
+            builtin.iter().filter(|n| arch.starts_with(**n)).max_by_key(|n| n.len()).copied().unwrap_or("chatml");
+        log::info!("chat: the model has no template; llama.cpp's built-in {family:?}");
+        Ok(ChatFormat::Builtin(family.to_owned()))
+    }
+
+    /// Formats `messages` with [`chat_format(None)`](Self::chat_format):
+    /// the model's Jinja template, or the built-in fallback.
+    ///
+    /// # Errors
+    /// As [`ChatFormat::render`].
+    pub fn apply_chat_template(&self, messages: &[ChatMessage], add_assistant: bool) -> Result<String> {
+        self.chat_format(None)?.render(messages, &RenderOptions::default().add_generation_prompt(add_assistant))
+    }
+}
