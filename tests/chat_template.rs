@@ -321,3 +321,93 @@ fn typed_messages_render_as_their_json() {
     );
     assert_eq!(parts.text(), "ab");
 }
+
+/// Template text assembled from Jinja fragments (most of it invalid) never
+/// panics the compiler or the renderer: it renders or returns an error.
+#[test]
+fn arbitrary_templates_render_or_fail_cleanly() {
+    use proptest::prelude::*;
+    const FRAGMENTS: &[&str] = &[
+        "{%",
+        "%}",
+        "{%-",
+        "-%}",
+        "{{",
+        "}}",
+        "{#",
+        "#}",
+        " ",
+        "\n",
+        "for m in messages",
+        "endfor",
+        "if ",
+        "else",
+        "endif",
+        "generation",
+        "endgeneration",
+        "set x = ",
+        "x",
+        "m",
+        "m.content",
+        "m['role']",
+        "tools",
+        "none",
+        "raise_exception('no')",
+        "|tojson",
+        "|tojson(indent=2)",
+        "|map(attribute='role')",
+        "|selectattr('role')",
+        "|list",
+        "|length",
+        "|trim",
+        "|string",
+        "|first",
+        ".strip()",
+        ".split(',')",
+        ".items()",
+        "(",
+        ")",
+        "[",
+        "]",
+        "1",
+        "'a'",
+        "~",
+        "+",
+        " is none",
+        " is iterable",
+        " and ",
+        " not ",
+        "loop.index",
+        "break",
+        "continue",
+        "strftime_now('%Y')",
+        "namespace(a=1)",
+        "range(3)",
+        "macro f()",
+        "endmacro",
+        "f()",
+        "{% generation %}",
+    ];
+    let messages = [ChatMessage::system("s"), ChatMessage::user("u"), ChatMessage::assistant("a")];
+    let options = RenderOptions::default().tools(json!([{"type": "function", "function": {"name": "f"}}]));
+    let mut runner = proptest::test_runner::TestRunner::new(proptest::test_runner::Config {
+        cases: 5000,
+        failure_persistence: None,
+        ..Default::default()
+    });
+    let source = proptest::collection::vec(proptest::sample::select(FRAGMENTS), 0..40).prop_map(|f| f.concat());
+    let (compiled, rendered) = (std::cell::Cell::new(0), std::cell::Cell::new(0));
+    runner
+        .run(&source, |source| {
+            if let Ok(template) = ChatTemplate::new(&source) {
+                compiled.set(compiled.get() + 1);
+                rendered.set(rendered.get() + usize::from(template.render(&messages, &options).is_ok()));
+                let _ = template.render(&[], &RenderOptions::default());
+            }
+            Ok(())
+        })
+        .unwrap();
+    let (compiled, rendered) = (compiled.get(), rendered.get());
+    eprintln!("arbitrary templates: {compiled} of 5000 compiled, {rendered} rendered");
+    assert!(compiled > 0 && rendered > 0, "the fragments should make some valid templates");
+}

@@ -292,7 +292,8 @@ fn rewrite_generation_tags(source: &str) -> String {
     while let Some(start) = rest.find("{%") {
         out.push_str(&rest[..start]);
         let tag = &rest[start..];
-        let Some(end) = tag.find("%}") else {
+        // `{%}` is not a tag: the closing `%}` comes after the opening.
+        let Some(end) = tag[2..].find("%}").map(|i| i + 2) else {
             break;
         };
         let inner = &tag[2..end];
@@ -353,6 +354,10 @@ mod tests {
             rewrite_generation_tags("a{%- generation %}b{% endgeneration -%} c{% if x %}{% endif %}"),
             "a{%- if true %}b{% endif -%} c{% if x %}{% endif %}"
         );
+        for odd in ["{%}", "{%", "x{%-%}y", "{%+ generation +%}{% endgeneration", "{%%}{%"] {
+            let _ = rewrite_generation_tags(odd);
+            assert!(ChatTemplate::new(odd).is_err() || odd.is_empty(), "{odd:?}");
+        }
     }
 
     #[test]
