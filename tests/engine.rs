@@ -568,3 +568,93 @@ fn models_that_cannot_generate_are_refused_at_start() {
     let err = Engine::start(Arc::new(vocab_only), config()).unwrap_err();
     assert!(matches!(err, Error::InvalidArgument(ref m) if m.contains("vocabulary-only")), "{err}");
 }
+
+/// Log-softmax of the logits after each prefix of `prompt + generated`,
+/// in f64, from one single-sequence decode: the reference for the
+/// engine's per-token log-probabilities.
+fn reference_logprobs(model: &Model, prompt: &[Token], generated: &[Token]) -> Vec<Vec<f64>> {
+    let total = prompt.len() + generated.len();
+    let params = ContextParams::default().n_ctx(2048).n_batch(512).n_threads(2).kv_type(KvType::F32);
+    let mut ctx = model.new_context(&params).unwrap();
+    let mut batch = llama::Batch::new(total, 1);
+    let all: Vec<Token> = prompt.iter().chain(generated).copied().collect();
+    for (i, &t) in all.iter().enumerate().take(total - 1) {
+        batch.push(t, i as i32, &[0], i + 1 >= prompt.len()).unwrap();
+    }
+    ctx.decode(&batch).unwrap();
+    (0..generated.len())
+        .map(|k| {
+            let logits = ctx.logits((prompt.len() - 1 + k) as i32).unwrap();
+            let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+            let log_z = max + logits.iter().map(|&l| (l as f64 - max).exp()).sum::<f64>().ln();
+            logits.iter().map(|&l| l as f64 - log_z).collect()
+        })
+        .collect()
+}
+
+#[test]
+fn log_probabilities_are_the_models_and_rank_the_top_tokens() {
+    let model = model();
+    let engine = Engine::start(model.clone(), config()).unwrap();
+    let requests: Vec<(Vec<Token>, Request)> = (0..4)
+        .map(|i| {
+            let p = prompt(12 + 5 * i, 40 + i);
+            // Two greedy, two sampled at temperature 1.5: the sampled token
+            // is then often not the most likely one.
+            let sampling =
+                if i < 2 { SamplingParams::greedy() } else { SamplingParams::greedy().temperature(1.5).seed(i as u32) };
+            (p.clone(), greedy(p, 10).sampling(sampling.logprobs(5)))
+        })
+        .collect();
+    let completions: Vec<Completion> = requests.iter().map(|(_, r)| engine.submit(r.clone()).unwrap()).collect();
+    let plain = engine.submit(greedy(prompt(8, 3), 3)).unwrap();
+    let mut worst = 0f64;
+    let mut not_top = 0;
+    for ((p, _), completion) in requests.iter().zip(completions) {
+        let pieces: Vec<llama::engine::Piece> =
+            completion.filter_map(|e| if let Event::Piece(p) = e { Some(p) } else { None }).collect();
+        let tokens: Vec<Token> = pieces.iter().filter_map(|p| p.token).collect();
+        assert_eq!(tokens.len(), 10);
+        let reference = reference_logprobs(&model, p, &tokens);
+        for (k, piece) in pieces.iter().enumerate() {
+            let lp = piece.logprob.as_ref().expect("asked for log-probabilities");
+            assert_eq!(Some(lp.token), piece.token);
+            assert_eq!(lp.top.len(), 5);
+            assert!(lp.top.windows(2).all(|w| w[0].1 >= w[1].1), "most likely first: {:?}", lp.top);
+            assert!(lp.logprob <= 0.0 && lp.top.iter().map(|&(_, l)| (l as f64).exp()).sum::<f64>() <= 1.0 + 1e-6);
+            let row = &reference[k];
+            worst = worst.max((lp.logprob as f64 - row[lp.token.0 as usize]).abs());
+            for &(t, l) in &lp.top {
+                worst = worst.max((l as f64 - row[t.0 as usize]).abs());
+            }
+            // The top list is the reference's five best (up to near-ties).
+            let mut ranked: Vec<usize> = (0..row.len()).collect();
+            ranked.sort_by(|&a, &b| row[b].total_cmp(&row[a]));
+            let fifth = row[ranked[4]];
+            assert!(
+                lp.top.iter().all(|&(t, _)| row[t.0 as usize] >= fifth - 1e-2),
+                "{:?} vs {:?}",
+                lp.top,
+                &ranked[..5]
+            );
+            if lp.top[0].0 != lp.token {
+                not_top += 1;
+            }
+        }
+    }
+    eprintln!(
+        "engine log-probabilities: worst difference from a single-sequence f64 log-softmax {worst:.2e}; {not_top} sampled tokens were not the most likely"
+    );
+    // Batched and single-sequence logits differ by up to 3e-3 here.
+    assert!(worst < 1e-2, "worst {worst}");
+    assert!(not_top > 0, "temperature 1.5 should sample below the top token sometimes");
+    for event in plain {
+        if let Event::Piece(p) = event {
+            assert_eq!(p.logprob, None, "not asked for");
+        }
+    }
+    assert!(matches!(
+        engine.submit(greedy(prompt(6, 1), 2).sampling(SamplingParams::greedy().logprobs(21))),
+        Err(Error::InvalidArgument(_))
+    ));
+}

@@ -90,7 +90,7 @@ mod scheduler;
 mod worker;
 
 pub use metrics::Latency;
-pub use request::{Prompt, Request, SamplingParams};
+pub use request::{MAX_TOP_LOGPROBS, Prompt, Request, SamplingParams};
 
 /// How the engine is set up; a builder.
 ///
@@ -231,13 +231,31 @@ impl EngineConfig {
 /// unfinished character, or a possible start of a stop string); it is
 /// released with a later piece. A final end-of-generation token is in no
 /// piece.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 #[non_exhaustive]
 pub struct Piece {
     /// The released text.
     pub text: String,
     /// The token sampled (`None` in a final piece of held-back text only).
     pub token: Option<Token>,
+    /// The token's log-probability and the most likely alternatives, when
+    /// the request asked for them ([`SamplingParams::logprobs`]).
+    pub logprob: Option<TokenLogprob>,
+}
+
+/// A sampled token's log-probability under the model, with the most
+/// likely tokens at that position.
+#[derive(Clone, Debug, Default, PartialEq)]
+#[non_exhaustive]
+pub struct TokenLogprob {
+    /// The sampled token.
+    pub token: Token,
+    /// Its natural-log probability (≤ 0).
+    pub logprob: f32,
+    /// The most likely tokens and their log-probabilities, most likely
+    /// first (as many as asked for; the sampled token is among them only
+    /// if it ranks there).
+    pub top: Vec<(Token, f32)>,
 }
 
 /// Token counts of one request.
@@ -287,7 +305,7 @@ pub struct Finish {
 
 /// What a [`Completion`] yields: pieces of text, then exactly one
 /// [`Event::Done`].
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum Event {
     /// Text and the tokens it came from.
     Piece(Piece),

@@ -44,7 +44,12 @@ pub struct SamplingParams {
     seed: u32,
     logit_bias: Vec<(Token, f32)>,
     grammar: Option<String>,
+    logprobs: Option<usize>,
 }
+
+/// The most alternatives [`SamplingParams::logprobs`] reports per token
+/// (OpenAI's `top_logprobs` limit).
+pub const MAX_TOP_LOGPROBS: usize = 20;
 
 impl Default for SamplingParams {
     fn default() -> Self {
@@ -60,6 +65,7 @@ impl Default for SamplingParams {
             seed: 0,
             logit_bias: Vec::new(),
             grammar: None,
+            logprobs: None,
         }
     }
 }
@@ -130,6 +136,21 @@ impl SamplingParams {
         self
     }
 
+    /// Reports each sampled token's log-probability under the model (the
+    /// log-softmax of its logits, before any sampler filters them) with the
+    /// `top` most likely tokens, in [`Piece::logprob`](super::Piece::logprob);
+    /// `top` at most [`MAX_TOP_LOGPROBS`] (0: only the sampled token's).
+    #[must_use]
+    pub fn logprobs(mut self, top: usize) -> Self {
+        self.logprobs = Some(top);
+        self
+    }
+
+    /// The `top` of [`logprobs`](Self::logprobs), if log-probabilities are on.
+    pub(crate) fn top_logprobs(&self) -> Option<usize> {
+        self.logprobs
+    }
+
     /// Constrains the output to a GBNF grammar whose start rule is `root`.
     #[must_use]
     pub fn grammar(mut self, gbnf: impl Into<String>) -> Self {
@@ -164,6 +185,9 @@ impl SamplingParams {
             if !(-2.0..=2.0).contains(&v) {
                 return bad(what, &v, "in [-2, 2]");
             }
+        }
+        if let Some(top) = self.logprobs.filter(|&top| top > MAX_TOP_LOGPROBS) {
+            return bad("logprobs' top", &top, &format!("at most {MAX_TOP_LOGPROBS}"));
         }
         for &(token, bias) in &self.logit_bias {
             vocab.check(token)?;

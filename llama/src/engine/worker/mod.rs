@@ -18,7 +18,7 @@ use super::kv::{Cells, PrefixIndex, cells_in_use};
 use super::metrics::Histogram;
 use super::request::Checked;
 use super::scheduler::{self, Candidate, Load};
-use super::{EngineConfig, EngineStats, Event, Finish, Piece, Shared, Timings, Usage, lock};
+use super::{EngineConfig, EngineStats, Event, Finish, Piece, Shared, Timings, TokenLogprob, Usage, lock};
 use crate::batch::{Batch, Pos, SeqId};
 use crate::context::{Context, ContextParams, PerfCounters};
 use crate::error::{Error, Result};
@@ -103,8 +103,12 @@ struct Seq<'m> {
     stop: StopMatcher,
     piece: String,
     out: String,
-    /// The sampled token not yet handed out in a piece.
+    /// The sampled token not yet handed out in a piece, and its
+    /// log-probabilities if asked for.
     out_token: Option<Token>,
+    out_logprob: Option<TokenLogprob>,
+    /// How many alternatives to report with each token's log-probability.
+    top_logprobs: Option<usize>,
     generated: usize,
     max_tokens: Option<usize>,
     stop_at_eog: bool,
@@ -327,6 +331,8 @@ impl<'m> Worker<'m> {
             piece: String::new(),
             out: String::new(),
             out_token: None,
+            out_logprob: None,
+            top_logprobs: r.sampling.top_logprobs(),
             generated: 0,
             max_tokens: r.max_tokens,
             stop_at_eog: r.stop_at_eog,

@@ -119,7 +119,7 @@ impl<'m> Worker<'m> {
             seq.stop.flush(&mut seq.out);
         }
         if !seq.out.is_empty() || seq.out_token.is_some() {
-            let piece = Piece { text: std::mem::take(&mut seq.out), token: seq.out_token.take() };
+            let piece = seq.take_piece();
             self.outbox.push((seq.events.clone(), Event::Piece(piece)));
         }
         let now = Instant::now();
@@ -204,6 +204,9 @@ fn sample(
     outbox: &mut Vec<(async_channel::Sender<Event>, Event)>,
 ) -> Result<Sampled> {
     let token = seq.sampler.sample(ctx, row)?;
+    if let Some(top) = seq.top_logprobs {
+        seq.out_logprob = Some(token_logprob(ctx.logits(row)?, token, top));
+    }
     let now = Instant::now();
     seq.generated += 1;
     let mut sampled = Sampled { reason: None, first: None, gap: None };
@@ -238,8 +241,37 @@ fn sample(
         // The token just sampled would need a cell beyond the cap.
         sampled.reason = Some(FinishReason::ContextFull);
     } else {
-        let piece = Piece { text: std::mem::take(&mut seq.out), token: seq.out_token.take() };
+        let piece = seq.take_piece();
         outbox.push((seq.events.clone(), Event::Piece(piece)));
     }
     Ok(sampled)
+}
+
+impl Seq<'_> {
+    /// The released text, the token and its log-probabilities, as a piece.
+    fn take_piece(&mut self) -> Piece {
+        Piece { text: std::mem::take(&mut self.out), token: self.out_token.take(), logprob: self.out_logprob.take() }
+    }
+}
+
+/// `token`'s log-probability in the log-softmax of `logits`, with the `top`
+/// most likely tokens, in one pass over the vocabulary (no sort of it).
+fn token_logprob(logits: &[f32], token: Token, top: usize) -> TokenLogprob {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    // Summed in f64: 262,144 terms lose precision in f32.
+    let sum: f64 = logits.iter().map(|&l| f64::from(l - max).exp()).sum();
+    let log_z = max + sum.ln() as f32;
+    // The best `top` (id, logit) pairs, best first; ties keep the lower id.
+    let mut best: Vec<(usize, f32)> = Vec::with_capacity(top + 1);
+    for (id, &l) in logits.iter().enumerate() {
+        if best.len() == top && best.last().is_none_or(|&(_, worst)| l <= worst) {
+            continue;
+        }
+        let at = best.partition_point(|&(_, b)| b >= l);
+        best.insert(at, (id, l));
+        best.truncate(top);
+    }
+    let logprob = logits.get(token.0 as usize).map_or(f32::NEG_INFINITY, |&l| l - log_z);
+    let top = best.into_iter().map(|(id, l)| (Token(id as i32), l - log_z)).collect();
+    TokenLogprob { token, logprob, top }
 }
