@@ -5,7 +5,12 @@
 //! cargo run --release --example generate -- --prompt "The capital of France is"
 //! cargo run --release --example generate -- --chat --prompt "Write a haiku about rust" -n 64
 //! cargo run --release --example generate -- --model other.gguf --file prompt.txt --greedy
+//! cargo run --release --example generate -- --json-schema person.schema.json --prompt "A person in JSON:" --greedy
 //! ```
+//!
+//! With `--json-schema FILE` (output valid against that JSON Schema) or
+//! `--json` (any JSON object), stdout is the JSON document alone; a schema
+//! the converter cannot express exactly is a one-line error.
 //!
 //! Without `--model`, the model is `LLAMA_MODEL` or the default model
 //! (Gemma 3 270M Q4_K_M), fetched and cached on first use. Ctrl-C stops the
@@ -17,10 +22,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use llama::generate::{GenerateOptions, Overflow, Session};
-use llama::{
-    ChatMessage, ContextParams, Model, ModelParams, Sampler, SamplerChain, apply_chat_template, builtin_chat_templates,
-};
+use llama::chat::RenderOptions;
+use llama::generate::{FinishReason, GenerateOptions, Overflow, Session};
+use llama::{ChatFormat, ChatMessage, ContextParams, Model, ModelParams, Sampler, SamplerChain};
 
 #[derive(Parser, Debug)]
 #[command(about = "Stream a completion from a GGUF model")]
@@ -71,8 +75,21 @@ struct Args {
     #[arg(long)]
     chat: bool,
     /// Constrain the output with a GBNF grammar file (root rule `root`).
-    #[arg(long)]
+    #[arg(long, conflicts_with_all = ["json_schema", "json"])]
     grammar: Option<PathBuf>,
+    /// Constrain the output to JSON valid against this JSON Schema file;
+    /// stdout is then the JSON document only.
+    #[arg(long, conflicts_with = "json")]
+    json_schema: Option<PathBuf>,
+    /// Constrain the output to a JSON object; stdout is then the JSON
+    /// document only.
+    #[arg(long)]
+    json: bool,
+    /// Mask the vocabulary with the grammar before every pick (exact for
+    /// random sampling, much slower); by default the pick is checked
+    /// against the grammar first.
+    #[arg(long)]
+    grammar_first: bool,
     /// Stop when this text appears (repeatable).
     #[arg(long)]
     stop: Vec<String>,
@@ -99,9 +116,14 @@ fn run(args: &Args) -> Result<(), BoxError> {
         }
         (None, None) => return Err("no prompt: pass --prompt TEXT or --file PATH".into()),
     };
-    let grammar = match &args.grammar {
-        Some(f) => Some(std::fs::read_to_string(f).map_err(|e| format!("cannot read grammar {}: {e}", f.display()))?),
-        None => None,
+    let json = args.json || args.json_schema.is_some();
+    let grammar = match (&args.grammar, &args.json_schema) {
+        (Some(f), _) => {
+            Some(std::fs::read_to_string(f).map_err(|e| format!("cannot read grammar {}: {e}", f.display()))?)
+        }
+        (None, Some(f)) => Some(json_schema_grammar(f)?),
+        (None, None) if args.json => Some(llama::json_schema::json_grammar().to_string()),
+        (None, None) => None,
     };
     let model_path = match &args.model {
         Some(p) => p.clone(),
@@ -112,24 +134,13 @@ fn run(args: &Args) -> Result<(), BoxError> {
 
     let tokens = if args.chat {
         let messages = [ChatMessage::user(prompt)];
-        let text = match model.apply_chat_template(&messages, true) {
-            Ok(text) => text,
-            Err(_) => {
-                // A base model without a template: use the built-in one of
-                // its family if llama.cpp has it, else chatml (llama.cpp's
-                // own fallback).
-                let arch = model.metadata("general.architecture").unwrap_or_default();
-                let builtin = builtin_chat_templates();
-                let name = builtin
-                    .iter()
-                    .filter(|name| arch.starts_with(**name))
-                    .max_by_key(|name| name.len())
-                    .copied()
-                    .unwrap_or("chatml");
-                eprintln!("note: the model has no chat template; using llama.cpp's built-in {name:?}");
-                apply_chat_template(name, &messages, true)?
-            }
-        };
+        // The model's Jinja template, or llama.cpp's built-in format of
+        // its family (chatml if none) for a model without one.
+        let format = model.chat_format(None)?;
+        if let ChatFormat::Builtin(name) = &format {
+            eprintln!("note: the model has no chat template; using llama.cpp's built-in {name:?}");
+        }
+        let text = format.render(&messages, &RenderOptions::default().add_generation_prompt(true))?;
         let has_bos = vocab.bos().and_then(|b| vocab.text(b).ok()).is_some_and(|bos| text.starts_with(bos));
         vocab.tokenize_special(&text, !has_bos)?
     } else {
@@ -157,6 +168,23 @@ fn run(args: &Args) -> Result<(), BoxError> {
     let mut session = Session::new();
     let mut generation = session.generate(&mut ctx, &mut sampler, &tokens, &options)?;
     let mut stdout = std::io::stdout().lock();
+    if json {
+        // The document alone: collected, then printed without the
+        // whitespace the grammar allows around it.
+        let mut document = String::new();
+        let result = generation.stream(|piece| {
+            document.push_str(piece);
+            ControlFlow::Continue(())
+        });
+        eprintln!("{}", generation.stats());
+        result?;
+        if generation.finish_reason() != Some(&FinishReason::EndOfGeneration) {
+            let why = generation.finish_reason().map_or_else(|| "unknown".to_string(), ToString::to_string);
+            return Err(format!("the JSON document is incomplete (generation ended: {why})").into());
+        }
+        writeln!(stdout, "{}", document.trim())?;
+        return Ok(());
+    }
     let mut write_error = None;
     let result = generation.stream(|piece| {
         if let Err(e) = stdout.write_all(piece.as_bytes()).and_then(|()| stdout.flush()) {
@@ -175,8 +203,16 @@ fn run(args: &Args) -> Result<(), BoxError> {
     Ok(())
 }
 
+/// The GBNF grammar of a JSON Schema file.
+fn json_schema_grammar(path: &std::path::Path) -> Result<String, BoxError> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read JSON schema {}: {e}", path.display()))?;
+    let schema: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| format!("{} is not JSON: {e}", path.display()))?;
+    Ok(llama::json_schema::schema_to_grammar(&schema).map_err(|e| format!("{}: {e}", path.display()))?)
+}
+
 fn build_sampler<'m>(args: &Args, model: &'m Model, grammar: Option<&str>) -> llama::Result<Sampler<'m>> {
-    let mut chain = SamplerChain::new();
+    let mut chain = SamplerChain::new().grammar_first(args.grammar_first);
     if let Some(gbnf) = grammar {
         chain = chain.grammar(model.vocab(), gbnf, "root")?;
     }

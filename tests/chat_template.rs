@@ -145,8 +145,15 @@ fn agree(python: &Outcome, here: &Outcome) -> bool {
 fn first_difference(a: &str, b: &str) -> String {
     let at = a.bytes().zip(b.bytes()).position(|(x, y)| x != y).unwrap_or(a.len().min(b.len()));
     let around = |s: &str| {
-        let start = s.floor_char_boundary(at.saturating_sub(40));
-        let end = s.ceil_char_boundary((at + 40).min(s.len()));
+        // Widen to character boundaries (`floor_char_boundary` needs Rust 1.91).
+        let mut start = at.saturating_sub(40);
+        while !s.is_char_boundary(start) {
+            start -= 1;
+        }
+        let mut end = (at + 40).min(s.len());
+        while !s.is_char_boundary(end) {
+            end += 1;
+        }
         format!("{:?}", &s[start..end])
     };
     format!("first difference at byte {at}: jinja2 {} vs here {}", around(a), around(b))

@@ -618,6 +618,59 @@ fn a_grammar_constrains_sampled_text() {
     assert!(s.accept(token_for_piece(vocab, "a")).is_err());
 }
 
+/// The default chain picks without the grammar and checks the pick, the
+/// masking one (`grammar_first(true)`) masks first: greedy, they write the
+/// same tokens, also where the unconstrained favourite is forbidden (here
+/// on nearly every step: the tiny model knows nothing of the grammar), and
+/// a random chain still writes only allowed text.
+#[test]
+fn checking_the_pick_first_samples_what_masking_first_does() {
+    let model = tiny_model();
+    let vocab = model.vocab();
+    let eos = Token(TINY_EOS_ID);
+    let gbnf = r#"root ::= "{" ("\"" [a-e]{1,4} "\": " [0-9]{1,3} ", "){2,5} "}""#;
+    let run = |chain: SamplerChain<'_>, n: usize| {
+        let mut s = chain.grammar(vocab, gbnf, "root").unwrap().greedy().build().unwrap();
+        let (mut ctx, start) = prompt_ctx(&model, "a record");
+        let mut b = Batch::new(1, 1);
+        let mut out = Vec::new();
+        for i in 0..n {
+            let t = s.sample(&mut ctx, -1).unwrap();
+            out.push(t);
+            if t == eos {
+                break;
+            }
+            b.clear();
+            b.push(t, start + i as i32, &[0], true).unwrap();
+            ctx.decode(&b).unwrap();
+        }
+        out
+    };
+    let checked = run(SamplerChain::new(), 40);
+    let masked = run(SamplerChain::new().grammar_first(true), 40);
+    assert_eq!(checked, masked);
+    assert!(checked.len() >= 10, "{checked:?}");
+    let text = vocab.detokenize(&checked, true, false).unwrap();
+    assert!(text.starts_with("{\""), "{text:?}");
+    // A random pick, checked first: only allowed text.
+    let mut s = SamplerChain::new().grammar(vocab, gbnf, "root").unwrap().temp(2.0).dist(5).build().unwrap();
+    let (mut ctx, start) = prompt_ctx(&model, "a record");
+    let mut b = Batch::new(1, 1);
+    let mut text = Vec::new();
+    for i in 0..30 {
+        let t = s.sample(&mut ctx, -1).unwrap();
+        if t == eos {
+            break;
+        }
+        text.extend(vocab.token_to_piece(t, false).unwrap());
+        b.clear();
+        b.push(t, start + i, &[0], true).unwrap();
+        ctx.decode(&b).unwrap();
+    }
+    let text = String::from_utf8(text).unwrap();
+    assert!(text.starts_with('{') && text.chars().all(|c| "{}\": ,abcde0123456789".contains(c)), "{text:?}");
+}
+
 #[test]
 fn a_clone_continues_exactly_like_the_original() {
     let model = tiny_model();

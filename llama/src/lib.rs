@@ -58,9 +58,11 @@ mod backend;
 mod batch;
 pub mod chat;
 mod context;
+pub mod embed;
 pub mod engine;
 mod error;
 pub mod generate;
+pub mod json_schema;
 mod memory;
 mod model;
 mod quantize;
@@ -79,6 +81,7 @@ pub use chat::{ChatFormat, ChatMessage, ChatTemplate, apply_chat_template, built
 pub use context::{
     AbortHandle, Attention, Context, ContextParams, FlashAttention, KvType, PerfCounters, Pooling, max_sequences,
 };
+pub use embed::{EmbedParams, Embedder};
 pub use error::{Error, Result};
 pub use model::{LoadMode, MetadataValue, Model, ModelParams, RopeType, SplitMode, split_path, split_prefix};
 pub use quantize::{FileType, QuantizeParams, quantize};

@@ -1,0 +1,112 @@
+//! Per-token sampling cost with a JSON grammar vs without, on the default
+//! model's (Gemma 3 270M Q4_K_M, or `LLAMA_MODEL`) 262,144-entry logits
+//! row, threads from `LLAMA_BENCH_THREADS` (default 2):
+//!
+//! - `grammar/none`: a greedy chain, no grammar (the argmax shortcut);
+//! - `grammar/json-object/masked/<state>`: a greedy chain behind
+//!   [`llama::json_schema::json_grammar`] built with `grammar_first(true)`,
+//!   in a given parse state (after the text `<state>` was accepted): the
+//!   grammar masks all 262,144 candidates, then greedy picks one;
+//! - `grammar/json-object/checked/<state>`: the default chain: the argmax
+//!   is checked against the grammar (one candidate), and only a refused one
+//!   is picked again with the grammar masking (the logits row is the
+//!   prompt's, so in some states the argmax is refused: both costs show);
+//! - `grammar/schema/{masked,checked}/<state>`: the same with the grammar
+//!   of a small schema (a bounded string, an integer range and an enum);
+//! - `grammar/convert`: `schema_to_grammar` on that schema, plus llama.cpp
+//!   parsing the grammar (`SamplerChain::grammar`).
+//!
+//! Each iteration samples from a fresh clone of the sampler in its state
+//! (cloning is not timed), so every measurement is of the same state.
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use criterion::{BatchSize, BenchmarkId, Criterion, criterion_group, criterion_main};
+use llama::json_schema::{json_grammar, schema_to_grammar};
+use llama::{Batch, Context, ContextParams, Model, ModelParams, Sampler, SamplerChain};
+use serde_json::json;
+
+fn model() -> &'static Model {
+    static MODEL: OnceLock<Model> = OnceLock::new();
+    MODEL.get_or_init(|| {
+        let path = llama_suite::model_cache::model_path().unwrap_or_else(|e| panic!("no model: {e}"));
+        Model::load(&path, &ModelParams::default()).unwrap_or_else(|e| panic!("cannot load {}: {e}", path.display()))
+    })
+}
+
+fn threads() -> i32 {
+    std::env::var("LLAMA_BENCH_THREADS").ok().and_then(|v| v.parse().ok()).unwrap_or(2)
+}
+
+/// A context whose last decode left the logits of a real prompt.
+fn context() -> Context<'static> {
+    let params = ContextParams::default().n_ctx(512).n_batch(512).n_threads(threads()).n_threads_batch(threads());
+    let mut ctx = model().new_context(&params).expect("context");
+    let tokens = model().vocab().tokenize("A person record in JSON:\n", true).expect("tokenize");
+    ctx.decode(&Batch::from_tokens(&tokens, 0)).expect("decode");
+    ctx
+}
+
+fn schema() -> serde_json::Value {
+    json!({"type": "object", "properties": {
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "name": {"type": "string", "maxLength": 24},
+        "role": {"enum": ["admin", "user", "guest"]}},
+        "required": ["age", "name", "role"], "additionalProperties": false})
+}
+
+/// A greedy chain behind `gbnf` that has accepted the tokens of `prefix`;
+/// `masked`: built with `grammar_first(true)` (the grammar masks every
+/// candidate before each pick), else the default (the pick is checked
+/// against the grammar first, and masked only if refused).
+fn sampler_after(gbnf: &str, prefix: &str, masked: bool) -> Sampler<'static> {
+    let vocab = model().vocab();
+    let chain = SamplerChain::new().grammar_first(masked);
+    let mut sampler = chain.grammar(vocab, gbnf, "root").expect("grammar").greedy().build().expect("chain");
+    for t in vocab.tokenize(prefix, false).expect("tokenize") {
+        sampler.accept(t).expect("the prefix fits the grammar");
+    }
+    sampler
+}
+
+fn grammar(c: &mut Criterion) {
+    let mut group = c.benchmark_group("grammar");
+    group.sample_size(20).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(3));
+    let mut ctx = context();
+    let mut greedy = Sampler::greedy();
+    group.bench_function("none", |b| b.iter(|| greedy.sample(&mut ctx, -1).expect("sample")));
+    let schema_gbnf = schema_to_grammar(&schema()).expect("schema");
+    for (name, gbnf, states) in [
+        ("json-object", json_grammar(), ["", "{\"name\": \"Al", "{\"a\": [1, 2"]),
+        ("schema", schema_gbnf.as_str(), ["", "{\"age\": 3", "{\"age\": 30, \"name\": \"Al"]),
+    ] {
+        for (masked, state) in [true, false].into_iter().flat_map(|f| states.map(|s| (f, s))) {
+            let base = sampler_after(gbnf, state, masked);
+            let label = if state.is_empty() { "start".to_string() } else { format!("{state:?}") };
+            let id = format!("{name}/{}", if masked { "masked" } else { "checked" });
+            group.bench_function(BenchmarkId::new(id, label), |b| {
+                b.iter_batched(
+                    || base.try_clone().expect("clone"),
+                    |mut s| s.sample(&mut ctx, -1).expect("sample"),
+                    BatchSize::SmallInput,
+                )
+            });
+        }
+    }
+    group.bench_function("convert", |b| {
+        b.iter(|| {
+            let gbnf = schema_to_grammar(&schema()).expect("schema");
+            SamplerChain::new()
+                .grammar(model().vocab(), &gbnf, "root")
+                .expect("grammar")
+                .greedy()
+                .build()
+                .expect("chain")
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, grammar);
+criterion_main!(benches);

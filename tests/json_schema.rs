@@ -1,0 +1,637 @@
+//! Issue 15: JSON Schema to GBNF. For each schema, documents that are
+//! valid (as the `jsonschema` crate confirms) pass through the grammar
+//! sampler token by token and may end there; invalid ones are refused at
+//! some token or cannot end. Unsupported keywords are errors naming their
+//! JSON pointer, and random schemas never panic the converter, whose
+//! grammars llama.cpp's parser always accepts.
+//!
+//! Uses the vocabulary of the real default model (Gemma 3 270M, or
+//! `LLAMA_MODEL`), loaded vocab-only; these never skip.
+
+use std::sync::OnceLock;
+
+use llama::json_schema::{json_grammar, schema_to_grammar};
+use llama::{Error, Model, ModelParams, SamplerChain, Vocab};
+use llama_suite::model_cache::model_path;
+use proptest::prelude::*;
+use serde_json::{Value, json};
+
+fn vocab() -> &'static Vocab {
+    static MODEL: OnceLock<Model> = OnceLock::new();
+    MODEL
+        .get_or_init(|| {
+            let path = model_path().unwrap_or_else(|e| panic!("the real model is needed: {e}"));
+            Model::load(&path, &ModelParams { vocab_only: true, ..ModelParams::default() })
+                .unwrap_or_else(|e| panic!("{e}"))
+        })
+        .vocab()
+}
+
+/// Whether the grammar lets `text` be generated in full and then end:
+/// every token of its tokenization is allowed in turn (`Sampler::accept`
+/// checks the grammar first and refuses a masked token), then the end
+/// token is.
+fn accepts(gbnf: &str, text: &str) -> bool {
+    let vocab = vocab();
+    let mut sampler = SamplerChain::new().grammar(vocab, gbnf, "root").unwrap().greedy().build().unwrap();
+    let tokens = vocab.tokenize(text, false).unwrap();
+    assert_eq!(vocab.detokenize(&tokens, false, false).unwrap(), text, "tokenization round trip");
+    for &t in &tokens {
+        match sampler.accept(t) {
+            Ok(()) => {}
+            Err(Error::Grammar(_)) => return false,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    let eos = vocab.eos().expect("an end token");
+    match sampler.accept(eos) {
+        Ok(()) => true,
+        Err(Error::Grammar(_)) => false,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+struct Case {
+    schema: Value,
+    valid: &'static [&'static str],
+    invalid: &'static [&'static str],
+}
+
+fn case(schema: Value, valid: &'static [&'static str], invalid: &'static [&'static str]) -> Case {
+    Case { schema, valid, invalid }
+}
+
+/// Documents list properties in the schema's order (see
+/// `properties_come_in_declared_order`).
+fn cases() -> Vec<Case> {
+    vec![
+        case(
+            json!({"type": "string"}),
+            &[r#""hello""#, r#""esc \" \\ \n \u00e9 \/""#, r#""日本語""#, r#""""#],
+            &["hello", r#""open"#, r#""bad \x escape""#, r#""\ud800""#],
+        ),
+        case(
+            json!({"type": "integer"}),
+            &["0", "-12", "42", "9007199254740991"],
+            &["01", "1.5", r#""1""#, "1.0e3x", "-"],
+        ),
+        case(json!({"type": "number"}), &["3.14", "-0.5", "1e10", "2E-3", "7"], &[".5", "1.", "+1", "NaN", "0x10"]),
+        case(json!({"type": "boolean"}), &["true", "false"], &["True", "1", "null"]),
+        case(json!({"type": "null"}), &["null"], &["nil", "0", "\"null\""]),
+        case(
+            json!({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}},
+                   "required": ["a"], "additionalProperties": false}),
+            &[r#"{"a":1}"#, r#"{"a": 1, "b": "x"}"#, "{ \"a\" : 1 }", "{\n  \"a\": 1,\n  \"b\": \"y\"\n}"],
+            &[r#"{"b":"x"}"#, r#"{"a":1,"c":2}"#, r#"{"a":"1"}"#, r#"{"a":1,}"#, "{}"],
+        ),
+        case(
+            json!({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}, "c": {"type": "integer"}},
+                   "additionalProperties": false}),
+            &["{}", r#"{"b":2}"#, r#"{"a":1,"c":3}"#, r#"{"a":1,"b":2,"c":3}"#, r#"{"c":3}"#],
+            &[r#"{,"b":2}"#, r#"{"a":1 "b":2}"#, r#"{"d":1}"#, r#"{"a":null}"#],
+        ),
+        case(
+            json!({"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": {"type": "string"}}),
+            &[r#"{"a":1,"x":"y"}"#, r#"{"x":"y","z":"w"}"#, "{}", r#"{"ab":"s"}"#, r#"{"":"empty key"}"#],
+            &[r#"{"a":1,"x":2}"#, r#"{"x":"y","a":"s"}"#, r#"{"a":"s"}"#],
+        ),
+        case(
+            json!({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"], "additionalProperties": true}),
+            &[r#"{"a":1,"b":[1,{"c":null}]}"#, r#"{"a":1}"#],
+            &[r#"{"b":1}"#, r#"{"a":1,"a":"x"}"#],
+        ),
+        case(
+            json!({"type": "object"}),
+            &[r#"{"k": [1, 2.5, "s", true, null, {"n": {}}]}"#, "{}"],
+            &["[]", r#"{"k"}"#, "1"],
+        ),
+        case(
+            json!({"type": "array", "items": {"type": "integer"}, "minItems": 2, "maxItems": 3}),
+            &["[1,2]", "[1, 2, 3]", "[ -1 , 0 ]"],
+            &["[1]", "[1,2,3,4]", r#"[1,"a"]"#, "[]"],
+        ),
+        case(json!({"type": "array"}), &["[]", r#"[1,"a",null,[[]]]"#], &["[1,]", "[,]", "{}"]),
+        case(
+            json!({"type": "array", "prefixItems": [{"type": "string"}, {"type": "integer"}], "items": false}),
+            &[r#"["a",1]"#, r#"["a"]"#, "[]"],
+            &[r#"["a",1,2]"#, "[1]"],
+        ),
+        case(
+            json!({"type": "array", "prefixItems": [{"type": "string"}, {"type": "integer"}], "items": {"type": "boolean"}, "minItems": 2, "maxItems": 3}),
+            &[r#"["a",1]"#, r#"["a",1,true]"#],
+            &[r#"["a"]"#, r#"["a",1,2]"#, r#"["a",1,true,false]"#],
+        ),
+        case(
+            json!({"type": "string", "minLength": 2, "maxLength": 4}),
+            &[r#""ab""#, r#""abcd""#, r#""é日""#, r#""\n\t""#, r#""😀😀""#],
+            &[r#""a""#, r#""abcde""#, r#""""#],
+        ),
+        case(json!({"enum": ["red", "green", "blue"]}), &[r#""red""#, r#""blue""#], &[r#""Red""#, r#""redd""#, "red"]),
+        case(
+            json!({"enum": [1, "a", null, true, {"k": [1, 2]}, [3], "café", "naïve \"q\""]}),
+            &["1", r#""a""#, "null", "true", r#"{"k":[1,2]}"#, "[3]", r#""café""#, r#""naïve \"q\"""#],
+            &["2", "false", r#"{"k":[1]}"#, r#""cafe""#],
+        ),
+        case(json!({"const": "fixed"}), &[r#""fixed""#], &[r#""other""#, "fixed"]),
+        case(json!({"type": ["integer", "string"], "enum": [1, "x", null]}), &["1", r#""x""#], &["null", "2"]),
+        case(
+            json!({"type": "string", "pattern": "^[A-Z]{3}-[0-9]{2,4}$"}),
+            &[r#""ABC-12""#, r#""XYZ-1234""#],
+            &[r#""AB-12""#, r#""ABC-1""#, r#""abc-12""#, r#""ABC-12345""#],
+        ),
+        case(
+            json!({"type": "string", "pattern": "ab"}),
+            &[r#""ab""#, r#""xxabyy""#, r#""\"ab\n""#],
+            &[r#""a b""#, r#""""#],
+        ),
+        case(
+            json!({"type": "string", "pattern": "^(foo|ba[rz])+(\\.[a-z]*)?$"}),
+            &[r#""foobar""#, r#""baz.x""#, r#""foo.""#],
+            &[r#""fo""#, r#""bar.X""#, r#""""#],
+        ),
+        case(json!({"type": "string", "pattern": "^a\"b\\\\c$"}), &[r#""a\"b\\c""#], &[r#""a\"bc""#, r#""a"b\c""#]),
+        case(
+            json!({"type": "string", "pattern": "^\\d{3}\\s\\w+$"}),
+            &[r#""123 abc""#, r#""123\tx_1""#],
+            &[r#""12 abc""#, r#""123abc""#, r#""123 a-b""#],
+        ),
+        case(json!({"type": "string", "pattern": "^.+$"}), &[r#""anything é""#], &[r#""a\nb""#, r#""""#]),
+        case(
+            json!({"type": "string", "pattern": "^[^a-c\"]{2}$"}),
+            &[r#""xy""#, r#""\\\n""#],
+            &[r#""ab""#, r#""x\"""#],
+        ),
+        case(
+            json!({"type": "string", "format": "date"}),
+            &[r#""2024-02-29""#, r#""2023-12-31""#, r#""2000-02-29""#, r#""2023-04-30""#],
+            &[r#""2023-02-29""#, r#""2023-13-01""#, r#""2023-04-31""#, r#""1900-02-29""#, r#""2023-1-01""#],
+        ),
+        case(
+            json!({"type": "string", "format": "time"}),
+            &[r#""12:34:56Z""#, r#""23:59:59.123+02:00""#],
+            &[r#""24:00:00Z""#, r#""12:60:00Z""#, r#""12:34""#],
+        ),
+        case(
+            json!({"type": "string", "format": "date-time"}),
+            &[r#""2024-01-15T08:30:00Z""#, r#""1999-12-31T23:59:59-05:00""#],
+            &[r#""2024-01-15 08:30""#, r#""2024-01-32T08:30:00Z""#],
+        ),
+        case(
+            json!({"type": "string", "format": "uuid"}),
+            &[r#""123e4567-e89b-12d3-a456-426614174000""#],
+            &[r#""123e4567e89b12d3a456426614174000""#, r#""123e4567-e89b-12d3-a456-42661417400g""#],
+        ),
+        case(
+            json!({"type": "string", "format": "email"}),
+            &[r#""john.doe@example.com""#, r#""a+b@mail.co.uk""#],
+            &[r#""john@""#, r#""no-at-sign""#, r#""@example.com""#],
+        ),
+        case(
+            json!({"type": "integer", "minimum": 10, "maximum": 250}),
+            &["10", "99", "137", "200", "250"],
+            &["9", "251", "-10", "1000", "0"],
+        ),
+        case(
+            json!({"type": "integer", "exclusiveMinimum": -5, "exclusiveMaximum": 5}),
+            &["-4", "0", "4"],
+            &["-5", "5", "10", "-40"],
+        ),
+        case(json!({"type": "integer", "minimum": 0}), &["0", "123456"], &["-1", "-100"]),
+        case(json!({"type": "integer", "maximum": -3}), &["-3", "-1000"], &["-2", "0", "5"]),
+        case(
+            json!({"type": "number", "minimum": 0, "maximum": 1}),
+            &["0", "0.5", "1", "1.0", "0.999"],
+            &["1.01", "-0.1", "2", "1.5"],
+        ),
+        case(
+            json!({"type": "number", "exclusiveMinimum": 0, "maximum": 100}),
+            &["0.001", "100", "50.5", "1"],
+            &["0", "0.0", "100.5", "-1", "101"],
+        ),
+        case(json!({"type": ["string", "null"], "maxLength": 3}), &[r#""abc""#, "null"], &[r#""abcd""#, "1"]),
+        case(
+            json!({"anyOf": [{"type": "integer"}, {"type": "array", "items": {"type": "string"}}]}),
+            &["5", r#"["a"]"#, "[]"],
+            &[r#""a""#, "[1]"],
+        ),
+        case(
+            json!({"oneOf": [
+                {"type": "object", "properties": {"kind": {"const": "a"}, "x": {"type": "integer"}}, "required": ["kind", "x"]},
+                {"type": "object", "properties": {"kind": {"const": "b"}, "y": {"type": "string"}}, "required": ["kind", "y"]}
+            ]}),
+            &[r#"{"kind":"a","x":1}"#, r#"{"kind":"b","y":"s"}"#],
+            &[r#"{"kind":"a","y":"s"}"#, r#"{"kind":"c","x":1}"#],
+        ),
+        case(
+            json!({"oneOf": [{"type": "string"}, {"type": "integer"}, {"type": "null"}]}),
+            &[r#""s""#, "3", "null"],
+            &["true", "1.5"],
+        ),
+        case(
+            json!({"allOf": [
+                {"properties": {"a": {"type": "integer"}}, "required": ["a"]},
+                {"$ref": "#/$defs/b"}
+            ], "$defs": {"b": {"type": "object", "properties": {"b": {"type": "string"}}, "required": ["b"]}}}),
+            &[r#"{"a":1,"b":"x"}"#],
+            &[r#"{"a":1}"#, r#"{"b":"x"}"#],
+        ),
+        case(
+            json!({"$defs": {"point": {"type": "object", "properties": {"x": {"type": "number"}, "y": {"type": "number"}},
+                                         "required": ["x", "y"], "additionalProperties": false}},
+                   "type": "array", "items": {"$ref": "#/$defs/point"}}),
+            &[r#"[{"x":1,"y":2.5}]"#, "[]"],
+            &[r#"[{"x":1}]"#, r#"[{"x":1,"y":"2"}]"#],
+        ),
+        case(
+            json!({"$defs": {"node": {"type": "object", "properties": {
+                        "children": {"type": "array", "items": {"$ref": "#/$defs/node"}},
+                        "value": {"type": "integer"}}, "required": ["value"], "additionalProperties": false}},
+                   "$ref": "#/$defs/node"}),
+            &[r#"{"children":[{"value":2},{"children":[],"value":3}],"value":1}"#, r#"{"value":0}"#],
+            &[r#"{"children":[{}],"value":1}"#, r#"{"children":[]}"#],
+        ),
+        case(
+            json!({"type": "object", "properties": {"next": {"anyOf": [{"$ref": "#"}, {"type": "null"}]}, "v": {"type": "integer"}},
+                   "required": ["next", "v"], "additionalProperties": false}),
+            &[r#"{"next":{"next":null,"v":2},"v":1}"#, r#"{"next":null,"v":1}"#],
+            &[r#"{"next":{"v":2},"v":1}"#],
+        ),
+        case(
+            json!({"definitions": {"s": {"type": "string", "maxLength": 2}}, "properties": {"a": {"$ref": "#/definitions/s"}},
+                   "required": ["a"], "additionalProperties": false}),
+            &[r#"{"a":"xy"}"#],
+            &[r#"{"a":"xyz"}"#, r#"{"a":1}"#],
+        ),
+        case(json!({}), &[r#"[1, {"a": null}]"#, r#""s""#, "3", "null"], &["[1,", "nul", "{'a': 1}"]),
+        case(json!(true), &["{}", "-1.5e3"], &["]"]),
+        case(
+            json!({"type": "object", "properties": {
+                "tags": {"type": "array", "items": {"enum": ["x", "y", "z"]}, "maxItems": 2},
+                "user": {"type": "object", "properties": {"id": {"type": "integer", "minimum": 1}, "name": {"type": "string"}},
+                         "required": ["id", "name"], "additionalProperties": false}},
+                "required": ["tags", "user"], "additionalProperties": false}),
+            &[r#"{"tags":["x","z"],"user":{"id":7,"name":"Ann"}}"#, r#"{"tags":[],"user":{"id":1,"name":""}}"#],
+            &[r#"{"tags":["x","y","z"],"user":{"id":7,"name":"Ann"}}"#, r#"{"tags":[],"user":{"id":0,"name":"A"}}"#],
+        ),
+        case(
+            json!({"$schema": "http://json-schema.org/draft-07/schema#", "type": "array", "items": [{"type": "integer"}], "additionalItems": false}),
+            &["[1]", "[]"],
+            &["[1,2]", r#"["a"]"#],
+        ),
+    ]
+}
+
+#[test]
+fn valid_documents_pass_and_invalid_ones_are_refused() {
+    let cases = cases();
+    assert!(cases.len() >= 30, "{} schemas", cases.len());
+    let (mut n_valid, mut n_invalid) = (0, 0);
+    let mut failures = Vec::new();
+    for (i, c) in cases.iter().enumerate() {
+        let gbnf = schema_to_grammar(&c.schema).unwrap_or_else(|e| panic!("case {i} {}: {e}", c.schema));
+        let validator = jsonschema::options().should_validate_formats(true).build(&c.schema).unwrap();
+        for doc in c.valid {
+            let value: Value = serde_json::from_str(doc).unwrap_or_else(|e| panic!("case {i}: {doc}: {e}"));
+            if !validator.is_valid(&value) {
+                failures.push(format!("case {i}: test data {doc} is not valid against {}", c.schema));
+            }
+            if !accepts(&gbnf, doc) {
+                failures.push(format!("case {i}: valid {doc} refused by the grammar of {}:\n{gbnf}", c.schema));
+            }
+            n_valid += 1;
+        }
+        for doc in c.invalid {
+            if let Ok(value) = serde_json::from_str::<Value>(doc)
+                && validator.is_valid(&value)
+            {
+                failures.push(format!("case {i}: test data {doc} is valid against {}", c.schema));
+            }
+            if accepts(&gbnf, doc) {
+                failures.push(format!("case {i}: invalid {doc} accepted by the grammar of {}:\n{gbnf}", c.schema));
+            }
+            n_invalid += 1;
+        }
+    }
+    assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
+    println!("{} schemas: {n_valid} valid documents accepted, {n_invalid} invalid ones refused", cases.len());
+}
+
+#[test]
+fn whitespace_is_bounded() {
+    let gbnf = schema_to_grammar(&json!({"type": "array", "items": {"type": "integer"}})).unwrap();
+    let ok = format!("[\n{}1]", " ".repeat(20));
+    let too_much = format!("[\n{}1]", " ".repeat(21));
+    assert!(accepts(&gbnf, &ok));
+    assert!(!accepts(&gbnf, &too_much));
+    assert!(!accepts(&gbnf, "[  1]"), "two spaces in a row");
+}
+
+/// `llama` turns on serde_json's `preserve_order`: properties are
+/// generated in the order the schema declares them (a tightening: the
+/// other order is valid JSON Schema-wise, but not generated).
+#[test]
+fn properties_come_in_declared_order() {
+    let schema = json!({"type": "object", "properties": {"zeta": {"type": "integer"}, "alpha": {"type": "integer"}},
+                        "required": ["zeta", "alpha"], "additionalProperties": false});
+    let gbnf = schema_to_grammar(&schema).unwrap();
+    assert!(accepts(&gbnf, r#"{"zeta": 1, "alpha": 2}"#));
+    assert!(!accepts(&gbnf, r#"{"alpha": 2, "zeta": 1}"#));
+}
+
+#[test]
+fn json_object_grammar_accepts_objects_only() {
+    let g = json_grammar();
+    assert!(accepts(g, r#"{"a": [1, {"b": "c"}], "d": null}"#));
+    assert!(accepts(g, "{}"));
+    assert!(!accepts(g, "[1]"));
+    assert!(!accepts(g, r#""s""#));
+    assert!(!accepts(g, "{"));
+}
+
+/// Unsupported keywords and constructs: an error naming the JSON pointer.
+#[test]
+fn unsupported_keywords_are_errors_with_their_pointer() {
+    let cases: Vec<(Value, &str, &str)> = vec![
+        (json!({"type": "array", "uniqueItems": true}), "/uniqueItems", "uniqueItems"),
+        (json!({"type": "number", "multipleOf": 2}), "/multipleOf", "multipleOf"),
+        (json!({"not": {"type": "null"}}), "/not", "not"),
+        (json!({"if": {}, "then": {}}), "/if", "if"),
+        (
+            json!({"properties": {"a": {"patternProperties": {}}}}),
+            "/properties/a/patternProperties",
+            "patternProperties",
+        ),
+        (json!({"type": "object", "dependentRequired": {}}), "/dependentRequired", "dependentRequired"),
+        (json!({"minProperties": 1}), "/minProperties", "minProperties"),
+        (json!({"items": {"contains": {}}}), "/items/contains", "contains"),
+        (
+            json!({"type": "array", "items": {"type": "string", "propertyNames": {}}}),
+            "/items/propertyNames",
+            "propertyNames",
+        ),
+        (json!({"$ref": "other.json#/x"}), "/$ref", "local"),
+        (json!({"$ref": "#/$defs/missing"}), "/$ref", "resolve"),
+        (json!({"$ref": "#anchor"}), "/$ref", "anchor"),
+        (json!({"type": "string", "pattern": "(a)\\1"}), "/pattern", "backreference"),
+        (json!({"type": "string", "pattern": "(?=a)b"}), "/pattern", "lookaround"),
+        (json!({"type": "string", "pattern": "a\\bc"}), "/pattern", "boundar"),
+        (json!({"type": "string", "format": "uri"}), "/format", "uri"),
+        (json!({"type": "number", "minimum": 0.5}), "/minimum", "minimum"),
+        (json!({"oneOf": [{"type": "integer"}, {"type": "number"}]}), "/oneOf", "oneOf"),
+        (json!({"anyOf": [{"type": "string"}, false]}), "/anyOf/1", "false"),
+        (
+            json!({"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"anyOf": [{"$ref": "#/$defs/a"}, {"type": "null"}]}}, "$ref": "#/$defs/a"}),
+            "/$defs/b/anyOf/0/$ref",
+            "left recursion",
+        ),
+        (json!({"type": "object", "properties": {"a": {}}, "required": ["b"]}), "/required", "\"b\""),
+        (json!({"prefixItems": [{}], "items": false, "minItems": 2}), "/minItems", "minItems"),
+        (json!({"type": "integer", "minimum": 5, "maximum": 4}), "", "no integer"),
+        (json!({"enum": []}), "/enum", "enum"),
+        (json!({"type": "strin"}), "/type", "strin"),
+        (json!({"properties": {"a": {"$anchor": "x"}}}), "/properties/a/$anchor", "$anchor"),
+        (json!({"type": "string", "maxLength": 100000}), "/maxLength", "maxLength"),
+        (json!(false), "", "false"),
+        (
+            json!({"properties": {"x/y~z": {"unevaluatedProperties": false}}}),
+            "/properties/x~1y~0z/unevaluatedProperties",
+            "unevaluated",
+        ),
+    ];
+    for (schema, pointer, needle) in cases {
+        match schema_to_grammar(&schema) {
+            Err(Error::JsonSchema { pointer: p, message }) => {
+                assert_eq!(p, pointer, "{schema}: {message}");
+                assert!(message.contains(needle), "{schema}: {message:?} lacks {needle:?}");
+            }
+            other => panic!("{schema}: expected an error at {pointer}, got {other:?}"),
+        }
+    }
+}
+
+/// Annotations are ignored: the grammar is the one without them.
+#[test]
+fn annotations_are_ignored() {
+    let plain = json!({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]});
+    let annotated = json!({"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": "https://x.invalid/s",
+        "title": "T", "description": "D", "type": "object", "$comment": "c", "x-vendor": 1,
+        "properties": {"a": {"type": "integer", "default": 3, "examples": [1], "deprecated": false, "readOnly": true}},
+        "required": ["a"]});
+    assert_eq!(schema_to_grammar(&plain).unwrap(), schema_to_grammar(&annotated).unwrap());
+}
+
+/// Keywords the generator draws from: supported ones and unsupported ones.
+fn keyword_schema(depth: u32) -> BoxedStrategy<Value> {
+    let pattern = proptest::collection::vec(
+        prop_oneof![
+            Just("a"),
+            Just("b"),
+            Just("."),
+            Just("*"),
+            Just("+"),
+            Just("?"),
+            Just("("),
+            Just(")"),
+            Just("|"),
+            Just("["),
+            Just("]"),
+            Just("^"),
+            Just("$"),
+            Just("\\d"),
+            Just("\\"),
+            Just("{2,3}"),
+            Just("{1}"),
+            Just("-"),
+            Just("\""),
+            Just("é"),
+            Just("(?:"),
+            Just("(?="),
+            Just("\\1"),
+            Just("[^"),
+        ],
+        0..8,
+    )
+    .prop_map(|parts| parts.concat());
+    let leaf = prop_oneof![
+        prop_oneof![
+            Just("string"),
+            Just("integer"),
+            Just("number"),
+            Just("boolean"),
+            Just("null"),
+            Just("object"),
+            Just("array"),
+            Just("bogus")
+        ]
+        .prop_map(|t| json!({"type": t})),
+        pattern.prop_map(|p| json!({"type": "string", "pattern": p})),
+        (proptest::option::of(-300i64..300), proptest::option::of(-300i64..300), any::<bool>()).prop_map(
+            |(lo, hi, ex)| {
+                let mut m = serde_json::Map::new();
+                m.insert("type".into(), json!(if ex { "integer" } else { "number" }));
+                if let Some(lo) = lo {
+                    m.insert(if ex { "exclusiveMinimum" } else { "minimum" }.into(), json!(lo));
+                }
+                if let Some(hi) = hi {
+                    m.insert("maximum".into(), json!(hi));
+                }
+                Value::Object(m)
+            }
+        ),
+        (-10.0f64..10.0).prop_map(|x| json!({"type": "number", "minimum": x})),
+        (0u64..5, proptest::option::of(0u64..8)).prop_map(|(lo, hi)| {
+            let mut m = json!({"type": "string", "minLength": lo});
+            if let Some(hi) = hi {
+                m["maxLength"] = json!(hi);
+            }
+            m
+        }),
+        prop_oneof![Just("date"), Just("time"), Just("date-time"), Just("uuid"), Just("email"), Just("uri")]
+            .prop_map(|f| json!({"type": "string", "format": f})),
+        proptest::collection::vec(
+            prop_oneof![Just(json!(1)), Just(json!("a\"\\")), Just(json!(null)), Just(json!({"k": [true]}))],
+            0..4
+        )
+        .prop_map(|v| json!({"enum": v})),
+        Just(json!({"const": "c"})),
+        Just(json!({})),
+        Just(json!(true)),
+        Just(json!({"type": ["string", "null"]})),
+        Just(json!({"$ref": "#/$defs/d0"})),
+        Just(json!({"$ref": "#/$defs/d1"})),
+    ];
+    // Unsupported or contradictory: errors (drawn less often).
+    let bad = prop_oneof![
+        Just(json!(false)),
+        Just(json!({"not": {}})),
+        Just(json!({"type": "array", "uniqueItems": true})),
+        Just(json!({"multipleOf": 3})),
+        Just(json!({"$ref": "#"})),
+        Just(json!({"$ref": "#/$defs/missing"})),
+        Just(json!({"$ref": "https://example.com/x"})),
+        Just(json!({"anyOf": []})),
+    ];
+    let leaf = prop_oneof![6 => leaf, 1 => bad];
+    if depth == 0 {
+        return leaf.boxed();
+    }
+    let inner = keyword_schema(depth - 1);
+    let names = prop_oneof![Just("a"), Just("b"), Just("c d"), Just("é\"")];
+    prop_oneof![
+        leaf,
+        (
+            proptest::collection::btree_map(names, inner.clone(), 0..4),
+            any::<u8>(),
+            prop_oneof![
+                Just(None),
+                Just(Some(json!(false))),
+                Just(Some(json!(true))),
+                Just(Some(json!({"type": "integer"})))
+            ]
+        )
+            .prop_map(|(props, mask, additional)| {
+                let required: Vec<&str> =
+                    props.keys().enumerate().filter(|(i, _)| mask & (1 << i) != 0).map(|(_, k)| *k).collect();
+                let mut m = serde_json::Map::new();
+                m.insert("type".into(), json!("object"));
+                m.insert("required".into(), json!(required));
+                m.insert(
+                    "properties".into(),
+                    Value::Object(props.into_iter().map(|(k, v)| (k.to_string(), v)).collect()),
+                );
+                if let Some(a) = additional {
+                    m.insert("additionalProperties".into(), a);
+                }
+                Value::Object(m)
+            }),
+        (inner.clone(), proptest::option::of(0u64..4), proptest::option::of(0u64..6)).prop_map(|(items, lo, hi)| {
+            let mut m = json!({"type": "array", "items": items});
+            if let Some(lo) = lo {
+                m["minItems"] = json!(lo);
+            }
+            if let Some(hi) = hi {
+                m["maxItems"] = json!(hi);
+            }
+            m
+        }),
+        (proptest::collection::vec(inner.clone(), 1..3), proptest::option::of(inner.clone()))
+            .prop_map(|(prefix, items)| json!({"prefixItems": prefix, "items": items.unwrap_or(json!(false))})),
+        (prop_oneof![Just("anyOf"), Just("oneOf"), Just("allOf")], proptest::collection::vec(inner.clone(), 1..4))
+            .prop_map(|(k, v)| json!({ k: v })),
+    ]
+    .boxed()
+}
+
+fn root_schema() -> impl Strategy<Value = Value> {
+    (keyword_schema(3), keyword_schema(2), keyword_schema(1)).prop_map(|(body, d0, d1)| match body {
+        Value::Object(mut m) => {
+            m.insert("$defs".into(), json!({"d0": d0, "d1": d1}));
+            Value::Object(m)
+        }
+        other => other,
+    })
+}
+
+/// Documents tried against the grammars of random schemas.
+const PROBES: &[&str] = &[
+    "null",
+    "true",
+    "0",
+    "-7",
+    "250",
+    "3.5",
+    "-0.25",
+    "1e2",
+    r#""""#,
+    r#""a""#,
+    r#""ab""#,
+    r#""a\"\\""#,
+    r#""c""#,
+    r#""2024-02-29""#,
+    r#""12:00:00Z""#,
+    r#""123e4567-e89b-12d3-a456-426614174000""#,
+    "[]",
+    "[1]",
+    r#"[1, "a"]"#,
+    "[null, null, null]",
+    "{}",
+    r#"{"a": 1}"#,
+    r#"{"a": "a", "b": [true]}"#,
+    r#"{"b": null, "c d": 2}"#,
+    r#"{"k": [true]}"#,
+];
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 250, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// The converter never panics; what it returns, llama.cpp's parser
+    /// takes (no parse error, no left recursion, no abort).
+    #[test]
+    fn random_schemas_convert_or_fail_cleanly(schema in root_schema()) {
+        match schema_to_grammar(&schema) {
+            Ok(gbnf) => {
+                let built = SamplerChain::new().grammar(vocab(), &gbnf, "root");
+                prop_assert!(built.is_ok(), "{}: {:?}\n{}", schema, built.err(), gbnf);
+                // Soundness: what the grammar accepts, the schema accepts
+                // (checked where the schema is valid against the meta-schema:
+                // an unused `$defs` entry may not be, and is never read).
+                if let Ok(validator) = jsonschema::options().should_validate_formats(true).build(&schema) {
+                    for doc in PROBES {
+                        if accepts(&gbnf, doc) {
+                            let value: Value = serde_json::from_str(doc).unwrap();
+                            prop_assert!(validator.is_valid(&value), "{} accepted by the grammar of {}:\n{}", doc, schema, gbnf);
+                        }
+                    }
+                }
+            }
+            Err(Error::JsonSchema { pointer, message }) => {
+                prop_assert!(pointer.is_empty() || pointer.starts_with('/'), "{pointer}");
+                prop_assert!(!message.is_empty());
+                // The pointer names a place in the schema.
+                prop_assert!(schema.pointer(&pointer).is_some() || pointer.ends_with("$ref") || pointer.contains("allOf"),
+                    "{pointer} not in {schema}: {message}");
+            }
+            Err(e) => prop_assert!(false, "{e}"),
+        }
+    }
+}

@@ -1,0 +1,192 @@
+//! Issue 15: constrained generation on the real default model (Gemma 3
+//! 270M Q4_K_M, or `LLAMA_MODEL`). For 20 schemas, greedy generation
+//! through the schema's grammar ends (the grammar completes and the model
+//! ends the document) within the token limit, and the text is a JSON
+//! document that the `jsonschema` crate validates against the schema.
+//! Never skips: without the model it fails.
+
+use std::sync::OnceLock;
+use std::time::Instant;
+
+use llama::generate::{FinishReason, GenerateOptions, Session};
+use llama::json_schema::{json_grammar, schema_to_grammar};
+use llama::{ContextParams, Model, ModelParams, Sampler, SamplerChain};
+use llama_suite::model_cache::model_path;
+use serde_json::{Value, json};
+
+fn model() -> &'static Model {
+    static MODEL: OnceLock<Model> = OnceLock::new();
+    MODEL.get_or_init(|| {
+        let path = model_path().unwrap_or_else(|e| panic!("the real model is needed: {e}"));
+        Model::load(&path, &ModelParams::default()).unwrap_or_else(|e| panic!("{e}"))
+    })
+}
+
+/// Greedy generation behind `gbnf` (the default chain checks each pick
+/// against the grammar before masking the vocabulary with it).
+fn grammar_sampler(gbnf: &str) -> Sampler<'static> {
+    SamplerChain::new().grammar(model().vocab(), gbnf, "root").unwrap().greedy().build().unwrap()
+}
+
+/// At most this many tokens per document.
+const MAX_TOKENS: usize = 160;
+
+fn schemas() -> Vec<(&'static str, Value)> {
+    let name = json!({"type": "string", "minLength": 1, "maxLength": 24});
+    vec![
+        (
+            "A person record in JSON:\n",
+            json!({"type": "object", "properties": {"age": {"type": "integer", "minimum": 0, "maximum": 120}, "name": name},
+                   "required": ["age", "name"], "additionalProperties": false}),
+        ),
+        (
+            "The primary colours, as a JSON array:\n",
+            json!({"type": "array", "items": {"enum": ["red", "green", "blue", "yellow"]}, "minItems": 1, "maxItems": 3}),
+        ),
+        ("Is the sky blue? Answer in JSON:\n", json!({"type": "boolean"})),
+        ("A JSON number between 1 and 10:\n", json!({"type": "integer", "minimum": 1, "maximum": 10})),
+        ("A product code like ABC-123:\n", json!({"type": "string", "pattern": "^[A-Z]{3}-[0-9]{3}$"})),
+        ("Today's date in ISO format, as JSON:\n", json!({"type": "string", "format": "date"})),
+        ("A meeting time stamp in JSON:\n", json!({"type": "string", "format": "date-time"})),
+        ("A random UUID in JSON:\n", json!({"type": "string", "format": "uuid"})),
+        ("The email address of the support team, in JSON:\n", json!({"type": "string", "format": "email"})),
+        (
+            "A book in JSON with its title, author and year:\n",
+            json!({"type": "object", "properties": {
+                "author": {"type": "object", "properties": {"first": name, "last": name}, "required": ["first", "last"], "additionalProperties": false},
+                "title": name,
+                "year": {"type": "integer", "minimum": 1400, "maximum": 2030}},
+                "required": ["author", "title", "year"], "additionalProperties": false}),
+        ),
+        (
+            "A list of three small primes as JSON:\n",
+            json!({"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 100}, "minItems": 3, "maxItems": 3}),
+        ),
+        (
+            "A 2D point in JSON:\n",
+            json!({"$defs": {"coord": {"type": "number", "minimum": -100, "maximum": 100}},
+                   "type": "object", "properties": {"x": {"$ref": "#/$defs/coord"}, "y": {"$ref": "#/$defs/coord"}},
+                   "required": ["x", "y"], "additionalProperties": false}),
+        ),
+        (
+            "A shape in JSON:\n",
+            json!({"anyOf": [
+                {"type": "object", "properties": {"kind": {"const": "circle"}, "radius": {"type": "integer", "minimum": 1, "maximum": 99}},
+                 "required": ["kind", "radius"], "additionalProperties": false},
+                {"type": "object", "properties": {"kind": {"const": "square"}, "side": {"type": "integer", "minimum": 1, "maximum": 99}},
+                 "required": ["kind", "side"], "additionalProperties": false}]}),
+        ),
+        (
+            "A task with an optional note, in JSON:\n",
+            json!({"type": "object", "properties": {"done": {"type": "boolean"}, "note": {"type": ["string", "null"], "maxLength": 30}, "title": name},
+                   "required": ["done", "title"], "additionalProperties": false}),
+        ),
+        (
+            "A pair of a city name and its population, as a JSON array:\n",
+            json!({"type": "array", "prefixItems": [name, {"type": "integer", "minimum": 0, "maximum": 99_999_999}], "items": false, "minItems": 2}),
+        ),
+        (
+            "A small file tree in JSON:\n",
+            json!({"$defs": {"node": {"type": "object", "properties": {
+                        "children": {"type": "array", "items": {"$ref": "#/$defs/node"}, "maxItems": 2},
+                        "name": {"type": "string", "pattern": "^[a-z]{1,8}$"}},
+                        "required": ["name"], "additionalProperties": false}},
+                   "$ref": "#/$defs/node"}),
+        ),
+        (
+            "A temperature reading in JSON:\n",
+            json!({"type": "object", "properties": {"celsius": {"type": "number", "minimum": -50, "maximum": 60},
+                   "unit": {"const": "C"}}, "required": ["celsius", "unit"], "additionalProperties": false}),
+        ),
+        (
+            "Tags for a blog post about Rust, in JSON:\n",
+            json!({"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string", "pattern": "^[a-z]{2,10}$"}, "minItems": 1, "maxItems": 4}},
+                   "required": ["tags"], "additionalProperties": false}),
+        ),
+        (
+            "An HTTP status as JSON:\n",
+            json!({"oneOf": [{"type": "integer", "minimum": 100, "maximum": 599}, {"type": "null"}]}),
+        ),
+        (
+            "Settings in JSON:\n",
+            json!({"allOf": [
+                {"type": "object", "properties": {"debug": {"type": "boolean"}}, "required": ["debug"]},
+                {"type": "object", "properties": {"level": {"enum": ["low", "mid", "high"]}}, "required": ["level"]}]}),
+        ),
+    ]
+}
+
+#[test]
+fn constrained_generation_always_validates() {
+    let model = model();
+    let vocab = model.vocab();
+    let mut ctx = model.new_context(&ContextParams::default().n_ctx(512).n_batch(512)).unwrap();
+    let cases = schemas();
+    assert_eq!(cases.len(), 20);
+    let start = Instant::now();
+    let mut passed = 0;
+    let mut failures = Vec::new();
+    let mut tokens_total = 0;
+    for (i, (prompt, schema)) in cases.iter().enumerate() {
+        let gbnf = schema_to_grammar(schema).unwrap_or_else(|e| panic!("schema {i}: {e}"));
+        let validator = jsonschema::options().should_validate_formats(true).build(schema).unwrap();
+        let mut sampler = grammar_sampler(&gbnf);
+        let tokens = vocab.tokenize(prompt, true).unwrap();
+        let mut session = Session::new();
+        session.clear(&mut ctx).unwrap();
+        let options = GenerateOptions::default().max_tokens(MAX_TOKENS);
+        let mut generation = session.generate(&mut ctx, &mut sampler, &tokens, &options).unwrap();
+        let mut text = String::new();
+        let result = generation.stream(|piece| {
+            text.push_str(piece);
+            std::ops::ControlFlow::Continue(())
+        });
+        let reason = generation.finish_reason().cloned();
+        tokens_total += generation.stats().generated_tokens;
+        let verdict = match (result, reason) {
+            (Err(e), _) => Err(format!("generation failed: {e}")),
+            (Ok(_), Some(FinishReason::EndOfGeneration)) => match serde_json::from_str::<Value>(&text) {
+                Ok(doc) if validator.is_valid(&doc) => Ok(()),
+                Ok(_) => Err("does not validate".to_string()),
+                Err(e) => Err(format!("not JSON: {e}")),
+            },
+            (Ok(_), reason) => Err(format!("did not complete: {reason:?}")),
+        };
+        match verdict {
+            Ok(()) => passed += 1,
+            Err(why) => failures.push(format!("schema {i} ({prompt:?}): {why}: {text:?}")),
+        }
+        println!("{i:2}: {}", text.trim());
+    }
+    println!(
+        "{passed}/{} documents valid ({:.0}%), {tokens_total} tokens in {:.1} s",
+        cases.len(),
+        100.0 * passed as f64 / cases.len() as f64,
+        start.elapsed().as_secs_f64()
+    );
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    assert_eq!(passed, 20);
+}
+
+/// `json_grammar` (OpenAI's `json_object`): an object, parsed as JSON.
+#[test]
+fn json_object_mode_yields_an_object() {
+    let model = model();
+    let vocab = model.vocab();
+    let mut ctx = model.new_context(&ContextParams::default().n_ctx(512)).unwrap();
+    let mut sampler = grammar_sampler(json_grammar());
+    let tokens = vocab.tokenize("{\"ok\": true}\n{\"ok\": false}\n{\"ok\": true}\n", true).unwrap();
+    let mut session = Session::new();
+    let options = GenerateOptions::default().max_tokens(MAX_TOKENS);
+    let mut generation = session.generate(&mut ctx, &mut sampler, &tokens, &options).unwrap();
+    let mut text = String::new();
+    generation
+        .stream(|piece| {
+            text.push_str(piece);
+            std::ops::ControlFlow::Continue(())
+        })
+        .unwrap();
+    assert_eq!(generation.finish_reason(), Some(&FinishReason::EndOfGeneration), "{text:?}");
+    let doc: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text:?}"));
+    assert!(doc.is_object(), "{text:?}");
+}
