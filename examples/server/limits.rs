@@ -1,0 +1,135 @@
+//! What stands before the handlers: the API key (compared in constant
+//! time), a token-bucket rate limit per key or client address, and
+//! reading a JSON body under a size limit.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::extract::{ConnectInfo, Request, State};
+use axum::http::{StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use serde::de::DeserializeOwned;
+
+use crate::openai::ApiError;
+use crate::state::AppState;
+
+/// Equal length and equal bytes, in time that depends only on the length.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// A token bucket per client: `rate` requests per second sustained, bursts
+/// up to `burst`.
+#[derive(Debug)]
+pub struct RateLimiter {
+    rate: f64,
+    burst: f64,
+    buckets: Mutex<HashMap<String, (f64, Instant)>>,
+}
+
+impl RateLimiter {
+    pub fn new(per_second: f64) -> Self {
+        RateLimiter { rate: per_second, burst: per_second.max(1.0), buckets: Mutex::new(HashMap::new()) }
+    }
+
+    /// Takes a token for `client`, or says how many seconds until one is
+    /// available.
+    fn take(&self, client: &str) -> Result<(), u64> {
+        let now = Instant::now();
+        let mut buckets = self.buckets.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if buckets.len() > 10_000 {
+            // Forget full buckets: they hold nothing a new one would not.
+            let (rate, burst) = (self.rate, self.burst);
+            buckets.retain(|_, (tokens, at)| *tokens + rate * now.duration_since(*at).as_secs_f64() < burst);
+        }
+        let (tokens, at) = buckets.entry(client.to_owned()).or_insert((self.burst, now));
+        *tokens = (*tokens + self.rate * now.duration_since(*at).as_secs_f64()).min(self.burst);
+        *at = now;
+        if *tokens >= 1.0 {
+            *tokens -= 1.0;
+            Ok(())
+        } else {
+            Err(((1.0 - *tokens) / self.rate).ceil().max(1.0) as u64)
+        }
+    }
+}
+
+/// Checks the API key (when one is set) and the rate limit (when set).
+/// `/health` is open.
+pub async fn guard(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+    if request.uri().path() == "/health" {
+        return next.run(request).await;
+    }
+    let presented = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    if let Some(key) = &state.config.api_key {
+        let ok = presented.is_some_and(|p| constant_time_eq(p.as_bytes(), key.as_bytes()));
+        if !ok {
+            let message =
+                if presented.is_some() { "incorrect API key" } else { "missing API key (Authorization: Bearer …)" };
+            return ApiError::new(StatusCode::UNAUTHORIZED, message).code("invalid_api_key").into_response();
+        }
+    }
+    if let Some(limiter) = &state.config.rate_limit {
+        let client = match (presented, request.extensions().get::<ConnectInfo<SocketAddr>>()) {
+            (Some(key), _) if state.config.api_key.is_some() => format!("key:{key}"),
+            (_, Some(ConnectInfo(addr))) => format!("ip:{}", addr.ip()),
+            _ => "unknown".to_owned(),
+        };
+        if let Err(wait) = limiter.take(&client) {
+            return ApiError::new(StatusCode::TOO_MANY_REQUESTS, "rate limit exceeded")
+                .code("rate_limit_exceeded")
+                .retry_after(wait)
+                .into_response();
+        }
+    }
+    next.run(request).await
+}
+
+/// Reads a JSON body of at most `limit` bytes: 413 over it, 400 for bad
+/// JSON or a field of the wrong type.
+pub async fn read_json<T: DeserializeOwned>(body: Body, limit: usize) -> Result<T, ApiError> {
+    let bytes = axum::body::to_bytes(body, limit).await.map_err(|e| {
+        // axum wraps http-body-util's LengthLimitError ("length limit exceeded").
+        let too_large = format!("{e} {:?}", std::error::Error::source(&e)).contains("length limit");
+        if too_large {
+            ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, format!("the request body is over {limit} bytes"))
+                .code("request_too_large")
+        } else {
+            ApiError::bad_request(format!("cannot read the request body: {e}"))
+        }
+    })?;
+    serde_json::from_slice(&bytes).map_err(|e| ApiError::bad_request(format!("invalid request body: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_bucket_refills_at_its_rate() {
+        let limiter = RateLimiter::new(2.0);
+        assert!(limiter.take("a").is_ok());
+        assert!(limiter.take("a").is_ok());
+        assert_eq!(limiter.take("a"), Err(1));
+        assert!(limiter.take("b").is_ok(), "buckets are per client");
+    }
+
+    #[test]
+    fn keys_compare_by_value() {
+        assert!(constant_time_eq(b"secret", b"secret"));
+        assert!(!constant_time_eq(b"secret", b"secreT"));
+        assert!(!constant_time_eq(b"secret", b"secret2"));
+    }
+}

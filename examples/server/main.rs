@@ -1,0 +1,261 @@
+//! An OpenAI-compatible HTTP server over `llama::engine`.
+//!
+//! ```text
+//! cargo run --release --example server                       # the default model on 127.0.0.1:8080
+//! cargo run --release --example server -- --port 0 --api-key secret --parallel 8 --embeddings
+//! ```
+//!
+//! Endpoints: `POST /v1/chat/completions`, `POST /v1/completions`,
+//! `POST /v1/embeddings` (with `--embeddings`), `GET /v1/models`,
+//! `GET /health` (503 until the model has loaded; no key needed),
+//! `GET /metrics` (Prometheus). Errors have OpenAI's shape. The first line
+//! on stdout is `listening on http://HOST:PORT` once the port is bound; the
+//! model loads after that (`/health` says when it is ready). SIGINT or
+//! SIGTERM stops accepting, lets requests in flight finish for up to
+//! `--shutdown-grace` seconds, then ends the rest, and exits 0.
+
+mod embeddings;
+mod generation;
+mod limits;
+mod openai;
+mod routes;
+mod state;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+use llama::engine::{Engine, EngineConfig};
+use llama::{KvType, Model, ModelParams, Pooling};
+use metrics_exporter_prometheus::PrometheusBuilder;
+
+use crate::embeddings::EmbeddingWorker;
+use crate::limits::RateLimiter;
+use crate::state::{AppState, Config, Ready};
+
+#[derive(Parser, Debug)]
+#[command(about = "OpenAI-compatible server for a GGUF model", args_override_self = true)]
+struct Args {
+    /// GGUF model file (default: $LLAMA_MODEL, else the cached default model).
+    #[arg(long, short = 'm')]
+    model: Option<PathBuf>,
+    /// Address to bind (loopback by default).
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Port (0: any free port; the first stdout line says which).
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+    /// Most requests generating at once.
+    #[arg(long, default_value_t = 8)]
+    parallel: u32,
+    /// KV cells shared by all requests (tokens of context in total).
+    #[arg(long, default_value_t = 8192)]
+    ctx: u32,
+    /// Tokens per decode step (llama.cpp's n_batch), shared by decoding
+    /// streams and prompt chunks.
+    #[arg(long, default_value_t = 512)]
+    batch: u32,
+    /// CPU threads (default: llama.cpp's choice).
+    #[arg(long)]
+    threads: Option<i32>,
+    /// KV cache element type.
+    #[arg(long, value_enum, default_value_t = KvKind::F16)]
+    kv_type: KvKind,
+    /// Most requests waiting for a slot; more are refused with 429.
+    #[arg(long, default_value_t = 256)]
+    max_queue: usize,
+    /// Require `Authorization: Bearer KEY` (all endpoints but /health).
+    #[arg(long)]
+    api_key: Option<String>,
+    /// Requests per second per API key (or client address without keys);
+    /// bursts up to the same number. Over it: 429.
+    #[arg(long)]
+    rate_limit: Option<f64>,
+    /// `max_tokens` above this is clamped to it (also the default for chat).
+    #[arg(long, default_value_t = 4096)]
+    max_tokens: usize,
+    /// Largest request body, in bytes (413 over it).
+    #[arg(long, default_value_t = 8 << 20)]
+    body_limit: usize,
+    /// Serve /v1/embeddings (a second context, mean pooling unless the
+    /// model defines its own).
+    #[arg(long)]
+    embeddings: bool,
+    /// Seconds requests in flight may take to finish after SIGINT/SIGTERM.
+    #[arg(long, default_value_t = 30)]
+    shutdown_grace: u64,
+    /// The model name in responses and /v1/models (default: the file name).
+    #[arg(long)]
+    model_name: Option<String>,
+    /// Wait this long before loading the model (for tests of the loading
+    /// state).
+    #[arg(long, default_value_t = 0, hide = true)]
+    load_delay_ms: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum KvKind {
+    F16,
+    #[value(name = "q8_0")]
+    Q8_0,
+    F32,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(serve(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve(args: Args) -> Result<(), String> {
+    let model_path = match &args.model {
+        Some(p) => p.clone(),
+        None => llama_suite::model_cache::model_path().map_err(|e| e.to_string())?,
+    };
+    let prometheus = PrometheusBuilder::new()
+        .set_buckets(&[0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0])
+        .map_err(|e| e.to_string())?
+        .install_recorder()
+        .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
+    let model_name = args.model_name.clone().unwrap_or_else(|| {
+        model_path.file_stem().map_or_else(|| "model".to_owned(), |s| s.to_string_lossy().into_owned())
+    });
+    let state = Arc::new(AppState {
+        config: Config {
+            api_key: args.api_key.clone().filter(|k| !k.is_empty()),
+            rate_limit: args.rate_limit.filter(|r| *r > 0.0).map(RateLimiter::new),
+            model_name,
+            max_tokens_cap: args.max_tokens.max(1),
+            body_limit: args.body_limit,
+        },
+        ready: OnceLock::new(),
+        failed: OnceLock::new(),
+        prometheus,
+        next_id: AtomicU64::new(0),
+        started: state::now(),
+    });
+    let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
+        .await
+        .map_err(|e| format!("cannot bind {}:{}: {e}", args.host, args.port))?;
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    println!("listening on http://{addr}");
+
+    let loading = {
+        let state = state.clone();
+        let args_model = model_path.clone();
+        let config = engine_config(&args);
+        let (embeddings, threads) = (args.embeddings, args.threads.unwrap_or(2));
+        let delay = Duration::from_millis(args.load_delay_ms);
+        tokio::task::spawn_blocking(move || match load(&args_model, config, embeddings, threads, delay) {
+            Ok(ready) => {
+                eprintln!("server: ready ({} KV cells)", ready.engine.pool_cells());
+                let _ = state.ready.set(ready);
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                let _ = state.failed.set(e);
+            }
+        })
+    };
+
+    let app = routes::router(state.clone()).into_make_service_with_connect_info::<SocketAddr>();
+    let grace = Duration::from_secs(args.shutdown_grace);
+    let stopper = state.clone();
+    let shutdown = async move {
+        shutdown_signal().await;
+        eprintln!("server: shutting down (requests in flight have {}s)", grace.as_secs());
+        // After the grace period, end what still runs: the engine finishes
+        // their streams with an error, so the connections close.
+        tokio::spawn(async move {
+            tokio::time::sleep(grace).await;
+            if let Some(r) = stopper.ready.get() {
+                r.engine.shutdown();
+            }
+        });
+    };
+    axum::serve(listener, app).with_graceful_shutdown(shutdown).await.map_err(|e| e.to_string())?;
+    if let Some(r) = state.ready.get() {
+        r.engine.shutdown();
+    }
+    let _ = loading.await;
+    eprintln!("server: stopped");
+    Ok(())
+}
+
+fn engine_config(args: &Args) -> EngineConfig {
+    let mut config = EngineConfig::default()
+        .n_ctx(args.ctx)
+        .n_batch(args.batch)
+        .max_running(args.parallel)
+        .max_queue(args.max_queue)
+        .kv_type(match args.kv_type {
+            KvKind::F16 => KvType::F16,
+            KvKind::Q8_0 => KvType::Q8_0,
+            KvKind::F32 => KvType::F32,
+        });
+    if let Some(t) = args.threads {
+        config = config.n_threads(t);
+    }
+    config
+}
+
+fn load(
+    path: &std::path::Path,
+    config: EngineConfig,
+    embeddings: bool,
+    threads: i32,
+    delay: Duration,
+) -> Result<Ready, String> {
+    std::thread::sleep(delay);
+    let model = Arc::new(Model::load(path, &ModelParams::default()).map_err(|e| e.to_string())?);
+    let chat = model.chat_format(None).map_err(|e| e.to_string())?;
+    let embeddings = if embeddings {
+        // The model's own pooling, or mean pooling for a model that defines
+        // none (most generative models).
+        let worker = EmbeddingWorker::start(model.clone(), Pooling::Model, threads)
+            .or_else(|_| EmbeddingWorker::start(model.clone(), Pooling::Mean, threads))
+            .map_err(|e| format!("embeddings: {e}"))?;
+        Some(worker)
+    } else {
+        None
+    };
+    let engine = Engine::start(model.clone(), config).map_err(|e| e.to_string())?;
+    Ok(Ready { model, engine, chat, embeddings })
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = term => {}
+    }
+}

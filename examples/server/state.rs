@@ -1,0 +1,61 @@
+//! What the handlers share: the settings, and once the model has loaded,
+//! the engine, the chat format and the embedder.
+
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, OnceLock};
+
+use llama::engine::Engine;
+use llama::{ChatFormat, Model};
+use metrics_exporter_prometheus::PrometheusHandle;
+
+use crate::embeddings::EmbeddingWorker;
+use crate::limits::RateLimiter;
+
+#[derive(Debug)]
+pub struct Config {
+    pub api_key: Option<String>,
+    pub rate_limit: Option<RateLimiter>,
+    /// The name `/v1/models` lists and responses carry.
+    pub model_name: String,
+    /// `max_tokens` above this is clamped to it; the default of chat
+    /// requests without `max_tokens`.
+    pub max_tokens_cap: usize,
+    pub body_limit: usize,
+}
+
+/// Set once the model has loaded and the engine runs.
+pub struct Ready {
+    pub model: Arc<Model>,
+    pub engine: Engine,
+    pub chat: ChatFormat,
+    pub embeddings: Option<EmbeddingWorker>,
+}
+
+pub struct AppState {
+    pub config: Config,
+    pub ready: OnceLock<Ready>,
+    /// Why loading failed, if it did.
+    pub failed: OnceLock<String>,
+    pub prometheus: PrometheusHandle,
+    pub next_id: AtomicU64,
+    pub started: u64,
+}
+
+impl std::fmt::Debug for AppState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AppState").field("config", &self.config).field("ready", &self.ready.get().is_some()).finish()
+    }
+}
+
+impl AppState {
+    /// `cmpl-…`/`chatcmpl-…` ids: unique in this process.
+    pub fn id(&self, prefix: &str) -> String {
+        let n = self.next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        format!("{prefix}-{:x}{n:06x}", self.started)
+    }
+}
+
+/// Seconds since the Unix epoch (`created`).
+pub fn now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}

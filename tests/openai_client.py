@@ -1,0 +1,128 @@
+"""Drives the server example with the official `openai` Python client.
+
+Usage: python tests/openai_client.py PATH/TO/server [server args...]
+
+Starts the server on an ephemeral loopback port with an API key and
+embeddings, waits for /health, then checks: a completion, a streamed chat
+with include_usage, a json_schema response that validates, n=2, embeddings
+(float and base64), and that a wrong key is refused with 401. Exits
+non-zero on the first mismatch; always stops the server.
+"""
+
+import base64
+import json
+import struct
+import subprocess
+import sys
+import time
+import urllib.request
+
+import jsonschema
+import openai
+
+KEY = "ci-secret"
+
+
+def check(cond, what):
+    if not cond:
+        raise SystemExit(f"FAILED: {what}")
+    print(f"ok: {what}", flush=True)
+
+
+def wait_ready(base):
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        try:
+            with urllib.request.urlopen(f"{base}/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise SystemExit("FAILED: the server never became ready")
+
+
+def run(base):
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key=KEY, max_retries=0, timeout=120)
+    model = client.models.list().data[0].id
+
+    c = client.completions.create(model=model, prompt="The capital of France is", max_tokens=8, temperature=0)
+    check(len(c.choices) == 1 and c.choices[0].text != "", "a completion has text")
+    check(c.usage.completion_tokens == 8 and c.choices[0].finish_reason == "length", "max_tokens 8: 8 tokens, finish_reason length")
+
+    messages = [{"role": "user", "content": "List three fruits."}]
+    plain = client.chat.completions.create(model=model, messages=messages, max_tokens=12, temperature=0)
+    stream = client.chat.completions.create(
+        model=model, messages=messages, max_tokens=12, temperature=0, stream=True, stream_options={"include_usage": True}
+    )
+    text, usage, finish = "", None, None
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            text += choice.delta.content or ""
+            finish = choice.finish_reason or finish
+    check(text == plain.choices[0].message.content, "the streamed chat equals the plain one (greedy)")
+    check(usage is not None and usage.completion_tokens == plain.usage.completion_tokens, "include_usage sends the usage")
+    check(finish in ("stop", "length"), f"a finish reason ({finish})")
+
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 30}, "population": {"type": "integer", "minimum": 0}},
+        "required": ["city", "population"],
+        "additionalProperties": False,
+    }
+    r = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "Give a city and its population as JSON."}],
+        max_tokens=60,
+        temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": schema}},
+    )
+    doc = json.loads(r.choices[0].message.content)
+    jsonschema.validate(doc, schema)
+    check(True, f"a json_schema response validates: {doc}")
+
+    two = client.chat.completions.create(model=model, messages=messages, max_tokens=8, temperature=1.0, seed=3, n=2)
+    check([c.index for c in two.choices] == [0, 1], "n=2 gives two choices")
+
+    e = client.embeddings.create(model=model, input=["a red apple", "a green pear"])
+    check(len(e.data) == 2 and len(e.data[0].embedding) > 0, "two embeddings")
+    b = client.embeddings.create(model=model, input="a red apple", encoding_format="base64")
+    raw = b.data[0].embedding
+    if isinstance(raw, str):
+        raw = list(struct.unpack(f"<{len(base64.b64decode(raw)) // 4}f", base64.b64decode(raw)))
+    check(all(abs(x - y) < 1e-6 for x, y in zip(raw, e.data[0].embedding)), "base64 embeddings equal the float ones")
+
+    bad = openai.OpenAI(base_url=f"{base}/v1", api_key="wrong", max_retries=0)
+    try:
+        bad.models.list()
+        check(False, "a wrong key is refused")
+    except openai.AuthenticationError as err:
+        check(err.status_code == 401, "a wrong key is refused with 401")
+
+
+def main():
+    server = subprocess.Popen(
+        [sys.argv[1], "--port", "0", "--api-key", KEY, "--embeddings", *sys.argv[2:]],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        line = server.stdout.readline().strip()
+        if not line.startswith("listening on http://127.0.0.1:"):
+            raise SystemExit(f"FAILED: first line {line!r}")
+        base = line.removeprefix("listening on ")
+        wait_ready(base)
+        run(base)
+        print("openai client: all checks passed")
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+
+
+if __name__ == "__main__":
+    main()

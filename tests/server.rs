@@ -1,0 +1,462 @@
+//! The OpenAI-compatible server example (`examples/server`), started on an
+//! ephemeral loopback port with the default model and driven over HTTP:
+//! every endpoint, streamed and not, every error status, cancellation on
+//! disconnect, graceful shutdown, and greedy outputs equal to the engine's.
+
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use llama::engine::{Engine, EngineConfig, Request};
+use llama::{Model, ModelParams};
+use serde_json::{Value, json};
+
+struct Server {
+    child: Child,
+    base: String,
+    agent: ureq::Agent,
+    _stdout: BufReader<ChildStdout>,
+}
+
+fn exe() -> std::path::PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let path = exe.parent().unwrap().parent().unwrap().join("examples/server");
+    assert!(path.exists(), "{} is built by `cargo test`", path.display());
+    path
+}
+
+fn model_path() -> std::path::PathBuf {
+    llama_suite::model_cache::model_path().expect("the default model")
+}
+
+fn agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .proxy(None)
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(120)))
+        .build()
+        .into()
+}
+
+impl Server {
+    /// Starts the server and waits for its `listening on` line (not for the model).
+    fn spawn(args: &[&str]) -> Server {
+        let mut child = Command::new(exe())
+            .args(["--port", "0", "--threads", "2", "--ctx", "4096", "--parallel", "4", "--model"])
+            .arg(model_path())
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        stdout.read_line(&mut line).unwrap();
+        let base =
+            line.trim().strip_prefix("listening on ").unwrap_or_else(|| panic!("first line {line:?}")).to_owned();
+        assert!(base.starts_with("http://127.0.0.1:"), "{base}");
+        Server { child, base, agent: agent(), _stdout: stdout }
+    }
+
+    /// Starts the server and waits until `/health` says ready.
+    fn start(args: &[&str]) -> Server {
+        let server = Server::spawn(args);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while server.get("/health").0 != 200 {
+            assert!(Instant::now() < deadline, "the server never became ready");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        server
+    }
+
+    fn get(&self, path: &str) -> (u16, Value) {
+        let resp = self.agent.get(format!("{}{path}", self.base)).call().unwrap();
+        read(resp)
+    }
+
+    fn post_with(&self, path: &str, body: String, key: Option<&str>) -> ureq::http::Response<ureq::Body> {
+        let mut req = self.agent.post(format!("{}{path}", self.base)).header("Content-Type", "application/json");
+        if let Some(key) = key {
+            req = req.header("Authorization", format!("Bearer {key}"));
+        }
+        req.send(body).unwrap()
+    }
+
+    fn post(&self, path: &str, body: &Value) -> (u16, Value) {
+        read(self.post_with(path, body.to_string(), None))
+    }
+
+    /// A streamed request's `data:` payloads, up to and including `[DONE]`.
+    fn stream(&self, path: &str, body: &Value) -> Vec<String> {
+        let resp = self.post_with(path, body.to_string(), None);
+        assert_eq!(resp.status(), 200);
+        let ct = resp.headers().get("content-type").unwrap().to_str().unwrap().to_owned();
+        assert!(ct.starts_with("text/event-stream"), "{ct}");
+        let reader = BufReader::new(resp.into_body().into_reader());
+        let mut out = Vec::new();
+        for line in reader.lines() {
+            let line = line.unwrap();
+            if let Some(data) = line.strip_prefix("data: ") {
+                out.push(data.to_owned());
+                if data == "[DONE]" {
+                    break;
+                }
+            }
+        }
+        out
+    }
+
+    fn metrics(&self) -> String {
+        let resp = self.agent.get(format!("{}/metrics", self.base)).call().unwrap();
+        resp.into_body().read_to_string().unwrap()
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn read(resp: ureq::http::Response<ureq::Body>) -> (u16, Value) {
+    let status = resp.status().as_u16();
+    let text = resp.into_body().read_to_string().unwrap();
+    (status, serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}")))
+}
+
+/// A metric's value in Prometheus text (the first series of that name
+/// whose labels contain `labels`).
+fn metric(text: &str, name: &str, labels: &str) -> Option<f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']) && l.contains(labels))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+fn assert_error(status: u16, body: &Value, want: u16) {
+    assert_eq!(status, want, "{body}");
+    let e = &body["error"];
+    assert!(e["message"].as_str().is_some_and(|m| !m.is_empty()), "{body}");
+    assert!(e["type"].is_string(), "{body}");
+    assert!(e.get("param").is_some() && e.get("code").is_some(), "{body}");
+}
+
+/// A prompt over two 16-token blocks, so that a repeat shares cached cells.
+const QUESTION: &str = "Name three colours that appear in a rainbow, and say which one of them has the longest wavelength of visible light.";
+
+#[test]
+fn every_endpoint_answers_as_openai_does() {
+    let server = Server::start(&["--embeddings"]);
+    let (status, models) = server.get("/v1/models");
+    assert_eq!(status, 200);
+    assert_eq!(models["data"][0]["id"], "gemma-3-270m-q4_k_m");
+
+    // Completions: plain, streamed (the same greedy text), token ids, echo.
+    let body = json!({"prompt": "The capital of France is", "max_tokens": 12, "temperature": 0});
+    let (status, plain) = server.post("/v1/completions", &body);
+    assert_eq!(status, 200, "{plain}");
+    assert_eq!(plain["object"], "text_completion");
+    let text = plain["choices"][0]["text"].as_str().unwrap().to_owned();
+    assert!(!text.is_empty());
+    assert_eq!(plain["choices"][0]["finish_reason"], "length");
+    assert_eq!(plain["usage"]["completion_tokens"], 12);
+    assert_eq!(plain["usage"]["total_tokens"], plain["usage"]["prompt_tokens"].as_u64().unwrap() + 12);
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let chunks = server.stream("/v1/completions", &streamed);
+    assert_eq!(chunks.last().unwrap(), "[DONE]");
+    let parsed: Vec<Value> = chunks[..chunks.len() - 1].iter().map(|c| serde_json::from_str(c).unwrap()).collect();
+    let joined: String = parsed.iter().filter_map(|c| c["choices"][0]["text"].as_str()).collect();
+    assert_eq!(joined, text, "streamed and plain greedy completions agree");
+    assert_eq!(parsed.last().unwrap()["choices"][0]["finish_reason"], "length");
+    assert!(parsed.iter().all(|c| c["id"] == parsed[0]["id"]));
+
+    let model = Model::load(model_path(), &ModelParams { vocab_only: true, ..ModelParams::default() }).unwrap();
+    let ids: Vec<i32> = model.vocab().tokenize("The capital of France is", true).unwrap().iter().map(|t| t.0).collect();
+    let body = json!({"prompt": ids, "max_tokens": 4, "temperature": 0, "echo": true, "logprobs": 2});
+    let (status, by_ids) = server.post("/v1/completions", &body);
+    assert_eq!(status, 200, "{by_ids}");
+    let choice = &by_ids["choices"][0];
+    assert_eq!(
+        choice["text"].as_str().unwrap(),
+        format!(
+            "The capital of France is{}",
+            &text[..choice["text"].as_str().unwrap().len() - "The capital of France is".len()]
+        )
+    );
+    assert!(
+        text.starts_with(&choice["text"].as_str().unwrap()["The capital of France is".len()..]),
+        "greedy from the same tokens: {choice}"
+    );
+    assert_eq!(choice["logprobs"]["tokens"].as_array().unwrap().len(), 4);
+    assert_eq!(choice["logprobs"]["top_logprobs"][0].as_object().unwrap().len(), 2);
+
+    // Chat: plain and streamed with usage; n = 2; log-probabilities.
+    let chat = json!({"messages": [{"role": "user", "content": QUESTION}], "max_tokens": 10, "temperature": 0});
+    let (status, reply) = server.post("/v1/chat/completions", &chat);
+    assert_eq!(status, 200, "{reply}");
+    assert_eq!(reply["object"], "chat.completion");
+    assert_eq!(reply["choices"][0]["message"]["role"], "assistant");
+    let content = reply["choices"][0]["message"]["content"].as_str().unwrap().to_owned();
+    let mut streamed = chat.clone();
+    streamed["stream"] = json!(true);
+    streamed["stream_options"] = json!({"include_usage": true});
+    let chunks = server.stream("/v1/chat/completions", &streamed);
+    let parsed: Vec<Value> = chunks[..chunks.len() - 1].iter().map(|c| serde_json::from_str(c).unwrap()).collect();
+    assert_eq!(parsed[0]["choices"][0]["delta"]["role"], "assistant");
+    let joined: String = parsed.iter().filter_map(|c| c["choices"].get(0)?["delta"]["content"].as_str()).collect();
+    assert_eq!(joined, content);
+    let usage = parsed.last().unwrap();
+    assert_eq!(usage["choices"].as_array().unwrap().len(), 0);
+    assert_eq!(usage["usage"]["completion_tokens"], reply["usage"]["completion_tokens"]);
+    // The same prompt again: its tokens come from the prefix cache.
+    assert!(usage["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap() > 0, "{usage}");
+
+    let mut two = chat.clone();
+    two["n"] = json!(2);
+    two["temperature"] = json!(1.0);
+    two["seed"] = json!(7);
+    two["logprobs"] = json!(true);
+    two["top_logprobs"] = json!(3);
+    let (status, both) = server.post("/v1/chat/completions", &two);
+    assert_eq!(status, 200, "{both}");
+    let choices = both["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 2);
+    assert_eq!((choices[0]["index"].as_u64(), choices[1]["index"].as_u64()), (Some(0), Some(1)));
+    let total: u64 = both["usage"]["completion_tokens"].as_u64().unwrap();
+    let mut counted = 0;
+    for c in choices {
+        let entries = c["logprobs"]["content"].as_array().unwrap();
+        counted += entries.len() as u64;
+        for e in entries {
+            assert!(e["logprob"].as_f64().unwrap() <= 0.0);
+            assert_eq!(e["top_logprobs"].as_array().unwrap().len(), 3);
+        }
+    }
+    assert_eq!(counted, total, "one logprob entry per generated token");
+    assert_eq!(both["usage"]["prompt_tokens"], reply["usage"]["prompt_tokens"], "the prompt counted once");
+
+    // response_format json_schema: the answer validates.
+    let schema = json!({"type": "object", "properties": {"name": {"type": "string", "maxLength": 20},
+        "age": {"type": "integer", "minimum": 0, "maximum": 150}}, "required": ["name", "age"], "additionalProperties": false});
+    let json_chat = json!({"messages": [{"role": "user", "content": "Describe a person as JSON."}], "max_tokens": 80,
+        "temperature": 0, "response_format": {"type": "json_schema", "json_schema": {"name": "person", "schema": schema}}});
+    let (status, reply) = server.post("/v1/chat/completions", &json_chat);
+    assert_eq!(status, 200, "{reply}");
+    let doc: Value = serde_json::from_str(reply["choices"][0]["message"]["content"].as_str().unwrap()).unwrap();
+    assert!(jsonschema::is_valid(&schema, &doc), "{doc}");
+
+    // Embeddings: float and base64 are the same vectors, in order.
+    let (status, floats) = server.post("/v1/embeddings", &json!({"input": ["a cat", "a dog", "a cat"]}));
+    assert_eq!(status, 200, "{floats}");
+    let vectors: Vec<Vec<f64>> = floats["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["embedding"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect())
+        .collect();
+    assert_eq!(vectors.len(), 3);
+    assert_eq!(vectors[0], vectors[2]);
+    assert_ne!(vectors[0], vectors[1]);
+    let norm: f64 = vectors[0].iter().map(|x| x * x).sum::<f64>().sqrt();
+    assert!((norm - 1.0).abs() < 1e-4, "normalised: {norm}");
+    let (_, b64) = server.post("/v1/embeddings", &json!({"input": "a dog", "encoding_format": "base64"}));
+    let bytes =
+        base64::engine::general_purpose::STANDARD.decode(b64["data"][0]["embedding"].as_str().unwrap()).unwrap();
+    let decoded: Vec<f32> = bytes.chunks(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+    // JSON carries each f32 as its shortest decimal: the same f32 back.
+    assert_eq!(decoded, vectors[1].iter().map(|&x| x as f32).collect::<Vec<_>>());
+
+    let metrics = server.metrics();
+    for name in [
+        "llama_engine_ttft_seconds",
+        "llama_engine_kv_cells_total",
+        "llama_engine_completion_tokens_total",
+        "llama_server_requests_total",
+    ] {
+        assert!(metrics.contains(name), "{name} missing from /metrics");
+    }
+}
+
+#[test]
+fn greedy_outputs_equal_the_engines() {
+    let prompts = ["The capital of France is", "Water boils at", "def fibonacci(n):"];
+    let server = Server::start(&[]);
+    let served: Vec<String> = prompts
+        .iter()
+        .map(|p| {
+            let (status, r) = server.post("/v1/completions", &json!({"prompt": p, "max_tokens": 24, "temperature": 0}));
+            assert_eq!(status, 200, "{r}");
+            r["choices"][0]["text"].as_str().unwrap().to_owned()
+        })
+        .collect();
+    drop(server);
+    let model = Arc::new(Model::load(model_path(), &ModelParams::default()).unwrap());
+    let engine = Engine::start(model, EngineConfig::default().n_ctx(4096).max_running(4).n_threads(2)).unwrap();
+    for (p, served) in prompts.iter().zip(&served) {
+        let out = engine.submit(Request::text(*p).max_tokens(24)).unwrap().wait();
+        assert_eq!(&out.text, served, "prompt {p:?}");
+    }
+}
+
+#[test]
+fn bad_requests_get_openai_errors_with_the_right_status() {
+    let server = Server::start(&["--body-limit", "4000", "--ctx", "512", "--parallel", "1"]);
+    let raw = |body: &str| read(server.post_with("/v1/completions", body.to_owned(), None));
+    let (s, b) = raw("{not json");
+    assert_error(s, &b, 400);
+    let (s, b) = raw(r#"{"prompt": "x", "temperature": "hot"}"#);
+    assert_error(s, &b, 400);
+    let (s, b) = raw(r#"{"max_tokens": 3}"#);
+    assert_error(s, &b, 400);
+    let (s, b) = raw(&json!({"prompt": "x ".repeat(2500)}).to_string());
+    assert_error(s, &b, 413);
+    let (s, b) = server.post("/v1/completions", &json!({"prompt": "word ".repeat(600)}));
+    assert_error(s, &b, 400);
+    assert!(b["error"]["message"].as_str().unwrap().contains("tokens"), "{b}");
+    let (s, b) = server.post("/v1/completions", &json!({"prompt": "x", "n": 0}));
+    assert_error(s, &b, 400);
+    assert_eq!(b["error"]["param"], "n");
+    let (s, b) = server.post("/v1/completions", &json!({"prompt": "x", "logit_bias": {"abc": 1}}));
+    assert_error(s, &b, 400);
+    let (s, b) = server.post("/v1/completions", &json!({"prompt": [1, 99_999_999]}));
+    assert_error(s, &b, 400);
+    let (s, b) = server.post("/v1/chat/completions", &json!({"messages": [{"content": "no role"}]}));
+    assert_error(s, &b, 400);
+    let unsupported = json!({"type": "json_schema", "json_schema": {"schema": {"type": "string", "format": "hostname-ish", "not": {}}}});
+    let (s, b) = server.post(
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "x"}], "response_format": unsupported}),
+    );
+    assert_error(s, &b, 400);
+    assert_eq!(b["error"]["param"], "response_format");
+    let (s, b) = server.post("/v1/nope", &json!({}));
+    assert_error(s, &b, 404);
+    let (s, b) = server.post("/v1/embeddings", &json!({"input": "x"}));
+    assert_error(s, &b, 404);
+    // The server still serves.
+    let (s, _) = server.post("/v1/completions", &json!({"prompt": "ok", "max_tokens": 2}));
+    assert_eq!(s, 200);
+}
+
+#[test]
+fn api_keys_and_rate_limits_refuse_with_401_and_429() {
+    let server = Server::start(&["--api-key", "sesame", "--rate-limit", "2"]);
+    assert_eq!(server.get("/health").0, 200, "/health needs no key");
+    let models = |key: Option<&str>| {
+        let mut req = server.agent.get(format!("{}/v1/models", server.base));
+        if let Some(k) = key {
+            req = req.header("Authorization", format!("Bearer {k}"));
+        }
+        let resp = req.call().unwrap();
+        let retry = resp.headers().get("retry-after").map(|v| v.to_str().unwrap().to_owned());
+        let (s, b) = read(resp);
+        (s, b, retry)
+    };
+    let (s, b, _) = models(None);
+    assert_error(s, &b, 401);
+    let (s, b, _) = models(Some("sesame!"));
+    assert_error(s, &b, 401);
+    let statuses: Vec<(u16, Option<String>)> = (0..6)
+        .map(|_| {
+            let (s, _, retry) = models(Some("sesame"));
+            (s, retry)
+        })
+        .collect();
+    assert!(statuses.iter().any(|(s, _)| *s == 200), "{statuses:?}");
+    let limited: Vec<_> = statuses.iter().filter(|(s, _)| *s == 429).collect();
+    assert!(!limited.is_empty(), "6 requests at once exceed 2 per second: {statuses:?}");
+    assert!(limited.iter().all(|(_, retry)| retry.as_deref().is_some_and(|r| r.parse::<u64>().unwrap() >= 1)));
+}
+
+#[test]
+fn a_full_queue_answers_429_and_loading_answers_503() {
+    let server = Server::spawn(&["--load-delay-ms", "1500", "--parallel", "1", "--max-queue", "1"]);
+    let (s, b) = server.get("/health");
+    assert_error(s, &b, 503);
+    let resp = server.post_with("/v1/completions", json!({"prompt": "x"}).to_string(), None);
+    assert!(resp.headers().get("retry-after").is_some());
+    let (s, b) = read(resp);
+    assert_error(s, &b, 503);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while server.get("/health").0 != 200 {
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // One running, one waiting: the next ones are refused at once.
+    let long = json!({"prompt": "Once upon a time", "max_tokens": 400, "temperature": 0, "stream": true});
+    let streams: Vec<_> = (0..2).map(|_| server.post_with("/v1/completions", long.to_string(), None)).collect();
+    assert!(streams.iter().all(|r| r.status() == 200));
+    let resp = server.post_with("/v1/completions", long.to_string(), None);
+    assert_eq!(resp.headers().get("retry-after").map(|v| v.to_str().unwrap().to_owned()).as_deref(), Some("1"));
+    let (s, b) = read(resp);
+    assert_error(s, &b, 429);
+    assert_eq!(b["error"]["code"], "queue_full");
+}
+
+#[test]
+fn a_client_that_disconnects_cancels_its_request() {
+    let server = Server::start(&[]);
+    let body = json!({"messages": [{"role": "user", "content": "Tell a long story."}], "max_tokens": 3000, "temperature": 0, "stream": true});
+    let resp = server.post_with("/v1/chat/completions", body.to_string(), None);
+    let mut reader = BufReader::new(resp.into_body().into_reader());
+    let mut line = String::new();
+    let mut data_lines = 0;
+    while data_lines < 4 {
+        line.clear();
+        reader.read_line(&mut line).unwrap();
+        data_lines += usize::from(line.starts_with("data: "));
+    }
+    assert_eq!(metric(&server.metrics(), "llama_engine_running", ""), Some(1.0));
+    drop(reader);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let m = server.metrics();
+        if metric(&m, "llama_engine_running", "") == Some(0.0)
+            && metric(&m, "llama_engine_requests_total", "reason=\"cancelled\"") == Some(1.0)
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the request was not cancelled:\n{m}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let tokens = metric(&server.metrics(), "llama_engine_completion_tokens_total", "").unwrap();
+    assert!(tokens < 3000.0, "it stopped early: {tokens} tokens");
+}
+
+#[test]
+fn sigterm_lets_requests_in_flight_finish_then_exits_0() {
+    // A grace period longer than the request takes on a loaded machine.
+    let mut server = Server::start(&["--shutdown-grace", "600"]);
+    let body = json!({"prompt": "Once upon a time", "max_tokens": 24, "temperature": 0, "stream": true});
+    let resp = server.post_with("/v1/completions", body.to_string(), None);
+    let mut reader = BufReader::new(resp.into_body().into_reader());
+    let mut first = String::new();
+    while !first.starts_with("data: ") {
+        first.clear();
+        reader.read_line(&mut first).unwrap();
+    }
+    let status = Command::new("kill").args(["-TERM", &server.pid().to_string()]).status().unwrap();
+    assert!(status.success());
+    let mut rest = String::new();
+    reader.read_to_string(&mut rest).unwrap();
+    assert!(rest.contains("\"finish_reason\":\"length\""), "the request finished: {rest}");
+    assert!(rest.trim_end().ends_with("data: [DONE]"));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let code = loop {
+        if let Some(s) = server.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "the server did not exit");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(code.code(), Some(0));
+}
