@@ -164,9 +164,10 @@ async fn completions(State(state): State<Arc<AppState>>, body: Body) -> Result<R
             .map(|(i, echo)| with(json!([{"index": i, "text": echo, "logprobs": null, "finish_reason": null}])))
             .collect();
         let usage_head = with(json!([]));
-        let state2 = state.clone();
+        // The stream outlives this handler: it holds the model itself.
+        let loaded = ready.model.clone();
         let chunks = generation::merged(completions).map(move |(i, delta)| {
-            let vocab = state2.ready.get().expect("ready").model.vocab();
+            let vocab = loaded.vocab();
             match delta {
                 Delta::Piece { text, logprob } => {
                     let logprobs = logprob.map(|lp| completion_logprobs(vocab, &[(lp.token, lp)], 0));
@@ -316,10 +317,10 @@ async fn chat(State(state): State<Arc<AppState>>, body: Body) -> Result<Response
         let head: Vec<Value> = (0..n)
             .map(|i| with(json!([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}])))
             .collect();
-        let state2 = state.clone();
+        let loaded = ready.model.clone();
         let with2 = with.clone();
         let chunks = generation::merged(completions).map(move |(i, delta)| {
-            let vocab = state2.ready.get().expect("ready").model.vocab();
+            let vocab = loaded.vocab();
             match delta {
                 Delta::Piece { text, logprob } => {
                     let logprobs = logprob.map(|lp| chat_logprobs(vocab, &[(lp.token, lp)]));
