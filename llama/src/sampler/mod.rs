@@ -890,7 +890,7 @@ impl<'m> Sampler<'m> {
         }
         let logits = ctx.logits(idx)?;
         let needed = self.stack_needed();
-        let (token, path) = if needed == 0 {
+        let (token, path, allowed) = if needed == 0 {
             self.select(logits)?
         } else {
             let mut helper = std::mem::take(&mut self.deep);
@@ -901,8 +901,9 @@ impl<'m> Sampler<'m> {
         // A sampler after the grammar (a custom one, logit bias, penalties,
         // temperature) can turn a masked logit finite again, and accepting
         // a token the grammar forbids throws, or aborts for an end token:
-        // check it against each grammar first (one candidate, cheap).
-        if self.kinds.contains(&Kind::Grammar) {
+        // check it against each grammar first (one candidate, cheap),
+        // unless the selection just did.
+        if self.kinds.contains(&Kind::Grammar) && !allowed {
             self.accept(token)?;
         } else {
             self.accept_unchecked(token)?;

@@ -23,7 +23,10 @@ impl Sampler<'_> {
     /// pick some grammar forbids is redone with the grammars masking, as
     /// llama.cpp's own `common_sampler` does. For a greedy chain the token
     /// is the same either way.
-    pub(super) fn select(&mut self, logits: &[f32]) -> Result<(Token, SamplePath)> {
+    ///
+    /// The flag says whether every grammar was asked about the token and
+    /// allows it (then accepting it needs no second check).
+    pub(super) fn select(&mut self, logits: &[f32]) -> Result<(Token, SamplePath, bool)> {
         if !self.grammar_first && self.kinds.contains(&Kind::Grammar) {
             let (token, path) = self.run_chain(logits, true)?;
             let mut allowed = true;
@@ -37,17 +40,18 @@ impl Sampler<'_> {
                 }
             }
             if allowed {
-                return Ok((token, path));
+                return Ok((token, path, true));
             }
             // Greedy behind the grammars alone: the masked argmax is the
             // best allowed token, found among the best few without masking.
             if self.kinds.iter().all(|&k| k == Kind::Grammar || k == Kind::Greedy)
                 && let Some(token) = self.best_allowed(logits)?
             {
-                return Ok((token, SamplePath::Greedy));
+                return Ok((token, SamplePath::Greedy, true));
             }
         }
-        self.run_chain(logits, false)
+        let (token, path) = self.run_chain(logits, false)?;
+        Ok((token, path, false))
     }
 
     /// The highest-logit token every grammar allows, if it is among the
