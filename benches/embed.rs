@@ -22,24 +22,12 @@
 //! and the best of the rounds.
 
 use std::hint::black_box;
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use llama::embed::{EmbedParams, Embedder};
-use llama::{Batch, ContextParams, Model, ModelParams, Pooling, Token};
-
-fn model() -> &'static Model {
-    static MODEL: OnceLock<Model> = OnceLock::new();
-    MODEL.get_or_init(|| {
-        let path = llama_suite::model_cache::model_path().unwrap_or_else(|e| panic!("no model: {e}"));
-        Model::load(&path, &ModelParams::default()).unwrap_or_else(|e| panic!("cannot load {}: {e}", path.display()))
-    })
-}
-
-fn threads() -> i32 {
-    std::env::var("LLAMA_BENCH_THREADS").ok().and_then(|v| v.parse().ok()).unwrap_or(2)
-}
+use llama::{Batch, Context, ContextParams, Pooling, Token};
+use llama_suite::bench::{model, threads};
 
 fn embed_params() -> EmbedParams {
     EmbedParams::default()
@@ -127,22 +115,21 @@ fn long_tokens(len: usize) -> Vec<Token> {
     }
 }
 
+/// A plain generation context for the 512-token prefill the packed
+/// passes are compared with (logits of the last token only).
+fn prefill_context() -> Context<'static> {
+    let params =
+        ContextParams::default().n_ctx(512).n_batch(512).n_ubatch(512).n_threads(threads()).n_threads_batch(threads());
+    model().new_context(&params).unwrap()
+}
+
 fn embed_tokens(c: &mut Criterion) {
     let texts = texts(64);
     let mut embedder = Embedder::new(model(), &embed_params()).unwrap();
     let packed: Vec<Vec<Token>> = texts.iter().map(|t| embedder.tokenize(t).unwrap()).collect();
     let packed_tokens: usize = packed.iter().map(Vec::len).sum();
     let long = long_tokens(512);
-    let mut prefill_ctx = model()
-        .new_context(
-            &ContextParams::default()
-                .n_ctx(512)
-                .n_batch(512)
-                .n_ubatch(512)
-                .n_threads(threads())
-                .n_threads_batch(threads()),
-        )
-        .unwrap();
+    let mut prefill_ctx = prefill_context();
     let prefill_batch = Batch::from_tokens(&long, 0);
 
     let mut group = c.benchmark_group("embed_tokens");
@@ -181,16 +168,7 @@ fn quick(rounds: usize) {
     let tokens: Vec<Vec<Token>> = texts.iter().map(|t| embedder.tokenize(t).unwrap()).collect();
     let n_tokens: usize = tokens.iter().map(Vec::len).sum();
     let long = long_tokens(512);
-    let mut prefill_ctx = model()
-        .new_context(
-            &ContextParams::default()
-                .n_ctx(512)
-                .n_batch(512)
-                .n_ubatch(512)
-                .n_threads(threads())
-                .n_threads_batch(threads()),
-        )
-        .unwrap();
+    let mut prefill_ctx = prefill_context();
     let prefill_batch = Batch::from_tokens(&long, 0);
     // Warm up (first-pass allocations, page cache).
     embedder.embed(&texts[..texts.len().min(8)]).unwrap();

@@ -19,25 +19,13 @@
 //! Each iteration samples from a fresh clone of the sampler in its state
 //! (cloning is not timed), so every measurement is of the same state.
 
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use criterion::{BatchSize, BenchmarkId, Criterion, criterion_group, criterion_main};
 use llama::json_schema::{json_grammar, schema_to_grammar};
-use llama::{Batch, Context, ContextParams, Model, ModelParams, Sampler, SamplerChain};
+use llama::{Batch, Context, ContextParams, Sampler, SamplerChain};
+use llama_suite::bench::{model, threads};
 use serde_json::json;
-
-fn model() -> &'static Model {
-    static MODEL: OnceLock<Model> = OnceLock::new();
-    MODEL.get_or_init(|| {
-        let path = llama_suite::model_cache::model_path().unwrap_or_else(|e| panic!("no model: {e}"));
-        Model::load(&path, &ModelParams::default()).unwrap_or_else(|e| panic!("cannot load {}: {e}", path.display()))
-    })
-}
-
-fn threads() -> i32 {
-    std::env::var("LLAMA_BENCH_THREADS").ok().and_then(|v| v.parse().ok()).unwrap_or(2)
-}
 
 /// A context whose last decode left the logits of a real prompt.
 fn context() -> Context<'static> {

@@ -22,23 +22,11 @@
 //! cache); restoring the cache between iterations is excluded.
 
 use std::hint::black_box;
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use llama::{Batch, Context, ContextParams, KvType, Model, ModelParams, Sampler, Token};
-
-fn model() -> &'static Model {
-    static MODEL: OnceLock<Model> = OnceLock::new();
-    MODEL.get_or_init(|| {
-        let path = llama_suite::model_cache::model_path().unwrap_or_else(|e| panic!("no model: {e}"));
-        Model::load(&path, &ModelParams::default()).unwrap_or_else(|e| panic!("cannot load {}: {e}", path.display()))
-    })
-}
-
-fn threads() -> i32 {
-    std::env::var("LLAMA_BENCH_THREADS").ok().and_then(|v| v.parse().ok()).unwrap_or(2)
-}
+use llama_suite::bench::{model, threads};
 
 fn params(n_ctx: u32) -> ContextParams {
     ContextParams::default().n_ctx(n_ctx).n_batch(2048).n_ubatch(512).n_threads(threads()).n_threads_batch(threads())

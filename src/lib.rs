@@ -2,6 +2,7 @@
 //! the repository root: the default model fetcher and the synthetic test
 //! model writer. Not published.
 
+pub mod bench;
 pub mod model_cache;
 pub mod python;
 pub mod synthetic;
