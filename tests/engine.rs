@@ -256,6 +256,51 @@ fn a_shared_prefix_is_prefilled_once() {
 }
 
 #[test]
+fn requests_arriving_together_with_one_system_prompt_prefill_it_once() {
+    let model = model();
+    let system = prompt(1000, 9);
+    // Four suffixes whose continuations after the shared prompt are decisive.
+    let mut cases = Vec::new();
+    for salt in 10..400 {
+        let mut p = system.clone();
+        p.extend(prompt(17, salt)[1..].iter().copied());
+        let expected = sequential(&model, &p, 16);
+        if rescore(&model, &p, &expected).unwrap().first_near_tie(DECISIVE).is_none() {
+            cases.push((p, expected));
+            if cases.len() == 4 {
+                break;
+            }
+        }
+    }
+    assert_eq!(cases.len(), 4, "four decisive suffixes");
+    let engine = Engine::start(model, config()).unwrap();
+    // A long unrelated prompt keeps the worker busy, so the four arrive
+    // while one step runs and are admitted together.
+    let plug = engine.submit(greedy(prompt(1500, 99), 1)).unwrap();
+    wait_for(&engine, |s| s.steps >= 1);
+    let before = engine.stats();
+    let completions: Vec<Completion> =
+        cases.iter().map(|(p, _)| engine.submit(greedy(p.clone(), 16)).unwrap()).collect();
+    let outs: Vec<Output> = completions.into_iter().map(Completion::wait).collect();
+    drop(plug.wait());
+    let after = idle(&engine);
+    let evaluated = (after.prompt_tokens_evaluated - before.prompt_tokens_evaluated) as usize;
+    let plug_rest = 1500 - before.prompt_tokens_evaluated as usize;
+    // The system prompt went through the model once, each suffix once.
+    assert_eq!(evaluated - plug_rest, 1016 + 3 * 16, "prompt tokens evaluated");
+    let cached: Vec<usize> = outs.iter().map(|o| o.finish.usage.cached_tokens).collect();
+    assert_eq!(cached.iter().filter(|&&c| c >= 1000).count(), 3, "cached tokens per request: {cached:?}");
+    assert_eq!(cached.iter().sum::<usize>() as u64, after.prefix_hit_tokens - before.prefix_hit_tokens);
+    for (i, (out, (_, expected))) in outs.iter().zip(&cases).enumerate() {
+        assert_eq!(out.finish.reason, FinishReason::Length);
+        assert_eq!(&out.tokens, expected, "request {i} differs from its single-sequence run");
+    }
+    // The system prompt's cells are held once: 1000 + 4 × (16 + 15). (The
+    // plug's 1500 were evicted: cached prefixes hold at most half the pool.)
+    assert_eq!((after.cached_prefixes, after.kv_cells_used), (4, 1000 + 4 * 31));
+}
+
+#[test]
 fn a_prompt_shares_the_cells_of_a_running_sequence() {
     let engine = Engine::start(model(), config()).unwrap();
     let base = prompt(200, 7);

@@ -51,6 +51,22 @@ impl Cells {
         Cells { runs }
     }
 
+    /// Appends positions `from..to` of `source` (whose cells a sequence
+    /// holding `0..from` `seq_cp`s), as the runs they belong to.
+    pub fn extend_from(&mut self, source: &Cells, from: usize, to: usize) {
+        debug_assert_eq!(self.len(), from, "cells are appended in position order");
+        for r in &source.runs {
+            let (start, end) = (r.start.max(from), r.end.min(to));
+            if start >= end {
+                continue;
+            }
+            match self.runs.last_mut() {
+                Some(last) if last.id == r.id && last.end == start => last.end = end,
+                _ => self.runs.push(Run { id: r.id, start, end }),
+            }
+        }
+    }
+
     /// Positions held in run `id` (the ones a sequence decoded itself).
     pub fn own(&self, id: u64) -> usize {
         self.runs.iter().filter(|r| r.id == id).map(|r| r.end - r.start).sum()
@@ -67,6 +83,7 @@ pub(crate) fn cells_in_use<'a>(all: impl IntoIterator<Item = &'a Cells>) -> usiz
     for cells in all {
         for r in &cells.runs {
             let e = extent.entry(r.id).or_insert((r.start, r.end));
+            e.0 = e.0.min(r.start);
             e.1 = e.1.max(r.end);
         }
     }
@@ -179,6 +196,25 @@ mod tests {
         // Removing b too leaves c's 105 cells.
         assert_eq!(cells_in_use([&c]), 105);
         assert_eq!(cells_in_use([] as [&Cells; 0]), 0);
+    }
+
+    #[test]
+    fn a_follower_appends_the_leaders_runs_it_shares() {
+        // a shares 0..40 of x's run 1, then decodes 40..100 itself (run 2).
+        let mut x = Cells::default();
+        x.append(1, 40);
+        let mut a = x.prefix(40);
+        a.append(2, 60);
+        // f held 0..16 of x, then takes 16..70 from a: 16..40 of run 1, 40..70 of run 2.
+        let mut f = x.prefix(16);
+        f.extend_from(&a, 16, 70);
+        assert_eq!(f.len(), 70);
+        assert_eq!((f.own(1), f.own(2)), (40, 30));
+        assert_eq!(f.runs.len(), 2, "16..40 joins 0..16 of the same run");
+        f.append(3, 5);
+        // Listed with the clipped runs first, the extents still start at 0.
+        assert_eq!(cells_in_use([&f, &a, &x]), 105);
+        assert_eq!(cells_in_use([&f]), 75);
     }
 
     #[test]

@@ -98,6 +98,9 @@ struct Seq<'m> {
     saved: Option<(Vec<u8>, usize)>,
     /// Still counted against `max_queue`.
     queued: bool,
+    /// Waiting for a running sequence's prefill of the same prompt prefix
+    /// instead of computing it twice.
+    follow: Option<Follow>,
     sampler: Sampler<'m>,
     detokenizer: Detokenizer<'m>,
     stop: StopMatcher,
@@ -125,9 +128,38 @@ struct Seq<'m> {
     preemptions: u32,
 }
 
+/// A sequence whose prompt starts with positions `..to` of another
+/// sequence's prompt, which that sequence (the leader) is still
+/// prefilling: the follower plans no tokens until the leader holds them,
+/// then shares those cells (`seq_cp`) and prefills only the rest. This is
+/// what makes requests that arrive together with one system prompt compute
+/// it once.
+#[derive(Clone, Copy, Debug)]
+struct Follow {
+    /// The leader's request id (its slot may change if it is preempted).
+    leader: u64,
+    to: usize,
+}
+
+/// A follower must gain at least this many positions over what it can
+/// share at once, or it prefills them itself instead of waiting.
+const MIN_FOLLOW: usize = 16;
+
 impl Seq<'_> {
     fn decoding(&self) -> bool {
         self.n_cached >= self.prefill_to
+    }
+
+    /// Tokens this sequence still has to put through the model before it
+    /// samples: its prefill, less what it will share from a leader.
+    fn pending(&self) -> usize {
+        let shared = self.follow.map_or(0, |f| f.to);
+        self.prefill_to.saturating_sub(self.n_cached.max(shared))
+    }
+
+    /// Tokens to plan in the next step (none while it follows a leader).
+    fn remaining(&self) -> usize {
+        if self.follow.is_some() { 0 } else { self.tokens.len() - self.n_cached }
     }
 
     fn wants_out(&self) -> bool {
@@ -324,6 +356,7 @@ impl<'m> Worker<'m> {
             own_run: 0,
             admitted_order: 0,
             saved: None,
+            follow: None,
             queued: true,
             sampler,
             detokenizer: Detokenizer::new(self.model.vocab(), r.special),

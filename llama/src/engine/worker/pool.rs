@@ -39,6 +39,73 @@ impl<'m> Worker<'m> {
         found.into_iter().find(|&(slot, n)| swa_window_present(&mut self.ctx, slot, n).unwrap_or(false))
     }
 
+    /// The running sequence still prefilling the longest prefix of `tokens`
+    /// (short of its last token), if following it gains at least
+    /// [`MIN_FOLLOW`] positions over the `k` shareable now.
+    fn leader_for(&self, tokens: &[Token], k: usize) -> Option<Follow> {
+        if !self.prefix_sharing || tokens.len() < 2 {
+            return None;
+        }
+        let limit = tokens.len() - 1;
+        self.running
+            .iter()
+            .filter(|s| s.slot.is_some() && !s.decoding() && s.follow.is_none())
+            .map(|s| {
+                let common = s.tokens[..s.prefill_to].iter().zip(&tokens[..limit]).take_while(|(a, b)| a == b).count();
+                Follow { leader: s.id, to: common }
+            })
+            .filter(|f| f.to >= k + MIN_FOLLOW)
+            .max_by_key(|f| f.to)
+    }
+
+    /// Followers whose leader now holds their shared prefix take its cells;
+    /// a follower whose leader is gone (finished, cancelled, preempted)
+    /// takes what the prefix index offers and prefills the rest itself.
+    fn catch_up(&mut self) {
+        for i in 0..self.running.len() {
+            let Some(follow) = self.running[i].follow else { continue };
+            let leader = self.running.iter().find(|s| s.id == follow.leader).and_then(|s| Some((s.slot?, s.n_cached)));
+            let source = match leader {
+                Some((_, held)) if held < follow.to => continue, // not there yet
+                Some((slot, _)) => Some((slot, follow.to)),
+                None => {
+                    let tokens = std::mem::take(&mut self.running[i].tokens);
+                    let found = self.lookup(&tokens);
+                    self.running[i].tokens = tokens;
+                    found
+                }
+            };
+            self.running[i].follow = None;
+            let Some((src, to)) = source else { continue };
+            let from = self.running[i].n_cached;
+            let Some(slot) = self.running[i].slot else { continue };
+            if to <= from || !swa_window_present(&mut self.ctx, src, to).unwrap_or(false) {
+                continue;
+            }
+            let Some(src_cells) = self.source_cells(src) else { continue };
+            if self.ctx.seq_cp(src, slot, Some(from as Pos), Some(to as Pos)).is_err() {
+                continue;
+            }
+            let seq = &mut self.running[i];
+            seq.cells.extend_from(&src_cells, from, to);
+            seq.n_cached = to;
+            seq.cached_tokens += to - from;
+            self.index.extend(slot, &seq.tokens[..to]);
+            self.stats.prefix_hit_tokens += (to - from) as u64;
+            ::metrics::counter!("llama_engine_prefix_hit_tokens_total").increment((to - from) as u64);
+        }
+    }
+
+    /// The cells of the running sequence or cached prefix in `slot`.
+    fn source_cells(&mut self, slot: SeqId) -> Option<Cells> {
+        if let Some(s) = self.running.iter().find(|s| s.slot == Some(slot)) {
+            return Some(s.cells.clone());
+        }
+        let c = self.cached.iter_mut().find(|c| c.slot == slot)?;
+        c.last_used = self.tick;
+        Some(c.cells.clone())
+    }
+
     /// Removes the least recently used cached prefix other than `keep`.
     pub(super) fn evict_one(&mut self, keep: Option<SeqId>) -> bool {
         let Some(i) = (0..self.cached.len())
@@ -76,10 +143,13 @@ impl<'m> Worker<'m> {
             };
             let keep = shared.map(|(slot, _)| slot);
             let k = shared.map_or(0, |(_, k)| k);
-            let need = (self.waiting[0].tokens.len() - k).saturating_add(self.reserve);
+            let follow =
+                if self.waiting[0].saved.is_some() { None } else { self.leader_for(&self.waiting[0].tokens, k) };
+            let will_share = follow.map_or(k, |f| f.to);
+            let need = (self.waiting[0].tokens.len() - will_share).saturating_add(self.reserve);
             // The cells running sequences still add before they sample
             // (their uncached prompts, also of those admitted just now).
-            let pending: usize = self.running.iter().map(|s| s.prefill_to.saturating_sub(s.n_cached)).sum();
+            let pending: usize = self.running.iter().map(Seq::pending).sum();
             let capacity = self.capacity;
             let fits = move |used: usize| capacity.saturating_sub(used.saturating_add(pending)) >= need;
             if !self.running.is_empty() {
@@ -143,6 +213,7 @@ impl<'m> Worker<'m> {
             if !restoring {
                 self.stats.prefix_lookups += u64::from(self.prefix_sharing);
             }
+            seq.follow = follow.filter(|f| f.to > seq.n_cached);
             seq.prefill_to = seq.tokens.len();
             seq.admitted_order = self.tick;
             self.tick += 1;
@@ -182,6 +253,7 @@ impl<'m> Worker<'m> {
         }
         seq.cells.clear();
         seq.n_cached = 0;
+        seq.follow = None;
         seq.preemptions += 1;
         self.stats.preemptions += 1;
         ::metrics::counter!("llama_engine_preemptions_total").increment(1);
@@ -195,10 +267,9 @@ impl<'m> Worker<'m> {
     /// false when nothing is left to run.
     pub(super) fn plan_with_room(&mut self) -> bool {
         loop {
+            self.catch_up();
             self.loads.clear();
-            self.loads.extend(
-                self.running.iter().map(|s| Load { remaining: s.tokens.len() - s.n_cached, decoding: s.decoding() }),
-            );
+            self.loads.extend(self.running.iter().map(|s| Load { remaining: s.remaining(), decoding: s.decoding() }));
             scheduler::plan(self.budget, self.prefill_cap, &self.loads, &mut self.plan);
             let needed: usize = self.plan.iter().sum();
             if needed == 0 {
