@@ -13,7 +13,10 @@
 //! most one step). A finished sequence's cells
 //! stay in the pool as a cached prefix: a later prompt that starts with
 //! the same tokens (or with those of a running sequence) shares those
-//! cells and prefills only the rest. When the pool is full, cached
+//! cells and prefills only the rest; a prompt whose prefix another
+//! sequence is still prefilling waits for those cells instead of computing
+//! them again (requests that arrive together with one system prompt
+//! compute it once). When the pool is full, cached
 //! prefixes are evicted (least recently used first) and then the
 //! lowest-priority, most recently admitted sequence is preempted: its
 //! cells are saved to host memory (llama.cpp's sequence state) and freed,
@@ -147,8 +150,11 @@ impl EngineConfig {
         n_batch: u32 => n_batch;
         /// Most tokens per compute pass (the context's `n_ubatch`).
         n_ubatch: u32 => n_ubatch;
-        /// Most prompt tokens per step while any sequence is generating
-        /// (default: a quarter of `n_batch`; `n_batch` turns the cap off).
+        /// Most tokens of one prompt per step while any sequence is
+        /// generating, or a prompt of at most this many tokens prefills
+        /// beside a longer one (default: a quarter of `n_batch`; `n_batch`
+        /// turns the cap off). Several prompts waiting together still fill
+        /// the step.
         /// It bounds how long running streams wait for a step during a long
         /// prefill, and how long a short prompt arriving meanwhile waits
         /// for its first token, at some cost in the long prefill's time

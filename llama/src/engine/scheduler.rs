@@ -15,15 +15,23 @@ pub(crate) struct Load {
 
 /// Shares one step's budget of `budget` tokens. Every decoding sequence
 /// gets its one token first (the oldest first, should there be more of
-/// them than the budget). The prefilling sequences share what is left,
-/// capped at `prefill_cap` while any sequence decodes: the oldest of them
-/// is guaranteed a quarter of it (so a stream of short prompts cannot
-/// starve a long one), and the rest goes to the prompts with the fewest
-/// tokens left first, the oldest first among equals. Shortest-remaining
-/// first minimises the mean time to first token: a short prompt that
-/// arrives during a long prefill finishes its prefill in the next step, and
-/// prompts that arrive together start generating one after another instead
-/// of all at the end. A running stream waits for at most one step.
+/// them than the budget). The prefilling sequences share what is left:
+/// the oldest of them is guaranteed a quarter of it (so a stream of short
+/// prompts cannot starve a long one), and the rest goes to the prompts
+/// with the fewest tokens left first, the oldest first among equals.
+///
+/// While the step has something to protect (a sequence decoding, or a
+/// prompt that fits in `prefill_cap` beside one that does not), each
+/// prompt gets at most `prefill_cap` tokens: one long prompt then delays
+/// running streams and short requests by at most a short step, while
+/// several prompts waiting together still fill the budget (a burst of
+/// arrivals starts generating as fast as without the cap). With nothing
+/// to protect there is no cap: a lone prompt gets the whole budget.
+///
+/// Shortest-remaining first minimises the mean time to first token: a
+/// short prompt that arrives during a long prefill finishes its prefill in
+/// the next step, and prompts that arrive together start generating one
+/// after another instead of all at the end.
 ///
 /// `loads` are in admission order (oldest first); `out[i]` receives the
 /// tokens of `loads[i]` in this step (0: none).
@@ -39,20 +47,21 @@ pub(crate) fn plan(budget: usize, prefill_cap: usize, loads: &[Load], out: &mut 
             decoding = true;
         }
     }
-    if decoding {
-        left = left.min(prefill_cap);
-    }
     let mut prefills: Vec<usize> = (0..loads.len()).filter(|&i| !loads[i].decoding && loads[i].remaining > 0).collect();
     let Some(&oldest) = prefills.first() else {
         return;
     };
-    let floor = loads[oldest].remaining.min(left.div_ceil(4));
+    let short = prefills.iter().any(|&i| loads[i].remaining <= prefill_cap);
+    let long = prefills.iter().any(|&i| loads[i].remaining > prefill_cap);
+    let protect = decoding || short && long;
+    let cap = if protect { prefill_cap.max(1) } else { usize::MAX };
+    let floor = loads[oldest].remaining.min(left.div_ceil(4)).min(cap);
     out[oldest] = floor;
     left -= floor;
     // Stable: equal needs keep admission order.
     prefills.sort_by_key(|&i| loads[i].remaining - out[i]);
-    for i in prefills {
-        let take = (loads[i].remaining - out[i]).min(left);
+    for &i in &prefills {
+        let take = (loads[i].remaining.min(cap) - out[i]).min(left);
         out[i] += take;
         left -= take;
     }
@@ -108,12 +117,24 @@ mod tests {
         // Two long and two short prompts: the short ones finish at once,
         // the oldest gets its quarter, the shorter long one the rest.
         assert_eq!(run(512, 512, &[pre(4000), pre(10), pre(3000), pre(7)]), [128, 10, 367, 7]);
+        // With a cap, the step beside the short prompts is a short one.
+        assert_eq!(run(512, 128, &[pre(4000), pre(16), pre(16)]), [128, 16, 16]);
     }
 
     #[test]
-    fn the_prefill_cap_applies_only_while_something_decodes() {
+    fn the_prefill_cap_holds_each_prompt_while_something_decodes_or_short_and_long_prompts_mix() {
         assert_eq!(run(512, 256, &[dec(), pre(4000)]), [1, 256]);
         assert_eq!(run(512, 256, &[pre(4000)]), [512]);
+        assert_eq!(run(512, 256, &[pre(4000), pre(3000)]), [128, 384]);
+        assert_eq!(run(512, 128, &[pre(128); 8])[..5], [128, 128, 128, 128, 0]);
+        assert_eq!(run(512, 128, &[pre(4000), pre(100)]), [128, 100]);
+        // Streams decoding and a burst of prompts: the burst fills the budget.
+        assert_eq!(
+            run(512, 128, &[dec(), dec(), pre(128), pre(128), pre(128), pre(128), pre(128)]),
+            [1, 1, 128, 128, 128, 126, 0]
+        );
+        // A long prompt beside streams takes its cap, no more.
+        assert_eq!(run(512, 128, &[dec(), pre(4000), dec()]), [1, 128, 1]);
     }
 
     #[test]
@@ -152,15 +173,24 @@ mod tests {
             let out = run(budget, cap, &loads);
             let decodes = loads.iter().filter(|l| l.decoding).count();
             let for_decode = decodes.min(budget);
-            let for_prefill = if decodes > 0 { (budget - for_decode).min(cap) } else { budget };
-            let prefill_work: usize = loads.iter().filter(|l| !l.decoding).map(|l| l.remaining).sum();
+            let prompts = || loads.iter().filter(|l| !l.decoding && l.remaining > 0);
+            let mixed = prompts().any(|l| l.remaining <= cap) && prompts().any(|l| l.remaining > cap);
+            let protect = decodes > 0 || mixed;
+            let for_prefill = budget - for_decode;
+            // Each prompt's share: its cap while there is something to protect.
+            let share = |l: &Load| if protect { l.remaining.min(cap) } else { l.remaining };
+            let prefill_work: usize = prompts().map(share).sum();
+            for (o, l) in out.iter().zip(&loads) {
+                assert!(l.decoding || *o <= share(l), "{loads:?} {budget} {cap} {out:?}");
+            }
             let got: usize = out.iter().zip(&loads).filter(|(_, l)| !l.decoding).map(|(o, _)| o).sum();
             // The budget is used up whenever the work exceeds it.
             assert_eq!(got, prefill_work.min(for_prefill), "{loads:?} {budget} {cap} {out:?}");
             let prefills: Vec<usize> = (0..n).filter(|&i| !loads[i].decoding).collect();
             if let Some(&oldest) = prefills.first() {
                 // The oldest prompt gets at least its quarter.
-                let floor = loads[oldest].remaining.min(for_prefill.div_ceil(4));
+                let floor =
+                    loads[oldest].remaining.min(for_prefill.div_ceil(4)).min(if protect { cap } else { usize::MAX });
                 assert!(out[oldest] >= floor, "{loads:?} {out:?}");
                 // Shortest first: a prompt that got anything beyond its floor
                 // comes after every prompt needing fewer tokens (older among
@@ -171,7 +201,7 @@ mod tests {
                     if out[i] > base(i) {
                         for &j in &prefills {
                             if need(j) < need(i) {
-                                assert_eq!(out[j], loads[j].remaining, "{loads:?} {budget} {cap} {out:?}");
+                                assert_eq!(out[j], share(&loads[j]), "{loads:?} {budget} {cap} {out:?}");
                             }
                         }
                     }
