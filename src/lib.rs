@@ -7,3 +7,4 @@ pub mod model_cache;
 pub mod python;
 pub mod synthetic;
 pub mod teacher;
+pub mod token_prompts;

@@ -81,7 +81,7 @@ pub struct StreamOptions {
 
 /// The sampling fields both endpoints share, OpenAI's and the extras
 /// llama.cpp's server accepts (`top_k`, `min_p`, `repeat_penalty`,
-/// `grammar`).
+/// `grammar`, `ignore_eos`).
 #[derive(Debug, Deserialize, Default)]
 pub struct Sampling {
     pub temperature: Option<f32>,
@@ -95,6 +95,10 @@ pub struct Sampling {
     /// Token id (as a string key) → bias in [-100, 100].
     pub logit_bias: Option<std::collections::BTreeMap<String, f32>>,
     pub grammar: Option<String>,
+    /// Keep generating past end-of-generation tokens (to `max_tokens`):
+    /// load tests use it to get the same output length from every server.
+    #[serde(default)]
+    pub ignore_eos: bool,
     #[serde(default)]
     pub stop: Stop,
     pub n: Option<usize>,

@@ -142,7 +142,13 @@ async fn completions(State(state): State<Arc<AppState>>, body: Body) -> Result<R
     for prompt in &prompts {
         for j in 0..n {
             let sampling = generation::sampling_params(&req.sampling, vocab, req.logprobs, None, j)?;
-            requests.push(Request::new(prompt.clone()).max_tokens(max_tokens).stop(stops.clone()).sampling(sampling));
+            requests.push(
+                Request::new(prompt.clone())
+                    .max_tokens(max_tokens)
+                    .stop(stops.clone())
+                    .stop_at_eog(!req.sampling.ignore_eos)
+                    .sampling(sampling),
+            );
         }
     }
     let completions = submit(ready.engine.clone(), requests).await?;
@@ -298,7 +304,11 @@ async fn chat(State(state): State<Arc<AppState>>, body: Body) -> Result<Response
     let requests = (0..n)
         .map(|j| {
             let sampling = generation::sampling_params(&req.sampling, vocab, top, grammar.as_deref(), j)?;
-            Ok(Request::new(prompt.clone()).max_tokens(max_tokens).stop(stops.clone()).sampling(sampling))
+            Ok(Request::new(prompt.clone())
+                .max_tokens(max_tokens)
+                .stop(stops.clone())
+                .stop_at_eog(!req.sampling.ignore_eos)
+                .sampling(sampling))
         })
         .collect::<Result<Vec<_>, ApiError>>()?;
     let completions = submit(ready.engine.clone(), requests).await?;
