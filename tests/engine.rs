@@ -370,9 +370,17 @@ fn random_submit_cancel_and_drop_from_eight_threads() {
                     state % m
                 };
                 let mut ended = 0;
+                // Half the prompts start with one 100-token system prompt, so
+                // requests share cells, follow each other's prefills and lose
+                // their leaders to cancellation and drops.
+                let system = prompt(100, 4242);
                 for op in 0..38 {
                     let len = next(120) as usize + 1;
-                    let request = greedy(prompt(len, (t * 100 + op) as usize), next(24) as usize + 1);
+                    let mut tokens = prompt(len, (t * 100 + op) as usize);
+                    if next(2) == 0 {
+                        tokens.splice(..1, system.iter().copied());
+                    }
+                    let request = greedy(tokens, next(24) as usize + 1);
                     let completion = match engine.submit(request) {
                         Ok(c) => c,
                         Err(Error::QueueFull { .. }) => continue,
@@ -409,6 +417,7 @@ fn random_submit_cancel_and_drop_from_eight_threads() {
     finished.store(true, std::sync::atomic::Ordering::Relaxed);
     assert_eq!(stats.kv_cells_used, stats.cached_prefix_cells, "{stats:?}");
     assert!(stats.cached_prefixes <= 16);
+    assert!(stats.prefix_hit_tokens >= 100, "the system prompt was never shared: {stats:?}");
     // Everything still works afterwards.
     let out = engine.submit(greedy(prompt(10, 999), 3)).unwrap().wait();
     assert_eq!(out.finish.usage.completion_tokens, 3);
