@@ -125,8 +125,8 @@ impl Client {
         };
         if let Err(e) = self.stream(spec, &mut record) {
             record.error = Some(e);
-        } else if let Some(why) = check_usage(&record, spec.max_tokens) {
-            record.incomplete = Some(why);
+        } else if record.incomplete.is_none() {
+            record.incomplete = check_usage(&record, spec.max_tokens);
         }
         record.end = Instant::now();
         record
@@ -214,9 +214,6 @@ impl Client {
 
 /// The usage rules of a complete response, or why it breaks one.
 fn check_usage(record: &Record, max_tokens: usize) -> Option<String> {
-    if record.incomplete.is_some() {
-        return record.incomplete.clone();
-    }
     let n = record.completion_tokens?;
     if n != max_tokens {
         return Some(format!("usage says {n} completion tokens, asked for {max_tokens} with ignore_eos"));
