@@ -140,6 +140,8 @@ fn compile_shim(llama_root: &Path, sanitizer: Option<Sanitizer>) {
         .file("shim/shim.cpp")
         .include(llama_root.join("include"))
         .include(llama_root.join("ggml").join("include"))
+        // For src/llama-ext.h alone (the memory breakdown).
+        .include(llama_root.join("src"))
         .warnings(true)
         .compile("llama_rs_shim");
 }

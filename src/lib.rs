@@ -5,6 +5,7 @@
 pub mod bench;
 pub mod model_cache;
 pub mod python;
+pub mod size;
 pub mod synthetic;
 pub mod teacher;
 pub mod token_prompts;

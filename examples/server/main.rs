@@ -55,6 +55,11 @@ struct Args {
     /// KV cells shared by all requests (tokens of context in total).
     #[arg(long, default_value_t = 8192)]
     ctx: u32,
+    /// Size the KV pool to this much memory instead of --ctx: weights, KV
+    /// cells and compute buffers together, as llama.cpp allocates them
+    /// (e.g. 2GiB, 900MiB).
+    #[arg(long, value_parser = llama_suite::size::parse_size)]
+    memory_budget: Option<u64>,
     /// Tokens per decode step (llama.cpp's n_batch), shared by decoding
     /// streams and prompt chunks.
     #[arg(long, default_value_t = 512)]
@@ -236,6 +241,9 @@ fn engine_config(args: &Args) -> EngineConfig {
     }
     if let Some(cap) = args.prefill_cap {
         config = config.prefill_cap(cap);
+    }
+    if let Some(bytes) = args.memory_budget {
+        config = config.memory_budget(bytes);
     }
     config
 }

@@ -14,11 +14,18 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
-/// The headers bindgen reads (the `wrapper.h` of build/bindings.rs), as
+/// The headers bindgen reads (the `wrapper.h` of build/bindings.rs), and
+/// `src/llama-ext.h`, whose C++ declarations `shim/shim.cpp` (and the
+/// `llama_rs_buffer_memory` copy in `src/shim.rs`) were written against, as
 /// paths relative to the llama.cpp root. Whatever they `#include "…"` from
 /// the include directories is hashed too.
-pub const ROOTS: &[&str] =
-    &["include/llama.h", "ggml/include/gguf.h", "ggml/include/ggml-backend.h", "ggml/include/ggml-cpu.h"];
+pub const ROOTS: &[&str] = &[
+    "include/llama.h",
+    "ggml/include/gguf.h",
+    "ggml/include/ggml-backend.h",
+    "ggml/include/ggml-cpu.h",
+    "src/llama-ext.h",
+];
 
 /// bindgen's `-I` directories, in order.
 const INCLUDE_DIRS: &[&str] = &["include", "ggml/include"];

@@ -8,6 +8,8 @@
 // LLAMA_RS_EXCEPTION (-1) when it threw.
 
 #include "llama.h"
+// src/llama-ext.h: llama.cpp's staging API (C++), for the memory breakdown.
+#include "llama-ext.h"
 
 #include <exception>
 #include <new>
@@ -150,6 +152,34 @@ int llama_rs_state_seq_set_data_ext(llama_context * ctx, const uint8_t * src, si
 int llama_rs_set_adapters_lora(llama_context * ctx, llama_adapter_lora ** adapters, size_t n_adapters, float * scales,
                                int32_t * result) {
     return guarded([&] { *result = llama_set_adapters_lora(ctx, adapters, n_adapters, scales); });
+}
+
+// One buffer type's share of a context's memory, as llama_get_memory_breakdown
+// reports it (a std::map there, a plain array here).
+struct llama_rs_buffer_memory {
+    ggml_backend_buffer_type_t buft;
+    size_t model;
+    size_t context;
+    size_t compute;
+};
+
+// Writes at most `capacity` entries of the context's memory breakdown to
+// `out` and the number of entries there are to `*count` (call again with a
+// larger array when it exceeds `capacity`). For a context of a model loaded
+// with no_alloc these are the sizes llama.cpp would allocate.
+int llama_rs_get_memory_breakdown(const llama_context * ctx, llama_rs_buffer_memory * out, size_t capacity,
+                                  size_t * count) {
+    return guarded([&] {
+        const llama_memory_breakdown breakdown = llama_get_memory_breakdown(ctx);
+        *count = breakdown.size();
+        size_t i = 0;
+        for (const auto & [buft, mb] : breakdown) {
+            if (i == capacity) {
+                break;
+            }
+            out[i++] = llama_rs_buffer_memory{buft, mb.model, mb.context, mb.compute};
+        }
+    });
 }
 
 } // extern "C"

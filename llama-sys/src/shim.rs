@@ -13,6 +13,21 @@ pub const OK: c_int = 0;
 /// The wrapped call threw a C++ exception, which the shim caught.
 pub const EXCEPTION: c_int = -1;
 
+/// One buffer type's share of a context's memory
+/// (`llama_memory_breakdown_data` of `src/llama-ext.h`, keyed by its buffer
+/// type).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct llama_rs_buffer_memory {
+    pub buft: ggml_backend_buffer_type_t,
+    /// Bytes of model weights.
+    pub model: usize,
+    /// Bytes of the context's memory (KV cache, recurrent state).
+    pub context: usize,
+    /// Bytes of compute buffers.
+    pub compute: usize,
+}
+
 unsafe extern "C" {
     /// The message of the last exception caught on this thread; `""` if none.
     /// Valid until the next shim call on this thread.
@@ -108,5 +123,13 @@ unsafe extern "C" {
         n_adapters: usize,
         scales: *mut f32,
         result: *mut i32,
+    ) -> c_int;
+    /// Writes at most `capacity` entries of `llama_get_memory_breakdown(ctx)`
+    /// to `out` and the number of entries to `*count`.
+    pub fn llama_rs_get_memory_breakdown(
+        ctx: *const llama_context,
+        out: *mut llama_rs_buffer_memory,
+        capacity: usize,
+        count: *mut usize,
     ) -> c_int;
 }

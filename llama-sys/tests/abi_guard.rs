@@ -30,6 +30,8 @@ fn copy_of_headers(name: &str) -> PathBuf {
             }
         }
     }
+    fs::create_dir_all(dir.join("src")).unwrap();
+    fs::copy(source().join("src/llama-ext.h"), dir.join("src/llama-ext.h")).unwrap();
     dir
 }
 
@@ -49,7 +51,8 @@ fn checked_in_list_matches_the_source_headers() {
         "llama-sys/src/bindings.headers.sha256 does not match the headers in {}; run llama-sys/scripts/regen-bindings.sh",
         source().display()
     );
-    // What bindgen reads: llama.h and the ggml headers it pulls in.
+    // What bindgen reads: llama.h and the ggml headers it pulls in; and
+    // the staging header the shim's memory breakdown is written against.
     let paths: Vec<&str> = actual.iter().map(|(p, _)| p.as_str()).collect();
     assert_eq!(
         paths,
@@ -61,6 +64,7 @@ fn checked_in_list_matches_the_source_headers() {
             "ggml/include/ggml.h",
             "ggml/include/gguf.h",
             "include/llama.h",
+            "src/llama-ext.h",
         ]
     );
     // The file is exactly what the regeneration script would write.
@@ -83,7 +87,7 @@ fn a_changed_header_stops_the_build_by_name() {
     // difference is reported (the build prints it as a warning).
     let checked = abi::check(&dir, true, PINNED).unwrap();
     assert_eq!(checked.differences, ["include/llama.h (changed)"]);
-    assert_eq!(checked.headers.len(), 7);
+    assert_eq!(checked.headers.len(), 8);
 }
 
 #[test]

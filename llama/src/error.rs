@@ -165,6 +165,26 @@ pub enum Error {
     /// no more requests.
     #[error("the engine has stopped: {0}")]
     EngineStopped(String),
+    /// No configuration of a [`Planner::fit`](crate::plan::Planner::fit)
+    /// stays within the budget of `device` (a device name, `Host`, or
+    /// `total`): `detail` names the part that does not fit (the weights
+    /// alone, or weights + KV + compute at the smallest configuration).
+    #[error("does not fit on {device}: {detail}")]
+    DoesNotFit {
+        /// The device (or `total`) whose budget is exceeded.
+        device: String,
+        /// Bytes the smallest configuration needs there.
+        needed: u64,
+        /// The budget there.
+        budget: u64,
+        /// What does not fit, in words.
+        detail: String,
+    },
+    /// What was asked is outside what this crate models (the memory
+    /// formulas of [`plan::analytic`](crate::plan::analytic) for some
+    /// architectures); the text says what.
+    #[error("not supported: {0}")]
+    Unsupported(String),
     /// A string argument contains a NUL byte.
     #[error("string contains a NUL byte: {0}")]
     Nul(#[from] std::ffi::NulError),

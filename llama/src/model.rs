@@ -172,6 +172,13 @@ impl Default for ModelParams {
     }
 }
 
+/// The files and parameters a [`Model`] was loaded from.
+#[derive(Clone, Debug)]
+pub(crate) struct Source {
+    pub(crate) paths: Vec<PathBuf>,
+    pub(crate) params: ModelParams,
+}
+
 /// A loaded GGUF model: weights, hyper-parameters and vocabulary.
 ///
 /// Immutable once loaded and shareable between threads (`Send + Sync`):
@@ -183,6 +190,11 @@ pub struct Model {
     vocab: Vocab,
     /// Loaded with `vocab_only`: no weights, so no context can run it.
     vocab_only: bool,
+    /// Loaded with `no_alloc` for the memory plan: tensors without data.
+    simulated: bool,
+    /// Where and how it was loaded, so that the memory plan can load the
+    /// same metadata again ([`crate::plan::Planner::for_model`]).
+    source: Source,
     /// Loaded with `repack_weights`: weights may not be readable back.
     repacked: bool,
     /// The metadata overrides it was loaded with, rendered as llama.cpp
@@ -279,7 +291,7 @@ impl Model {
     /// a directory, empty, truncated, corrupt or not a model llama.cpp knows.
     #[doc(alias = "llama_model_load_from_file")]
     pub fn load(path: impl AsRef<Path>, params: &ModelParams) -> Result<Model> {
-        Self::load_impl(&[path.as_ref()], params, None)
+        Self::load_impl(&[path.as_ref()], params, None, false)
     }
 
     /// Like [`Model::load`], calling `progress` with a fraction in 0..=1 as
@@ -294,7 +306,7 @@ impl Model {
         params: &ModelParams,
         mut progress: impl FnMut(f32) -> bool,
     ) -> Result<Model> {
-        Self::load_impl(&[path.as_ref()], params, Some(&mut progress))
+        Self::load_impl(&[path.as_ref()], params, Some(&mut progress), false)
     }
 
     /// Loads a model stored as several split files, given in order.
@@ -307,13 +319,24 @@ impl Model {
             return Err(Error::InvalidArgument("load_splits needs at least one path".into()));
         }
         let paths: Vec<&Path> = paths.iter().map(AsRef::as_ref).collect();
-        Self::load_impl(&paths, params, None)
+        Self::load_impl(&paths, params, None, false)
     }
 
+    /// Loads the metadata of a model with llama.cpp's `no_alloc`: tensors
+    /// are created and placed on their buffer types, nothing is allocated
+    /// or read. Such a model only serves the memory plan
+    /// ([`crate::plan::Planner`]); contexts over it refuse to be created.
+    pub(crate) fn load_simulated(paths: &[&Path], params: &ModelParams) -> Result<Model> {
+        let params = ModelParams { vocab_only: false, ..params.clone() };
+        Self::load_impl(paths, &params, None, true)
+    }
+
+    /// `simulate`: load with `no_alloc` (see [`Model::load_simulated`]).
     fn load_impl(
         paths: &[&Path],
         params: &ModelParams,
         progress: Option<&mut dyn FnMut(f32) -> bool>,
+        simulate: bool,
     ) -> Result<Model> {
         backend::init();
         for path in paths {
@@ -337,6 +360,13 @@ impl Model {
         raw.vocab_only = params.vocab_only;
         raw.check_tensors = params.check_tensors;
         raw.use_extra_bufts = params.repack_weights;
+        if simulate {
+            // llama.cpp's memory-fit pass does the same (common/fit.cpp):
+            // with no_alloc nothing may be mapped (llama_model::load_tensors
+            // asserts !no_alloc on its mmap path).
+            raw.no_alloc = true;
+            raw.load_mode = sys::llama_load_mode::LLAMA_LOAD_MODE_NONE;
+        }
 
         // Pointer inputs only need to live for the load call (§1.2).
         let mut devices: Vec<sys::ggml_backend_dev_t> = Vec::new();
@@ -399,6 +429,8 @@ impl Model {
             ptr,
             vocab,
             vocab_only: params.vocab_only,
+            simulated: simulate,
+            source: Source { paths: paths.iter().map(|p| p.to_path_buf()).collect(), params: params.clone() },
             repacked: params.repack_weights,
             overridden,
             adapters: RwLock::new(()),
@@ -429,6 +461,16 @@ impl Model {
     #[doc(alias = "llama_model_get_vocab")]
     pub fn vocab(&self) -> &Vocab {
         &self.vocab
+    }
+
+    /// Loaded with `no_alloc` for the memory plan.
+    pub(crate) fn is_simulated(&self) -> bool {
+        self.simulated
+    }
+
+    /// The files and parameters it was loaded from.
+    pub(crate) fn source(&self) -> &Source {
+        &self.source
     }
 
     /// Whether the model was loaded with [`ModelParams::vocab_only`]: it can

@@ -118,6 +118,7 @@ pub struct EngineConfig {
     pub(crate) kv_type: KvType,
     pub(crate) flash_attention: FlashAttention,
     pub(crate) prefix_block: usize,
+    pub(crate) memory_budget: Option<u64>,
 }
 
 impl Default for EngineConfig {
@@ -136,6 +137,7 @@ impl Default for EngineConfig {
             kv_type: KvType::F16,
             flash_attention: FlashAttention::Auto,
             prefix_block: 16,
+            memory_budget: None,
         }
     }
 }
@@ -184,6 +186,12 @@ impl EngineConfig {
         kv_type: KvType => kv_type;
         /// Flash attention (a quantized V cache needs it).
         flash_attention: FlashAttention => flash_attention;
+        /// Bytes of memory the engine may take (weights, KV pool and
+        /// compute buffers together, as llama.cpp allocates them): the pool
+        /// then gets the most cells that fit, found by
+        /// [`Planner::fit`](crate::plan::Planner::fit) on the model's file
+        /// at [`Engine::start`], instead of `n_ctx`.
+        memory_budget: u64 => memory_budget (Some);
     }
 
     fn check(&self) -> Result<()> {
@@ -552,6 +560,19 @@ pub struct Engine {
     handle: Arc<Handle>,
 }
 
+/// The most cells whose context fits `bytes` with `config`'s other
+/// settings.
+fn pool_for_budget(model: &Model, config: &EngineConfig, bytes: u64) -> Result<u32> {
+    let planner = crate::plan::Planner::for_model(model)?;
+    let n_seq = config.max_running + config.max_cached_prefixes;
+    let fit = planner.fit(
+        &worker::context_params(config),
+        &crate::plan::Budget::total(bytes),
+        crate::plan::FitGoal::MaxContext { n_seq },
+    )?;
+    Ok(fit.plan.n_ctx)
+}
+
 impl Engine {
     /// Starts the worker thread and creates its context: `n_ctx` cells
     /// shared by `max_running + max_cached_prefixes` sequences
@@ -564,9 +585,15 @@ impl Engine {
     /// sequences of a context, a share outside [0, 1], an
     /// `admission_reserve` above the pool) and for models that cannot
     /// generate this way (vocabulary-only, encoder, encoder-decoder); [`Error::ContextCreate`] and the other errors of
-    /// [`Context::new`](crate::Context::new).
-    pub fn start(model: Arc<Model>, config: EngineConfig) -> Result<Engine> {
+    /// [`Context::new`](crate::Context::new); with a memory budget,
+    /// [`Error::DoesNotFit`] when not even 256 cells fit it, and the errors of
+    /// [`Planner::for_model`](crate::plan::Planner::for_model) (the model's
+    /// file is read again).
+    pub fn start(model: Arc<Model>, mut config: EngineConfig) -> Result<Engine> {
         config.check()?;
+        if let Some(bytes) = config.memory_budget {
+            config.n_ctx = pool_for_budget(&model, &config, bytes)?;
+        }
         if model.is_vocab_only() || !model.has_decoder() || model.has_encoder() {
             return Err(Error::InvalidArgument(
                 "the engine generates with decoder-only models; this one is vocabulary-only, an encoder or \

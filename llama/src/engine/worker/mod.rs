@@ -205,15 +205,10 @@ struct Worker<'m> {
     outbox: Vec<(async_channel::Sender<Event>, Event)>,
 }
 
-/// The worker thread's body: creates the context, reports the pool size
-/// (or the error) through `ready`, then serves until every handle is gone.
-pub(crate) fn run(
-    model: &Model,
-    config: &EngineConfig,
-    inbox: mpsc::Receiver<Submission>,
-    shared: &Shared,
-    ready: mpsc::SyncSender<Result<usize>>,
-) {
+/// The context an engine with `config` creates: `n_ctx` cells shared by
+/// `max_running + max_cached_prefixes` sequences (`kv_unified`), full-size
+/// sliding-window cache.
+pub(crate) fn context_params(config: &EngineConfig) -> ContextParams {
     let n_seq = config.max_running + config.max_cached_prefixes;
     let mut params = ContextParams::default()
         .n_ctx(config.n_ctx)
@@ -227,7 +222,20 @@ pub(crate) fn run(
     if let Some(n) = config.n_threads {
         params = params.n_threads(n).n_threads_batch(n);
     }
-    let ctx = match model.new_context(&params) {
+    params
+}
+
+/// The worker thread's body: creates the context, reports the pool size
+/// (or the error) through `ready`, then serves until every handle is gone.
+pub(crate) fn run(
+    model: &Model,
+    config: &EngineConfig,
+    inbox: mpsc::Receiver<Submission>,
+    shared: &Shared,
+    ready: mpsc::SyncSender<Result<usize>>,
+) {
+    let n_seq = config.max_running + config.max_cached_prefixes;
+    let ctx = match model.new_context(&context_params(config)) {
         Ok(ctx) => ctx,
         Err(e) => {
             let _ = ready.send(Err(e));

@@ -1,0 +1,362 @@
+//! The memory of a model explained from its GGUF metadata alone: the
+//! formulas behind [`Planner::plan`](super::Planner::plan)'s figures.
+//!
+//! # Weights
+//!
+//! A tensor of `n` elements of ggml type `t` takes
+//! `n / block_size(t) × type_size(t)` bytes: F32 4 bytes per weight, F16 2,
+//! Q8_0 34 bytes per block of 32 (8.5 bits per weight), Q4_K 144 bytes per
+//! 256 (4.5 bits). The weights are the sum over the file's tensors
+//! ([`ModelShape::weights`] groups them by type). A "Q4_K_M" file is a
+//! mix: most matrices in Q4_K, some (attention V, feed-forward down, the
+//! embeddings) in Q6_K or Q8_0, the norms in F32, so it is larger than
+//! 4.5 bits × parameters; [`ModelShape::weights_as`] gives the size of the
+//! same parameter count stored in one type, which shows what quantization
+//! saves. llama.cpp's figure can differ from the file's sum: tensors are
+//! padded to their buffer's alignment (32 bytes on a CPU), a tied output
+//! matrix is not duplicated, and tensors of parts llama.cpp does not run
+//! (e.g. multi-token-prediction heads it skips) are not loaded.
+//!
+//! # KV cache
+//!
+//! Each attention layer `l` keeps, per cell, a K row of
+//! `n_embd_k_gqa(l) = key_length × head_count_kv(l)` elements of `type_k`
+//! and a V row of `n_embd_v_gqa(l) = value_length × head_count_kv(l)`
+//! elements of `type_v`:
+//!
+//! ```text
+//! KV = Σ_l cells(l) × streams × (row(type_k, n_embd_k_gqa(l)) + row(type_v, n_embd_v_gqa(l)))
+//! ```
+//!
+//! where `row(t, n) = n / block_size(t) × type_size(t)` (q8_0 is
+//! 34/64 = 0.53125 of f16 per element). The cells, as llama.cpp sizes them
+//! (`llama_context::llama_context`, `llama_kv_cache_iswa`):
+//!
+//! * `n_ctx` (0: the training length) is padded up to a multiple of 256;
+//! * with `kv_unified` one stream holds `n_ctx` cells; otherwise each of
+//!   the `n_seq_max` sequences has its own stream of
+//!   `n_ctx_seq = pad256(n_ctx / n_seq_max)` cells;
+//! * a sliding-window layer (window `n_swa`) needs only
+//!   `pad256(min(n_ctx_seq, n_swa × (n_seq_max if unified, else 1) + n_ubatch))`
+//!   cells, unless `swa_full` gives it the full `n_ctx_seq` (this crate's
+//!   default, so that prefixes can be shared and positions shifted);
+//! * without flash attention V is stored transposed, and every layer's V
+//!   row is then as wide as the widest.
+//!
+//! Which layers slide is in the metadata (`attention.sliding_window_pattern`)
+//! or, for some architectures, fixed by llama.cpp: Gemma 3 slides in 5 of
+//! every 6 layers, Gemma 2 in every other one ([`ModelShape::read`] knows
+//! these defaults).
+//!
+//! A recurrent model (Mamba) has no cells: each layer keeps a fixed state
+//! per sequence, in f32: a convolution state of
+//! `(conv_kernel − 1) × (inner_size + 2 × group_count × state_size)` and an
+//! SSM state of `state_size × inner_size` elements.
+//!
+//! Each tensor is rounded up to its buffer's 32-byte alignment; for the
+//! shapes of real models (rows of whole 32-byte multiples) that adds
+//! nothing, and [`ModelShape::kv_bytes`] applies it.
+//!
+//! Not covered (→ [`Error::Unsupported`]): hybrid models (attention plus
+//! recurrent layers), RWKV and other non-Mamba recurrent layers,
+//! multi-head latent attention (DeepSeek's `kv_lora_rank`), layers that
+//! share another layer's cache, and sliding-window layouts of
+//! architectures not listed in [`ModelShape::read`].
+
+use std::path::Path;
+
+use crate::context::{ContextParams, FlashAttention, KvType};
+use crate::error::{Error, Result};
+use crate::gguf::Gguf;
+use crate::sys;
+
+/// The alignment of a CPU buffer's tensors (`TENSOR_ALIGNMENT`).
+const TENSOR_ALIGNMENT: u64 = 32;
+
+/// The weights of one ggml type.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TypeWeights {
+    /// The ggml type's name (`q4_K`, `f32`, …).
+    pub ggml_type: String,
+    /// Tensors of this type.
+    pub tensors: usize,
+    /// Their elements (parameters).
+    pub params: u64,
+    /// Their bytes in the file.
+    pub bytes: u64,
+}
+
+/// One layer's KV shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LayerShape {
+    /// K elements per cell: key length × KV heads.
+    pub n_embd_k_gqa: u32,
+    /// V elements per cell: value length × KV heads.
+    pub n_embd_v_gqa: u32,
+    /// The layer attends over a sliding window.
+    pub sliding_window: bool,
+}
+
+/// A recurrent (Mamba) layer's state per sequence, in f32 elements.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecurrentShape {
+    /// Recurrent layers.
+    pub n_layer: u32,
+    /// Convolution state elements per sequence and layer (llama.cpp's `n_embd_r`).
+    pub conv: u32,
+    /// SSM state elements per sequence and layer (`n_embd_s`).
+    pub ssm: u32,
+}
+
+/// What the memory of a model depends on, read from its GGUF metadata.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ModelShape {
+    /// `general.architecture`.
+    pub architecture: String,
+    /// Training context length (what `n_ctx` 0 means).
+    pub n_ctx_train: u32,
+    /// The weights, by ggml type, largest first.
+    pub weights: Vec<TypeWeights>,
+    /// The attention layers (empty for a recurrent model).
+    pub layers: Vec<LayerShape>,
+    /// The sliding window, in tokens (0: none).
+    pub n_swa: u32,
+    /// The recurrent state, for a recurrent model.
+    pub recurrent: Option<RecurrentShape>,
+}
+
+/// A storage type for [`ModelShape::weights_as`].
+#[non_exhaustive]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WeightType {
+    /// 32-bit float.
+    F32,
+    /// 16-bit float.
+    F16,
+    /// 8-bit blocks (8.5 bits per weight).
+    Q8_0,
+    /// 4-bit k-quant blocks (4.5 bits per weight): the bulk of a Q4_K_M file.
+    Q4K,
+}
+
+impl WeightType {
+    fn raw(self) -> sys::ggml_type::Type {
+        match self {
+            WeightType::F32 => sys::ggml_type::GGML_TYPE_F32,
+            WeightType::F16 => sys::ggml_type::GGML_TYPE_F16,
+            WeightType::Q8_0 => sys::ggml_type::GGML_TYPE_Q8_0,
+            WeightType::Q4K => sys::ggml_type::GGML_TYPE_Q4_K,
+        }
+    }
+}
+
+/// Bytes of `n` elements of ggml type `t`.
+fn row_size(t: sys::ggml_type::Type, n: u64) -> u64 {
+    // SAFETY: plain lookups in ggml's type table for a valid type.
+    let (size, block) = unsafe { (sys::ggml_type_size(t) as u64, sys::ggml_blck_size(t) as u64) };
+    n.div_ceil(block.max(1)) * size
+}
+
+fn pad(n: u64, to: u64) -> u64 {
+    n.div_ceil(to) * to
+}
+
+/// The architectures whose sliding-window layout llama.cpp fixes when the
+/// metadata has no `sliding_window_pattern`: (name, period, dense first).
+/// With dense first, layer `l` slides unless `l % period == 0`; otherwise
+/// the last layer of each period is the global one (`set_swa_pattern`).
+const SWA_DEFAULTS: &[(&str, u32, bool)] = &[
+    ("gemma2", 2, false),
+    ("gemma3", 6, false),
+    ("gemma-embedding", 6, false),
+    ("cohere2", 4, false),
+    ("exaone4", 4, false),
+    ("olmo2", 4, false),
+    ("llama4", 4, false),
+    ("gpt-oss", 2, false),
+];
+
+impl ModelShape {
+    /// Reads the shape of the model at `path` from its GGUF metadata.
+    ///
+    /// # Errors
+    /// [`Error::Io`] / [`Error::ModelLoad`] for a missing or unreadable
+    /// file; [`Error::Unsupported`] for the architectures the formulas do
+    /// not cover (see the module documentation).
+    pub fn read(path: &Path) -> Result<ModelShape> {
+        let c_path = crate::model::check_gguf_file(path)?;
+        let gguf = Gguf::open(&c_path).ok_or_else(|| Error::ModelLoad {
+            path: path.to_owned(),
+            reason: "ggml's GGUF parser rejected the file".into(),
+        })?;
+        let arch = gguf.string("general.architecture").unwrap_or_default();
+        let key = |k: &str| format!("{arch}.{k}");
+        let unsupported = |why: &str| Err(Error::Unsupported(format!("memory formulas for `{arch}`: {why}")));
+        let u32_key = |k: &str| gguf.scalar_u32(&key(k));
+
+        let mut weights: Vec<TypeWeights> = Vec::new();
+        for t in gguf.tensors() {
+            // SAFETY: a lookup in ggml's type table; the type was
+            // validated by the GGUF parser.
+            let name =
+                unsafe { std::ffi::CStr::from_ptr(sys::ggml_type_name(t.ggml_type)) }.to_string_lossy().into_owned();
+            // SAFETY: as above.
+            let (size, block) =
+                unsafe { (sys::ggml_type_size(t.ggml_type) as u64, sys::ggml_blck_size(t.ggml_type) as u64) };
+            let params = t.bytes / size.max(1) * block;
+            match weights.iter_mut().find(|w| w.ggml_type == name) {
+                Some(w) => {
+                    w.tensors += 1;
+                    w.params += params;
+                    w.bytes += t.bytes;
+                }
+                None => weights.push(TypeWeights { ggml_type: name, tensors: 1, params, bytes: t.bytes }),
+            }
+        }
+        weights.sort_by_key(|w| std::cmp::Reverse(w.bytes));
+
+        let n_ctx_train = u32_key("context_length").unwrap_or(0);
+        let Some(n_layer) = u32_key("block_count") else {
+            return unsupported("no block_count in the metadata");
+        };
+        let ssm_keys = ["ssm.conv_kernel", "ssm.inner_size", "ssm.state_size"];
+        let has_ssm = ssm_keys.iter().any(|k| gguf.find(&key(k)).is_some());
+        let other_state = ["wkv.head_size", "shortconv.l_cache"].iter().any(|k| gguf.find(&key(k)).is_some());
+        if has_ssm || other_state {
+            if !matches!(arch.as_str(), "mamba" | "mamba2") || other_state {
+                return unsupported("recurrent or hybrid layers other than Mamba's are not modelled");
+            }
+            let get = |k: &str| u32_key(k).unwrap_or(0);
+            let (d_conv, d_inner, d_state, n_group) =
+                (get("ssm.conv_kernel"), get("ssm.inner_size"), get("ssm.state_size"), get("ssm.group_count"));
+            let conv = d_conv.saturating_sub(1) * (d_inner + 2 * n_group * d_state);
+            return Ok(ModelShape {
+                architecture: arch.clone(),
+                n_ctx_train,
+                weights,
+                layers: Vec::new(),
+                n_swa: 0,
+                recurrent: Some(RecurrentShape { n_layer, conv, ssm: d_state * d_inner }),
+            });
+        }
+        for k in ["attention.kv_lora_rank", "attention.shared_kv_layers", "attention.key_length_swa"] {
+            if gguf.find(&key(k)).is_some() {
+                return unsupported(&format!("`{k}` (a KV layout the formulas do not model)"));
+            }
+        }
+        let Some(n_embd) = u32_key("embedding_length") else {
+            return unsupported("no embedding_length in the metadata");
+        };
+        let n_head = gguf.per_layer_u32(&key("attention.head_count"), n_layer).unwrap_or_default();
+        let head0 = n_head.first().copied().unwrap_or(0);
+        if head0 == 0 {
+            return unsupported("no attention.head_count in the metadata");
+        }
+        let n_head_kv = gguf.per_layer_u32(&key("attention.head_count_kv"), n_layer).unwrap_or_else(|| n_head.clone());
+        let head_k = u32_key("attention.key_length").unwrap_or(n_embd / head0);
+        let head_v = u32_key("attention.value_length").unwrap_or(n_embd / head0);
+        let n_swa = u32_key("attention.sliding_window").unwrap_or(0);
+        let pattern_key = key("attention.sliding_window_pattern");
+        let sliding: Vec<bool> = if n_swa == 0 {
+            vec![false; n_layer as usize]
+        } else if let Some(flags) = gguf
+            .per_layer_u32(&pattern_key, n_layer)
+            .filter(|_| gguf.find(&pattern_key).is_some_and(|(_, t)| t == sys::gguf_type::GGUF_TYPE_ARRAY))
+        {
+            flags.iter().map(|&f| f != 0).collect()
+        } else {
+            let default = SWA_DEFAULTS.iter().find(|(a, _, _)| *a == arch).map(|&(_, p, d)| (p, d));
+            let Some((period, dense_first)) = gguf.scalar_u32(&pattern_key).map(|p| (p, false)).or(default) else {
+                return unsupported("a sliding window whose layer pattern is neither in the metadata nor known here");
+            };
+            (0..n_layer)
+                .map(|l| period == 0 || if dense_first { l % period != 0 } else { l % period < period - 1 })
+                .collect()
+        };
+        let layers = (0..n_layer as usize)
+            .map(|l| LayerShape {
+                n_embd_k_gqa: head_k * n_head_kv[l],
+                n_embd_v_gqa: head_v * n_head_kv[l],
+                sliding_window: sliding[l],
+            })
+            .filter(|l| l.n_embd_k_gqa > 0)
+            .collect();
+        Ok(ModelShape { architecture: arch.clone(), n_ctx_train, weights, layers, n_swa, recurrent: None })
+    }
+
+    /// Parameters (elements) over all tensors.
+    pub fn n_params(&self) -> u64 {
+        self.weights.iter().map(|w| w.params).sum()
+    }
+
+    /// Bytes of all tensors in the file.
+    pub fn weights_bytes(&self) -> u64 {
+        self.weights.iter().map(|w| w.bytes).sum()
+    }
+
+    /// The bytes the same parameters would take all stored as `kind`.
+    pub fn weights_as(&self, kind: WeightType) -> u64 {
+        row_size(kind.raw(), self.n_params())
+    }
+
+    /// The cells each attention layer gets with `params`: (full-attention
+    /// cells, sliding-window cells), per stream, and the streams.
+    pub fn cells(&self, params: &ContextParams) -> KvCells {
+        let p = params;
+        let requested = if p.n_ctx == 0 { self.n_ctx_train } else { p.n_ctx };
+        let n_batch = requested.min(p.n_batch);
+        let n_ubatch = n_batch.min(if p.n_ubatch == 0 { n_batch } else { p.n_ubatch });
+        let n_ctx = pad(u64::from(requested), 256) as u32;
+        let n_seq = p.n_seq_max.max(1);
+        let (n_ctx_seq, streams) =
+            if p.kv_unified { (n_ctx, 1) } else { (pad(u64::from(n_ctx / n_seq), 256) as u32, n_seq) };
+        let window = u64::from(self.n_swa) * u64::from(if p.kv_unified { n_seq } else { 1 }) + u64::from(n_ubatch);
+        let swa = if p.swa_full { n_ctx_seq } else { pad(window.min(u64::from(n_ctx_seq)), 256) as u32 };
+        KvCells { n_ctx_seq, streams, full: n_ctx_seq, sliding: swa }
+    }
+
+    /// The KV cache (or recurrent state) bytes of a context with `params`,
+    /// by the formula of the module documentation. Flash attention
+    /// [`Auto`](FlashAttention::Auto) counts as on (what llama.cpp resolves
+    /// it to where every device supports it, as the CPU does).
+    pub fn kv_bytes(&self, params: &ContextParams) -> u64 {
+        let p = params;
+        if let Some(r) = self.recurrent {
+            let cells = u64::from(p.n_seq_max.max(1));
+            let f32 = sys::ggml_type::GGML_TYPE_F32;
+            let per_layer = pad(row_size(f32, u64::from(r.conv)) * cells, TENSOR_ALIGNMENT)
+                + pad(row_size(f32, u64::from(r.ssm)) * cells, TENSOR_ALIGNMENT);
+            return u64::from(r.n_layer) * per_layer;
+        }
+        let cells = self.cells(p);
+        let v_transposed = p.flash_attention == FlashAttention::Off;
+        let widest_v = self.layers.iter().map(|l| l.n_embd_v_gqa).max().unwrap_or(0);
+        let (k_type, v_type) = (kv_raw(p.type_k), kv_raw(p.type_v));
+        self.layers
+            .iter()
+            .map(|l| {
+                let n = u64::from(if l.sliding_window { cells.sliding } else { cells.full }) * u64::from(cells.streams);
+                let v_width = if v_transposed { widest_v } else { l.n_embd_v_gqa };
+                pad(row_size(k_type, u64::from(l.n_embd_k_gqa)) * n, TENSOR_ALIGNMENT)
+                    + pad(row_size(v_type, u64::from(v_width)) * n, TENSOR_ALIGNMENT)
+            })
+            .sum()
+    }
+}
+
+/// The KV cells of a context, from [`ModelShape::cells`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvCells {
+    /// Cells per sequence (`llama_n_ctx_seq`).
+    pub n_ctx_seq: u32,
+    /// Streams: 1 with `kv_unified`, otherwise one per sequence.
+    pub streams: u32,
+    /// Cells per stream of a full-attention layer.
+    pub full: u32,
+    /// Cells per stream of a sliding-window layer.
+    pub sliding: u32,
+}
+
+fn kv_raw(t: KvType) -> sys::ggml_type::Type {
+    t.raw()
+}

@@ -1,0 +1,219 @@
+//! Fitting a context to a memory budget with llama.cpp's own plans.
+
+use super::{HOST, MemoryBreakdown, MemoryPlan, Planner};
+use crate::context::{ContextParams, KvType};
+use crate::error::{Error, Result};
+
+/// A memory budget: bytes per device ([`HOST`] for RAM) and/or in total.
+/// Devices without a budget are not limited.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Budget {
+    devices: Vec<(String, u64)>,
+    total: Option<u64>,
+}
+
+impl Budget {
+    /// At most `bytes` over every device together.
+    pub fn total(bytes: u64) -> Budget {
+        Budget { devices: Vec::new(), total: Some(bytes) }
+    }
+
+    /// At most `bytes` of host memory (RAM): the budget of a CPU-only run.
+    pub fn host(bytes: u64) -> Budget {
+        Budget::default().device(HOST, bytes)
+    }
+
+    /// Adds (or replaces) a limit of `bytes` on device `name`, as
+    /// [`BufferMemory::device`](super::BufferMemory::device) names it.
+    #[must_use]
+    pub fn device(mut self, name: &str, bytes: u64) -> Budget {
+        self.devices.retain(|(d, _)| d != name);
+        self.devices.push((name.to_owned(), bytes));
+        self
+    }
+
+    /// The first limit `memory` exceeds: (device or `"total"`, bytes
+    /// needed there, the limit).
+    pub fn overrun(&self, memory: &MemoryBreakdown) -> Option<(String, u64, u64)> {
+        let devices = memory.devices();
+        for (name, limit) in &self.devices {
+            let needed = devices.iter().find(|d| d.device == *name).map_or(0, |d| d.total());
+            if needed > *limit {
+                return Some((name.clone(), needed, *limit));
+            }
+        }
+        match self.total {
+            Some(limit) if memory.total() > limit => Some(("total".to_owned(), memory.total(), limit)),
+            _ => None,
+        }
+    }
+
+    /// Whether `memory` stays within every limit.
+    pub fn allows(&self, memory: &MemoryBreakdown) -> bool {
+        self.overrun(memory).is_none()
+    }
+}
+
+/// What to maximise.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FitGoal {
+    /// The largest `n_ctx` (a multiple of 256) for `n_seq` sequences, up to
+    /// the training length per sequence (`n_ctx_train × n_seq`).
+    MaxContext {
+        /// Sequences.
+        n_seq: u32,
+    },
+    /// The most sequences (up to 256 and `n_batch`) with `n_ctx_seq` cells
+    /// each (`n_ctx = n_ctx_seq × sequences`).
+    MaxSequences {
+        /// Cells per sequence.
+        n_ctx_seq: u32,
+    },
+}
+
+/// A configuration that fits.
+#[derive(Clone, Debug)]
+pub struct Fit {
+    /// The parameters to create the context with.
+    pub params: ContextParams,
+    /// Their plan (within the budget).
+    pub plan: MemoryPlan,
+    /// The KV type chosen (of those offered to [`Planner::fit_kv`]).
+    pub kv_type: KvType,
+    /// The search stopped at its upper bound (the training length, or 256
+    /// sequences), not at the budget: a larger value might fit too.
+    pub capped: bool,
+}
+
+impl Planner {
+    /// The largest configuration of `goal` whose plan stays within
+    /// `budget`, starting from `base` (its other settings, KV types
+    /// included, are kept).
+    ///
+    /// Each step is one [`Planner::plan`]; the search is a bisection over
+    /// multiples of 256 cells (or over sequence counts), then a walk up
+    /// while the next step still fits, so the answer's next step up does
+    /// not fit unless [`Fit::capped`].
+    ///
+    /// # Errors
+    /// [`Error::DoesNotFit`] when even the smallest configuration (256
+    /// cells, or one sequence) exceeds the budget, naming the device and
+    /// the part (weights alone, or weights + KV + compute) that does not
+    /// fit; the errors of [`Planner::plan`].
+    pub fn fit(&self, base: &ContextParams, budget: &Budget, goal: FitGoal) -> Result<Fit> {
+        let n_seq_cap = crate::context::max_sequences().min(base.n_batch).max(1);
+        let (configure, top): (Box<dyn Fn(u32) -> ContextParams>, u32) = match goal {
+            FitGoal::MaxContext { n_seq } => {
+                if n_seq == 0 {
+                    return Err(Error::InvalidArgument("MaxContext needs at least one sequence".into()));
+                }
+                let train = u64::from(self.n_ctx_train().max(256)) * u64::from(n_seq);
+                let limit = train.min(u64::from(crate::context::MAX_TOKENS));
+                let base = base.clone();
+                (Box::new(move |k| base.clone().n_ctx(k * 256).n_seq_max(n_seq)), (limit / 256) as u32)
+            }
+            FitGoal::MaxSequences { n_ctx_seq } => {
+                if n_ctx_seq == 0 {
+                    return Err(Error::InvalidArgument("MaxSequences needs at least one cell per sequence".into()));
+                }
+                let base = base.clone();
+                let most = (u64::from(crate::context::MAX_TOKENS) / u64::from(n_ctx_seq)).min(u64::from(n_seq_cap));
+                (Box::new(move |k| base.clone().n_ctx(n_ctx_seq * k).n_seq_max(k)), most as u32)
+            }
+        };
+        if top == 0 {
+            return Err(Error::InvalidArgument(format!("{goal:?} leaves nothing to search")));
+        }
+        let try_k = |k: u32| -> Result<(ContextParams, MemoryPlan)> {
+            let params = configure(k);
+            let plan = self.plan(&params)?;
+            Ok((params, plan))
+        };
+        let smallest = try_k(1)?;
+        if let Some((device, needed, limit)) = budget.overrun(&smallest.1.memory) {
+            return Err(does_not_fit(&smallest.1, &device, needed, limit));
+        }
+        // Invariant: `lo` fits; `hi` is the first known not to (or top + 1).
+        let (mut lo, mut best, mut hi) = (1u32, smallest, top + 1);
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            let candidate = try_k(mid)?;
+            if budget.allows(&candidate.1.memory) {
+                (lo, best) = (mid, candidate);
+            } else {
+                hi = mid;
+            }
+        }
+        // The plan grows with the cells almost everywhere; where it does
+        // not (a compute graph that shrinks at some size), keep walking up.
+        while lo < top {
+            let candidate = try_k(lo + 1)?;
+            if !budget.allows(&candidate.1.memory) {
+                break;
+            }
+            (lo, best) = (lo + 1, candidate);
+        }
+        let kv_type = best.0.type_k;
+        Ok(Fit { params: best.0, plan: best.1, kv_type, capped: lo == top })
+    }
+
+    /// [`Planner::fit`] with each KV type of `kv_types` in turn (both K
+    /// and V; a quantized V cache needs flash attention, which `base`'s
+    /// `Auto` gives on a CPU): the first type for which anything fits.
+    ///
+    /// # Errors
+    /// As [`Planner::fit`], for the last type tried;
+    /// [`Error::InvalidArgument`] for an empty list.
+    pub fn fit_kv(&self, base: &ContextParams, budget: &Budget, goal: FitGoal, kv_types: &[KvType]) -> Result<Fit> {
+        let mut last = Err(Error::InvalidArgument("fit_kv needs at least one KV type".into()));
+        for &kind in kv_types {
+            last = self.fit(&base.clone().kv_type(kind), budget, goal);
+            match &last {
+                Err(Error::DoesNotFit { .. }) => continue,
+                _ => return last,
+            }
+        }
+        last
+    }
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{:.2} MiB", bytes as f64 / (1024.0 * 1024.0))
+}
+
+fn does_not_fit(plan: &MemoryPlan, device: &str, needed: u64, limit: u64) -> Error {
+    let parts = if device == "total" {
+        plan.memory.devices().into_iter().fold(super::BufferMemory::default_named("total"), |mut acc, d| {
+            acc.weights += d.weights;
+            acc.kv += d.kv;
+            acc.compute += d.compute;
+            acc
+        })
+    } else {
+        plan.memory
+            .devices()
+            .into_iter()
+            .find(|d| d.device == device)
+            .unwrap_or_else(|| super::BufferMemory::default_named(device))
+    };
+    let detail = if parts.weights > limit {
+        format!("the weights alone need {}", mib(parts.weights))
+    } else {
+        format!(
+            "at the smallest configuration (n_ctx {}, {} sequence(s), KV {:?}) weights {} + KV {} + compute {} = {}",
+            plan.n_ctx,
+            plan.n_seq_max,
+            plan.type_k,
+            mib(parts.weights),
+            mib(parts.kv),
+            mib(parts.compute),
+            mib(needed)
+        )
+    };
+    Error::DoesNotFit {
+        device: device.to_owned(),
+        needed,
+        budget: limit,
+        detail: format!("{detail}, over {}", mib(limit)),
+    }
+}
