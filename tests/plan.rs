@@ -299,6 +299,17 @@ fn engine_sizes_its_pool_from_a_memory_budget() {
     let engine = Engine::start(model.clone(), config.clone().memory_budget(budget)).unwrap();
     assert_eq!(engine.pool_cells(), 4096);
     engine.shutdown();
+    // The admission reserve is checked against the pool the budget gives,
+    // not the default n_ctx (4096).
+    let budget = planner.plan(&pool_params(8192)).unwrap().memory.total() + 1000;
+    let engine = Engine::start(model.clone(), config.clone().admission_reserve(5000).memory_budget(budget)).unwrap();
+    assert_eq!(engine.pool_cells(), 8192);
+    engine.shutdown();
+    match Engine::start(model.clone(), config.clone().admission_reserve(9000).memory_budget(budget)) {
+        Err(Error::InvalidArgument(m)) => assert!(m.contains("admission_reserve 9000 exceeds the pool of 8192"), "{m}"),
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("a reserve above the pool was accepted"),
+    }
     let small = planner.plan(&pool_params(256)).unwrap().memory.total();
     match Engine::start(model, config.memory_budget(small - 1)) {
         Err(Error::DoesNotFit { .. }) => {}

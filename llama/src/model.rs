@@ -323,7 +323,7 @@ impl Model {
     }
 
     /// Loads the metadata of a model with llama.cpp's `no_alloc`: tensors
-    /// are created and placed on their buffer types, nothing is allocated
+    /// are created and placed on their buffer types, no weight is allocated
     /// or read. Such a model only serves the memory plan
     /// ([`crate::plan::Planner`]); contexts over it refuse to be created.
     pub(crate) fn load_simulated(paths: &[&Path], params: &ModelParams) -> Result<Model> {

@@ -197,7 +197,6 @@ impl ContextParams {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`], as listed at [`Context::new`].
-
     pub(crate) fn to_raw(&self, model: &Model) -> Result<sys::llama_context_params> {
         let p = self;
         if p.n_seq_max == 0 || p.n_seq_max > max_sequences() {

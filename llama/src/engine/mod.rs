@@ -590,10 +590,6 @@ impl Engine {
     /// [`Planner::for_model`](crate::plan::Planner::for_model) (the model's
     /// file is read again).
     pub fn start(model: Arc<Model>, mut config: EngineConfig) -> Result<Engine> {
-        config.check()?;
-        if let Some(bytes) = config.memory_budget {
-            config.n_ctx = pool_for_budget(&model, &config, bytes)?;
-        }
         if model.is_vocab_only() || !model.has_decoder() || model.has_encoder() {
             return Err(Error::InvalidArgument(
                 "the engine generates with decoder-only models; this one is vocabulary-only, an encoder or \
@@ -601,6 +597,13 @@ impl Engine {
                     .into(),
             ));
         }
+        if let Some(bytes) = config.memory_budget {
+            // The other settings first (the pool size is not known yet),
+            // then all of them with the pool the budget gives.
+            EngineConfig { n_ctx: u32::MAX, ..config.clone() }.check()?;
+            config.n_ctx = pool_for_budget(&model, &config, bytes)?;
+        }
+        config.check()?;
         let shared = Arc::new(Shared::default());
         let (commands, inbox) = mpsc::channel();
         let (ready_tx, ready) = mpsc::sync_channel(1);

@@ -40,13 +40,19 @@
 //!   `pad256(min(n_ctx_seq, n_swa × (n_seq_max if unified, else 1) + n_ubatch))`
 //!   cells, unless `swa_full` gives it the full `n_ctx_seq` (this crate's
 //!   default, so that prefixes can be shared and positions shifted);
-//! * without flash attention V is stored transposed, and every layer's V
-//!   row is then as wide as the widest.
+//! * without flash attention (and always for Grok, for which llama.cpp
+//!   turns it off) V is stored transposed, and every layer's V row is then
+//!   as wide as the widest.
 //!
 //! Which layers slide is in the metadata (`attention.sliding_window_pattern`)
 //! or, for some architectures, fixed by llama.cpp: Gemma 3 slides in 5 of
-//! every 6 layers, Gemma 2 in every other one ([`ModelShape::read`] knows
-//! these defaults).
+//! every 6 layers, Gemma 2 in every other one with a 4096-token window by
+//! default, Llama 4 in 3 of 4 with 8192-token chunks. The formulas know
+//! Gemma 2 and 3, Cohere 2, OLMo 2, Llama 4 and gpt-oss; other
+//! architectures with a sliding window need the pattern in the metadata.
+//! Multi-token-prediction layers (`nextn_predict_layers`, after the trunk)
+//! have no cells in the main cache, and encoders and diffusion models
+//! (BERT and its kin, Gemma embedding, Dream, LLaDA) have no cache at all.
 //!
 //! A recurrent model (Mamba) has no cells: each layer keeps a fixed state
 //! per sequence, in f32: a convolution state of
@@ -117,12 +123,16 @@ pub struct ModelShape {
     pub n_ctx_train: u32,
     /// The weights, by ggml type, largest first.
     pub weights: Vec<TypeWeights>,
-    /// The attention layers (empty for a recurrent model).
+    /// The layers with a KV cache (none for a recurrent model or an
+    /// architecture llama.cpp runs without a cache, such as BERT).
     pub layers: Vec<LayerShape>,
     /// The sliding window, in tokens (0: none).
     pub n_swa: u32,
     /// The recurrent state, for a recurrent model.
     pub recurrent: Option<RecurrentShape>,
+    /// llama.cpp turns flash attention off for this architecture (Grok),
+    /// so V is always stored transposed.
+    pub v_transposed_always: bool,
 }
 
 /// A storage type for [`ModelShape::weights_as`].
@@ -161,19 +171,50 @@ fn pad(n: u64, to: u64) -> u64 {
     n.div_ceil(to) * to
 }
 
-/// The architectures whose sliding-window layout llama.cpp fixes when the
-/// metadata has no `sliding_window_pattern`: (name, period, dense first).
-/// With dense first, layer `l` slides unless `l % period == 0`; otherwise
-/// the last layer of each period is the global one (`set_swa_pattern`).
-const SWA_DEFAULTS: &[(&str, u32, bool)] = &[
-    ("gemma2", 2, false),
-    ("gemma3", 6, false),
-    ("gemma-embedding", 6, false),
-    ("cohere2", 4, false),
-    ("exaone4", 4, false),
-    ("olmo2", 4, false),
-    ("llama4", 4, false),
-    ("gpt-oss", 2, false),
+/// Where an architecture's sliding window comes from.
+#[derive(Clone, Copy)]
+enum Window {
+    /// `attention.sliding_window`; 0 or absent: no sliding window.
+    Metadata,
+    /// `attention.sliding_window`, else this default (Gemma 2: 4096).
+    MetadataOr(u32),
+    /// Fixed by llama.cpp unless the metadata says 0 (Llama 4's chunks: 8192).
+    FixedUnlessZero(u32),
+}
+
+/// The architectures whose sliding-window layout the formulas know, as
+/// llama.cpp sets it (`src/models/<arch>.cpp`): (name, window, period,
+/// dense first). A scalar `sliding_window_pattern` in the metadata
+/// replaces the period. With dense first, layer `l` slides unless
+/// `l % period == 0`; otherwise the last layer of each period is the
+/// global one (`llama_hparams::set_swa_pattern`).
+const SWA_ARCHITECTURES: &[(&str, Window, u32, bool)] = &[
+    ("gemma2", Window::MetadataOr(4096), 2, false),
+    ("gemma3", Window::Metadata, 6, false),
+    ("cohere2", Window::Metadata, 4, false),
+    ("olmo2", Window::Metadata, 4, false),
+    ("llama4", Window::FixedUnlessZero(8192), 4, false),
+    ("gpt-oss", Window::Metadata, 2, false),
+];
+
+/// Architectures for which llama.cpp creates no KV cache at all
+/// (`llama_model::create_memory` returns none: encoders and diffusion
+/// models, which attend over the whole batch).
+const NO_CACHE: &[&str] = &[
+    "bert",
+    "jina-bert-v2",
+    "jina-bert-v3",
+    "nomic-bert",
+    "nomic-bert-moe",
+    "neo-bert",
+    "eurobert",
+    "wavtokenizer-dec",
+    "modern-bert",
+    "gemma-embedding",
+    "dream",
+    "llada",
+    "llada-moe",
+    "rnd1",
 ];
 
 impl ModelShape {
@@ -237,6 +278,18 @@ impl ModelShape {
                 layers: Vec::new(),
                 n_swa: 0,
                 recurrent: Some(RecurrentShape { n_layer, conv, ssm: d_state * d_inner }),
+                v_transposed_always: false,
+            });
+        }
+        if NO_CACHE.contains(&arch.as_str()) {
+            return Ok(ModelShape {
+                architecture: arch.clone(),
+                n_ctx_train,
+                weights,
+                layers: Vec::new(),
+                n_swa: 0,
+                recurrent: None,
+                v_transposed_always: false,
             });
         }
         for k in ["attention.kv_lora_rank", "attention.shared_kv_layers", "attention.key_length_swa"] {
@@ -255,25 +308,40 @@ impl ModelShape {
         let n_head_kv = gguf.per_layer_u32(&key("attention.head_count_kv"), n_layer).unwrap_or_else(|| n_head.clone());
         let head_k = u32_key("attention.key_length").unwrap_or(n_embd / head0);
         let head_v = u32_key("attention.value_length").unwrap_or(n_embd / head0);
-        let n_swa = u32_key("attention.sliding_window").unwrap_or(0);
+        let metadata_window = u32_key("attention.sliding_window");
+        let known = SWA_ARCHITECTURES.iter().find(|(a, ..)| *a == arch);
+        let n_swa = match known.map(|k| k.1) {
+            Some(Window::Metadata) | None => metadata_window.unwrap_or(0),
+            Some(Window::MetadataOr(default)) => metadata_window.unwrap_or(default),
+            Some(Window::FixedUnlessZero(fixed)) => {
+                if metadata_window == Some(0) {
+                    0
+                } else {
+                    fixed
+                }
+            }
+        };
         let pattern_key = key("attention.sliding_window_pattern");
+        let pattern_is_array = gguf.find(&pattern_key).is_some_and(|(_, t)| t == sys::gguf_type::GGUF_TYPE_ARRAY);
         let sliding: Vec<bool> = if n_swa == 0 {
             vec![false; n_layer as usize]
-        } else if let Some(flags) = gguf
-            .per_layer_u32(&pattern_key, n_layer)
-            .filter(|_| gguf.find(&pattern_key).is_some_and(|(_, t)| t == sys::gguf_type::GGUF_TYPE_ARRAY))
-        {
+        } else if let Some(flags) = gguf.per_layer_u32(&pattern_key, n_layer).filter(|_| pattern_is_array) {
             flags.iter().map(|&f| f != 0).collect()
         } else {
-            let default = SWA_DEFAULTS.iter().find(|(a, _, _)| *a == arch).map(|&(_, p, d)| (p, d));
-            let Some((period, dense_first)) = gguf.scalar_u32(&pattern_key).map(|p| (p, false)).or(default) else {
-                return unsupported("a sliding window whose layer pattern is neither in the metadata nor known here");
+            let Some(&(_, _, default_period, dense_first)) = known else {
+                return unsupported(
+                    "a sliding window whose layer layout llama.cpp sets in code these formulas do not know",
+                );
             };
+            let period = gguf.scalar_u32(&pattern_key).unwrap_or(default_period);
             (0..n_layer)
                 .map(|l| period == 0 || if dense_first { l % period != 0 } else { l % period < period - 1 })
                 .collect()
         };
-        let layers = (0..n_layer as usize)
+        // The main cache leaves out multi-token-prediction layers (they
+        // are counted in block_count, after the trunk).
+        let n_trunk = n_layer.saturating_sub(u32_key("nextn_predict_layers").unwrap_or(0)) as usize;
+        let layers = (0..n_trunk)
             .map(|l| LayerShape {
                 n_embd_k_gqa: head_k * n_head_kv[l],
                 n_embd_v_gqa: head_v * n_head_kv[l],
@@ -281,7 +349,16 @@ impl ModelShape {
             })
             .filter(|l| l.n_embd_k_gqa > 0)
             .collect();
-        Ok(ModelShape { architecture: arch.clone(), n_ctx_train, weights, layers, n_swa, recurrent: None })
+        let v_transposed_always = arch == "grok";
+        Ok(ModelShape {
+            architecture: arch.clone(),
+            n_ctx_train,
+            weights,
+            layers,
+            n_swa,
+            recurrent: None,
+            v_transposed_always,
+        })
     }
 
     /// Parameters (elements) over all tensors.
@@ -316,9 +393,10 @@ impl ModelShape {
     }
 
     /// The KV cache (or recurrent state) bytes of a context with `params`,
-    /// by the formula of the module documentation. Flash attention
-    /// [`Auto`](FlashAttention::Auto) counts as on (what llama.cpp resolves
-    /// it to where every device supports it, as the CPU does).
+    /// by the formula of the module documentation. llama.cpp lays V out
+    /// transposed only when flash attention is [`Off`](FlashAttention::Off)
+    /// (it decides `v_trans = !flash_attn` before resolving
+    /// [`Auto`](FlashAttention::Auto)), or always for Grok.
     pub fn kv_bytes(&self, params: &ContextParams) -> u64 {
         let p = params;
         if let Some(r) = self.recurrent {
@@ -329,7 +407,7 @@ impl ModelShape {
             return u64::from(r.n_layer) * per_layer;
         }
         let cells = self.cells(p);
-        let v_transposed = p.flash_attention == FlashAttention::Off;
+        let v_transposed = p.flash_attention == FlashAttention::Off || self.v_transposed_always;
         let widest_v = self.layers.iter().map(|l| l.n_embd_v_gqa).max().unwrap_or(0);
         let (k_type, v_type) = (kv_raw(p.type_k), kv_raw(p.type_v));
         self.layers

@@ -58,7 +58,9 @@ impl Budget {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FitGoal {
     /// The largest `n_ctx` (a multiple of 256) for `n_seq` sequences, up to
-    /// the training length per sequence (`n_ctx_train × n_seq`).
+    /// the training length per sequence (`n_ctx_train × n_seq`, rounded
+    /// down to a multiple of 256; without `kv_unified` llama.cpp then pads
+    /// each sequence's share up to 256).
     MaxContext {
         /// Sequences.
         n_seq: u32,
@@ -80,8 +82,11 @@ pub struct Fit {
     pub plan: MemoryPlan,
     /// The KV type chosen (of those offered to [`Planner::fit_kv`]).
     pub kv_type: KvType,
-    /// The search stopped at its upper bound (the training length, or 256
-    /// sequences), not at the budget: a larger value might fit too.
+    /// The search stopped at its upper bound, not at the budget: a larger
+    /// value might fit too. The bounds: `n_ctx_train × n_seq` cells
+    /// (rounded down to 256) or `MAX_TOKENS`, for [`FitGoal::MaxContext`];
+    /// 256 sequences, `n_batch`, or one sequence for an encoder-decoder
+    /// model without `kv_unified`, for [`FitGoal::MaxSequences`].
     pub capped: bool,
 }
 
@@ -90,10 +95,11 @@ impl Planner {
     /// `budget`, starting from `base` (its other settings, KV types
     /// included, are kept).
     ///
-    /// Each step is one [`Planner::plan`]; the search is a bisection over
-    /// multiples of 256 cells (or over sequence counts), then a walk up
-    /// while the next step still fits, so the answer's next step up does
-    /// not fit unless [`Fit::capped`].
+    /// Each step is one [`Planner::plan`]; the search doubles from the
+    /// smallest step (256 cells, or one sequence) until a step does not
+    /// fit, then bisects, over multiples of 256 cells (or sequence counts).
+    /// The plan grows with the cells, so the answer's next step up does not
+    /// fit unless [`Fit::capped`].
     ///
     /// # Errors
     /// [`Error::DoesNotFit`] when even the smallest configuration (256
@@ -101,7 +107,13 @@ impl Planner {
     /// the part (weights alone, or weights + KV + compute) that does not
     /// fit; the errors of [`Planner::plan`].
     pub fn fit(&self, base: &ContextParams, budget: &Budget, goal: FitGoal) -> Result<Fit> {
-        let n_seq_cap = crate::context::max_sequences().min(base.n_batch).max(1);
+        // An encoder-decoder model takes several sequences only in one
+        // unified cache (see `Context::new`).
+        let n_seq_cap = if self.model.has_encoder() && !base.kv_unified {
+            1
+        } else {
+            crate::context::max_sequences().min(base.n_batch).max(1)
+        };
         let (configure, top): (Box<dyn Fn(u32) -> ContextParams>, u32) = match goal {
             FitGoal::MaxContext { n_seq } => {
                 if n_seq == 0 {
@@ -133,25 +145,39 @@ impl Planner {
         if let Some((device, needed, limit)) = budget.overrun(&smallest.1.memory) {
             return Err(does_not_fit(&smallest.1, &device, needed, limit));
         }
-        // Invariant: `lo` fits; `hi` is the first known not to (or top + 1).
-        let (mut lo, mut best, mut hi) = (1u32, smallest, top + 1);
+        // A larger step fits if its plan is within the budget; one that
+        // llama.cpp refuses to create (it still allocates the cells'
+        // bookkeeping, ~48 bytes each, for real) does not.
+        let fits = |k: u32| -> Result<Option<(ContextParams, MemoryPlan)>> {
+            match try_k(k) {
+                Ok(c) if budget.allows(&c.1.memory) => Ok(Some(c)),
+                Ok(_) | Err(Error::ContextCreate(_)) => Ok(None),
+                Err(e) => Err(e),
+            }
+        };
+        // Upwards by doubling from the smallest step, so that no plan is
+        // tried at more than twice the answer; then bisection.
+        // Invariant: `lo` fits; `hi` is the first step known not to (or
+        // top + 1).
+        let (mut lo, mut best) = (1u32, smallest);
+        let mut hi = top + 1;
+        let mut step = 2u32;
+        while step <= top {
+            match fits(step)? {
+                Some(c) => (lo, best) = (step, c),
+                None => {
+                    hi = step;
+                    break;
+                }
+            }
+            step = step.saturating_mul(2);
+        }
         while hi - lo > 1 {
             let mid = lo + (hi - lo) / 2;
-            let candidate = try_k(mid)?;
-            if budget.allows(&candidate.1.memory) {
-                (lo, best) = (mid, candidate);
-            } else {
-                hi = mid;
+            match fits(mid)? {
+                Some(c) => (lo, best) = (mid, c),
+                None => hi = mid,
             }
-        }
-        // The plan grows with the cells almost everywhere; where it does
-        // not (a compute graph that shrinks at some size), keep walking up.
-        while lo < top {
-            let candidate = try_k(lo + 1)?;
-            if !budget.allows(&candidate.1.memory) {
-                break;
-            }
-            (lo, best) = (lo + 1, candidate);
         }
         let kv_type = best.0.type_k;
         Ok(Fit { params: best.0, plan: best.1, kv_type, capped: lo == top })
