@@ -270,14 +270,22 @@ impl ModelShape {
             let get = |k: &str| u32_key(k).unwrap_or(0);
             let (d_conv, d_inner, d_state, n_group) =
                 (get("ssm.conv_kernel"), get("ssm.inner_size"), get("ssm.state_size"), get("ssm.group_count"));
-            let conv = d_conv.saturating_sub(1) * (d_inner + 2 * n_group * d_state);
+            // Checked: the sizes come from the file.
+            let conv = n_group
+                .checked_mul(d_state)
+                .and_then(|g| g.checked_mul(2))
+                .and_then(|g| g.checked_add(d_inner))
+                .and_then(|w| w.checked_mul(d_conv.saturating_sub(1)));
+            let (Some(conv), Some(ssm)) = (conv, d_state.checked_mul(d_inner)) else {
+                return unsupported("recurrent state sizes that overflow 32 bits");
+            };
             return Ok(ModelShape {
                 architecture: arch.clone(),
                 n_ctx_train,
                 weights,
                 layers: Vec::new(),
                 n_swa: 0,
-                recurrent: Some(RecurrentShape { n_layer, conv, ssm: d_state * d_inner }),
+                recurrent: Some(RecurrentShape { n_layer, conv, ssm }),
                 v_transposed_always: false,
             });
         }
@@ -341,14 +349,16 @@ impl ModelShape {
         // The main cache leaves out multi-token-prediction layers (they
         // are counted in block_count, after the trunk).
         let n_trunk = n_layer.saturating_sub(u32_key("nextn_predict_layers").unwrap_or(0)) as usize;
-        let layers = (0..n_trunk)
-            .map(|l| LayerShape {
-                n_embd_k_gqa: head_k * n_head_kv[l],
-                n_embd_v_gqa: head_v * n_head_kv[l],
-                sliding_window: sliding[l],
-            })
-            .filter(|l| l.n_embd_k_gqa > 0)
-            .collect();
+        let mut layers = Vec::with_capacity(n_trunk);
+        for l in 0..n_trunk {
+            // Checked: the sizes come from the file.
+            let (Some(k), Some(v)) = (head_k.checked_mul(n_head_kv[l]), head_v.checked_mul(n_head_kv[l])) else {
+                return unsupported("KV widths that overflow 32 bits");
+            };
+            if k > 0 {
+                layers.push(LayerShape { n_embd_k_gqa: k, n_embd_v_gqa: v, sliding_window: sliding[l] });
+            }
+        }
         let v_transposed_always = arch == "grok";
         Ok(ModelShape {
             architecture: arch.clone(),
