@@ -1,7 +1,10 @@
-//! Builds the pinned llama.cpp and links it: find the source, check that its
-//! headers are the ones the bindings came from, find cmake, configure and
-//! build, compile the exception shim, print the link lines. Each step lives
-//! in its own module under build/.
+//! Builds the pinned llama.cpp, or finds an installed one, and links it:
+//! find the source (build/source.rs), check that its headers are the ones
+//! the bindings came from (build/abi.rs), then either find cmake, configure
+//! and build (build/cmake_tool.rs, build/native.rs) or check the installed
+//! libraries (build/system.rs, build/installed.rs); compile the exception
+//! shim and print the link lines. Each step lives in its own module under
+//! build/.
 
 #[path = "build/abi.rs"]
 mod abi;
@@ -13,14 +16,21 @@ mod cmake_tool;
 mod env;
 #[path = "build/features.rs"]
 mod features;
+#[path = "build/fetch.rs"]
+mod fetch;
+#[path = "build/installed.rs"]
+mod installed;
 #[path = "build/native.rs"]
 mod native;
 #[path = "build/source.rs"]
 mod source;
+#[path = "build/system.rs"]
+mod system;
 
 use std::path::{Path, PathBuf};
 
 use features::{Features, Lib, Sanitizer, Target};
+use source::{Origin, Source, Tree};
 
 fn main() {
     for path in ["build.rs", "build", "shim"] {
@@ -30,52 +40,138 @@ fn main() {
     let out_dir = env::cargo_path("OUT_DIR");
 
     if env::var("DOCS_RS").is_some() {
-        // docs.rs has no network and no need for the native library.
-        write_paths(&out_dir, Path::new(""));
+        docs_rs(&manifest_dir, &out_dir);
         return;
     }
 
     let shared = shared_dir(&out_dir);
-    let src = source::locate(&vendor_dir(&manifest_dir, &shared), &shared.join("download"));
-    write_paths(&out_dir, &src.root);
-    println!("cargo:root={}", src.root.display());
-    let headers = check_abi(&src.root);
-
     let features = Features::from_enabled(env::feature);
     let target = target();
-    let sanitizer = sanitizer(&target);
-    let cmake = cmake_tool::find(&shared.join("cmake-wheel"));
-    let install = native::build(&src, &features, &target, sanitizer, &cmake, &shared);
-
-    println!("cargo:include={}", install.prefix.join("include").display());
-    println!("cargo:lib={}", install.prefix.join("lib").display());
-    println!("cargo:ggml_cmake_dir={}", install.prefix.join("lib").join("cmake").join("ggml").display());
-    println!("cargo:llama_cmake_dir={}", install.prefix.join("lib").join("cmake").join("llama").display());
-    println!("cargo:commit={}", source::PINNED_COMMIT);
-
-    // The shim references libllama, so it goes first on the link line.
-    compile_shim(&src.root, sanitizer);
-    link(&features, &target, sanitizer, &install.prefix.join("lib"));
-
+    let built = match source::locate(&manifest_dir, &shared) {
+        Source::Tree(tree) => build_tree(&tree, &features, &target, &shared),
+        Source::System(request) => link_installed(request, &features, &target),
+    };
+    write_paths(&out_dir, &built.source_dir);
     // The regeneration script copies both files into src/.
-    std::fs::write(out_dir.join(abi::FILE_NAME), abi::render(&headers)).expect("write the header list");
+    std::fs::write(out_dir.join(abi::FILE_NAME), abi::render(&built.headers)).expect("write the header list");
     #[cfg(feature = "bindgen")]
-    bindings::generate(&src.root, &out_dir.join("bindings.rs"));
+    bindings::generate(&built.include_dirs, &out_dir.join("bindings.rs"));
 }
 
-/// Stops the build when the headers of the source are not the ones the
+/// What the rest of the build needs from either path.
+struct Built {
+    /// The headers checked against the bindings' list.
+    headers: abi::Headers,
+    /// Where bindgen finds `llama.h` and the ggml headers.
+    #[cfg_attr(not(feature = "bindgen"), allow(dead_code))]
+    include_dirs: Vec<PathBuf>,
+    /// The llama.cpp source tree (`llama_sys::SOURCE_DIR`); empty for an
+    /// installed llama.cpp.
+    source_dir: PathBuf,
+}
+
+/// Builds a llama.cpp source tree with CMake into the target directory.
+fn build_tree(tree: &Tree, features: &Features, target: &Target, shared: &Path) -> Built {
+    println!("llama-sys: building llama.cpp from {} ({:?})", tree.root.display(), tree.origin);
+    println!("cargo:root={}", tree.root.display());
+    let headers = check_abi(abi::Layout::Tree(&tree.root), tree.commit());
+    let sanitizer = sanitizer(target);
+    let cmake = cmake_tool::find(&shared.join("cmake-wheel"), tree.origin == Origin::Checkout);
+    let install = native::build(tree, features, target, sanitizer, &cmake, shared);
+
+    let lib_dir = install.prefix.join("lib");
+    println!("cargo:include={}", install.prefix.join("include").display());
+    println!("cargo:lib={}", lib_dir.display());
+    println!("cargo:ggml_cmake_dir={}", lib_dir.join("cmake").join("ggml").display());
+    println!("cargo:llama_cmake_dir={}", lib_dir.join("cmake").join("llama").display());
+    println!("cargo:commit={}", source::PINNED_COMMIT);
+
+    let include_dirs = vec![tree.root.join("include"), tree.root.join("ggml").join("include")];
+    // src/ for src/llama-ext.h alone (the memory breakdown).
+    let shim_includes: Vec<PathBuf> = include_dirs.iter().cloned().chain([tree.root.join("src")]).collect();
+    // The shim references libllama, so it goes first on the link line.
+    compile_shim(&shim_includes, sanitizer, false);
+    // The sanitizer's runtime goes first: ASan checks at start-up that it
+    // comes before every other shared library (libstdc++, libc) it wraps.
+    if let Some(runtime) = sanitizer.and_then(|s| s.runtime(target).ok()) {
+        print_lib(runtime);
+    }
+    println!("cargo:rustc-link-search=native={}", lib_dir.display());
+    if let Some(cuda) = features.cuda.then(|| env::var("CUDA_PATH")).flatten() {
+        cuda_search_paths(Path::new(&cuda));
+    }
+    features::link_libs(features, target).into_iter().for_each(print_lib);
+    Built { headers, include_dirs, source_dir: tree.root.clone() }
+}
+
+/// Links an installed llama.cpp (`LLAMA_SYS_LIB_DIR` or pkg-config).
+fn link_installed(request: system::Request, features: &Features, target: &Target) -> Built {
+    if env::var("LLAMA_SYS_SANITIZE").is_some() {
+        source::fail(
+            "LLAMA_SYS_SANITIZE builds llama.cpp with a sanitizer, which an installed llama.cpp cannot be: \
+             unset it, or unset LLAMA_SYS_LIB_DIR / LLAMA_SYS_USE_PKG_CONFIG",
+        );
+    }
+    let system = system::find(request, target);
+    println!(
+        "llama-sys: linking the installed llama.cpp in {} ({:?}, version {}, commit {})",
+        system.lib_dir.display(),
+        system.linkage,
+        system.installed.version.as_deref().unwrap_or("unknown"),
+        system.installed.commit.as_deref().unwrap_or("unknown")
+    );
+    let headers = check_abi(abi::Layout::Installed(&system.include_dir), system.installed.commit.clone());
+    println!("cargo:include={}", system.include_dir.display());
+    println!("cargo:lib={}", system.lib_dir.display());
+    for (key, dir) in [("ggml_cmake_dir", "ggml"), ("llama_cmake_dir", "llama")] {
+        let dir = system.lib_dir.join("cmake").join(dir);
+        if dir.is_dir() {
+            println!("cargo:{key}={}", dir.display());
+        }
+    }
+    println!("cargo:commit={}", source::PINNED_COMMIT);
+    println!("cargo:system=1");
+
+    compile_shim(std::slice::from_ref(&system.include_dir), None, true);
+    system::link(&system, features, target, print_lib);
+    Built { headers, include_dirs: vec![system.include_dir.clone()], source_dir: PathBuf::new() }
+}
+
+/// docs.rs builds without network and without the native library. The
+/// `links` metadata other crates read still comes first: the bundled
+/// headers (the package carries them) and the commit.
+fn docs_rs(manifest_dir: &Path, out_dir: &Path) {
+    let bundled = manifest_dir.join("llama.cpp");
+    let root = if bundled.join("include").join("llama.h").is_file() { bundled } else { PathBuf::new() };
+    if !root.as_os_str().is_empty() {
+        println!("cargo:root={}", root.display());
+        println!("cargo:include={}", root.join("include").display());
+    }
+    println!("cargo:commit={}", source::PINNED_COMMIT);
+    write_paths(out_dir, &root);
+    std::fs::write(out_dir.join(abi::FILE_NAME), abi::CHECKED_IN).expect("write the header list");
+    // With `bindgen`, lib.rs includes OUT_DIR/bindings.rs: the checked-in
+    // bindings are the ones for these headers.
+    if env::feature("bindgen") {
+        std::fs::copy(manifest_dir.join("src").join("bindings.rs"), out_dir.join("bindings.rs"))
+            .expect("copy src/bindings.rs to OUT_DIR");
+    }
+}
+
+/// Stops the build when the headers in `layout` are not the ones the
 /// checked-in bindings came from (unless `bindgen` generates them now).
-fn check_abi(root: &Path) -> abi::Headers {
-    let checked = abi::check(root, env::feature("bindgen"), source::PINNED_COMMIT).unwrap_or_else(|e| source::fail(&e));
+fn check_abi(layout: abi::Layout<'_>, commit: Option<String>) -> abi::Headers {
+    let checked = abi::check(layout, env::feature("bindgen"), source::PINNED_COMMIT, commit.as_deref())
+        .unwrap_or_else(|e| source::fail(&e));
     for (header, _) in &checked.headers {
-        println!("cargo:rerun-if-changed={}", root.join(header).display());
+        println!("cargo:rerun-if-changed={}", layout.file(header).display());
     }
     if !checked.differences.is_empty() {
         println!(
             "cargo:warning=llama-sys: the headers in {} differ from the ones src/bindings.rs came from ({}); \
              using bindings generated from them now. The hand-written declarations in src/shim.rs are not \
              regenerated: check them against these headers.",
-            root.display(),
+            layout.dir().display(),
             checked.differences.join(", ")
         );
     }
@@ -90,15 +186,6 @@ fn sanitizer(target: &Target) -> Option<Sanitizer> {
     }
     println!("cargo:sanitize=address");
     Some(sanitizer)
-}
-
-/// Where the fetched source goes: `vendor/llama.cpp` at the workspace root
-/// when llama-sys sits in this repository, otherwise the shared build folder
-/// (a crates.io checkout is read-only).
-fn vendor_dir(manifest_dir: &Path, shared: &Path) -> PathBuf {
-    let root = manifest_dir.parent().unwrap_or(manifest_dir);
-    let in_repo = std::fs::read_to_string(root.join("Cargo.toml")).is_ok_and(|s| s.contains("\"llama-sys\""));
-    if in_repo { root.join("vendor").join("llama.cpp") } else { shared.join("llama.cpp") }
 }
 
 /// A folder shared by every profile: `<target-dir>/llama-sys`, found from
@@ -123,7 +210,9 @@ fn target() -> Target {
     }
 }
 
-fn compile_shim(llama_root: &Path, sanitizer: Option<Sanitizer>) {
+/// Compiles shim/shim.cpp against `includes`; `installed` headers have no
+/// `src/llama-ext.h`, so the shim declares what it uses of it itself.
+fn compile_shim(includes: &[PathBuf], sanitizer: Option<Sanitizer>, installed: bool) {
     let mut build = cc::Build::new();
     if let Some(sanitizer) = sanitizer {
         for flag in sanitizer.compile_flags() {
@@ -133,42 +222,36 @@ fn compile_shim(llama_root: &Path, sanitizer: Option<Sanitizer>) {
         // <regex> internals (a known false positive).
         build.flag_if_supported("-Wno-maybe-uninitialized");
     }
+    if installed {
+        build.define("LLAMA_RS_INSTALLED_HEADERS", None);
+    }
     build
         .cpp(true)
         .std("c++17")
         .opt_level(2)
         .file("shim/shim.cpp")
-        .include(llama_root.join("include"))
-        .include(llama_root.join("ggml").join("include"))
-        // For src/llama-ext.h alone (the memory breakdown).
-        .include(llama_root.join("src"))
+        .includes(includes)
         .warnings(true)
         .compile("llama_rs_shim");
 }
 
-fn link(features: &Features, target: &Target, sanitizer: Option<Sanitizer>, lib_dir: &Path) {
-    let print = |lib: Lib| match lib {
+fn print_lib(lib: Lib) {
+    match lib {
         Lib::Static(name) => println!("cargo:rustc-link-lib=static={name}"),
         Lib::Dylib(name) => println!("cargo:rustc-link-lib=dylib={name}"),
         Lib::Framework(name) => println!("cargo:rustc-link-lib=framework={name}"),
-    };
-    // The sanitizer's runtime goes first: ASan checks at start-up that it
-    // comes before every other shared library (libstdc++, libc) it wraps.
-    if let Some(runtime) = sanitizer.and_then(|s| s.runtime(target).ok()) {
-        print(runtime);
     }
-    println!("cargo:rustc-link-search=native={}", lib_dir.display());
-    if let Some(cuda) = features.cuda.then(|| env::var("CUDA_PATH")).flatten() {
-        let cuda = PathBuf::from(cuda);
-        println!("cargo:rustc-link-search=native={}", cuda.join("lib64").display());
-        println!("cargo:rustc-link-search=native={}", cuda.join("lib64").join("stubs").display());
-    }
-    features::link_libs(features, target).into_iter().for_each(print);
+}
+
+/// The CUDA toolkit's library folders (`CUDA_PATH`), for a static ggml-cuda.
+fn cuda_search_paths(cuda: &Path) {
+    println!("cargo:rustc-link-search=native={}", cuda.join("lib64").display());
+    println!("cargo:rustc-link-search=native={}", cuda.join("lib64").join("stubs").display());
 }
 
 fn write_paths(out_dir: &Path, root: &Path) {
     let code = format!(
-        "/// The llama.cpp source tree this crate was built from (empty on docs.rs).\npub const SOURCE_DIR: &str = {:?};\n",
+        "/// The llama.cpp source tree this crate was built from (empty on docs.rs and for an installed llama.cpp).\npub const SOURCE_DIR: &str = {:?};\n",
         root.display().to_string()
     );
     std::fs::write(out_dir.join("paths.rs"), code).expect("write paths.rs");

@@ -17,7 +17,10 @@
 #   JOBS=8 scripts/build-llama-server.sh
 # Environment: JOBS (parallel jobs, default 2), CMAKE (a cmake to use),
 # PYTHON (interpreter for pip, default python3), GGML_NATIVE (ON/OFF,
-# default ON as with llama-sys's default `native` feature).
+# default ON as with the workspace's default `native` feature), GGML_RPC
+# (ON: the RPC backend too, as with the `rpc` feature, in
+# target/llama-tools/build-rpc, with llama.cpp's worker ggml-rpc-server;
+# its path is printed third).
 #
 # The web UI is not embedded: LLAMA_BUILD_UI=OFF (no npm build) and
 # LLAMA_USE_PREBUILT_UI=OFF (no download of prebuilt assets from Hugging
@@ -25,13 +28,9 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-SDIST_VERSION=0.3.36
-SDIST_FILE="llama_cpp_python-${SDIST_VERSION}.tar.gz"
-SDIST_SHA256=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
-SDIST_PREFIX="llama_cpp_python-${SDIST_VERSION}/vendor/llama.cpp"
-PINNED_COMMIT=0c1e57098bba43ac29e6e3b677cdceebdd22334f
+# shellcheck source=scripts/pinned-llama.sh
+source "$ROOT/scripts/pinned-llama.sh"
 
-DOWNLOAD_DIR="$ROOT/target/llama-sys/download"
 TOOLS_DIR="$ROOT/target/llama-tools"
 SRC_DIR="$TOOLS_DIR/src"
 BUILD_DIR="$TOOLS_DIR/build"
@@ -39,6 +38,12 @@ VENV_DIR="$TOOLS_DIR/venv"
 JOBS="${JOBS:-2}"
 PYTHON="${PYTHON:-python3}"
 NATIVE="${GGML_NATIVE:-ON}"
+RPC="${GGML_RPC:-OFF}"
+TARGETS=(llama-server llama-bench)
+if [[ "$RPC" == ON ]]; then
+    BUILD_DIR="$TOOLS_DIR/build-rpc"
+    TARGETS+=(ggml-rpc-server)
+fi
 
 # The sdist's tree carries a `.git` file (a stale submodule pointer of
 # llama-cpp-python's); it is removed, and git is kept from walking up into
@@ -49,20 +54,8 @@ export GIT_CEILING_DIRECTORIES="$TOOLS_DIR"
 say() { printf 'build-llama-server: %s\n' "$*" >&2; }
 die() { say "error: $*"; exit 1; }
 
-sha256_of() { sha256sum "$1" | cut -d' ' -f1; }
-
 # 1. The sdist, verified.
-TARBALL="$DOWNLOAD_DIR/$SDIST_FILE"
-if [[ ! -f "$TARBALL" || "$(sha256_of "$TARBALL")" != "$SDIST_SHA256" ]]; then
-    say "fetching llama-cpp-python==$SDIST_VERSION sdist with pip"
-    mkdir -p "$DOWNLOAD_DIR"
-    rm -f "$TARBALL"
-    "$PYTHON" -m pip download --no-deps --disable-pip-version-check -q \
-        --no-binary :all: "llama-cpp-python==$SDIST_VERSION" -d "$DOWNLOAD_DIR"
-    [[ -f "$TARBALL" ]] || die "pip download left no $TARBALL"
-fi
-digest="$(sha256_of "$TARBALL")"
-[[ "$digest" == "$SDIST_SHA256" ]] || die "$TARBALL has sha256 $digest, expected $SDIST_SHA256"
+TARBALL="$(pinned_sdist "$ROOT")" || die "cannot get the pinned sdist"
 
 # 2. The vendor/llama.cpp/ subtree, extracted once (into a staging folder,
 #    renamed into place, so an interrupted run leaves no half tree).
@@ -85,25 +78,17 @@ fi
 
 rm -rf "$SRC_DIR/.git"  # trees extracted before the line above
 
-# 3. cmake: $CMAKE, then cmake on PATH, then the cmake wheel llama-sys's
-#    build script already unpacked, then pip's cmake in a venv of our own.
-runs() { "$1" --version >/dev/null 2>&1; }
-CMAKE_BIN=""
-if [[ -n "${CMAKE:-}" ]] && runs "$CMAKE"; then
-    CMAKE_BIN="$CMAKE"
-elif runs cmake; then
-    CMAKE_BIN=cmake
-elif runs "$ROOT/target/llama-sys/cmake-wheel/cmake/data/bin/cmake"; then
-    CMAKE_BIN="$ROOT/target/llama-sys/cmake-wheel/cmake/data/bin/cmake"
-else
-    if ! runs "$VENV_DIR/bin/cmake"; then
+# 3. cmake: $CMAKE, cmake on PATH, the cmake wheel llama-sys's build
+#    script already unpacked, else pip's cmake in a venv of our own.
+if ! CMAKE_BIN="$(installed_cmake "$ROOT" 2>/dev/null)"; then
+    if ! "$VENV_DIR/bin/cmake" --version >/dev/null 2>&1; then
         say "no cmake found; installing pip's cmake into $VENV_DIR"
         "$PYTHON" -m venv "$VENV_DIR"
         "$VENV_DIR/bin/pip" install --disable-pip-version-check -q cmake
     fi
     CMAKE_BIN="$VENV_DIR/bin/cmake"
 fi
-runs "$CMAKE_BIN" || die "cmake ($CMAKE_BIN) does not run"
+"$CMAKE_BIN" --version >/dev/null 2>&1 || die "cmake ($CMAKE_BIN) does not run"
 say "using $("$CMAKE_BIN" --version | head -n1) ($CMAKE_BIN)"
 
 # 4. Configure and build. The first block is llama-sys's cmake_defines for
@@ -126,7 +111,8 @@ say "using $("$CMAKE_BIN" --version | head -n1) ($CMAKE_BIN)"
     -DGGML_CUDA=OFF \
     -DGGML_METAL=OFF \
     -DGGML_VULKAN=OFF \
-    -DGGML_RPC=OFF \
+    -DGGML_RPC="$RPC" \
+    -DGGML_RPC_RDMA=OFF \
     -DGGML_BLAS=OFF \
     \
     -DLLAMA_BUILD_COMMON=ON \
@@ -135,7 +121,7 @@ say "using $("$CMAKE_BIN" --version | head -n1) ($CMAKE_BIN)"
     -DLLAMA_BUILD_UI=OFF \
     -DLLAMA_USE_PREBUILT_UI=OFF
 
-"$CMAKE_BIN" --build "$BUILD_DIR" --config Release -j "$JOBS" --target llama-server llama-bench
+"$CMAKE_BIN" --build "$BUILD_DIR" --config Release -j "$JOBS" --target "${TARGETS[@]}"
 
 SERVER="$BUILD_DIR/bin/llama-server"
 BENCH="$BUILD_DIR/bin/llama-bench"
@@ -144,3 +130,7 @@ BENCH="$BUILD_DIR/bin/llama-bench"
 "$SERVER" --version >&2
 echo "$SERVER"
 echo "$BENCH"
+if [[ "$RPC" == ON ]]; then
+    [[ -x "$BUILD_DIR/bin/ggml-rpc-server" ]] || die "the build finished but ggml-rpc-server is missing"
+    echo "$BUILD_DIR/bin/ggml-rpc-server"
+fi

@@ -1,11 +1,14 @@
 //! The ABI guard. `src/bindings.rs` copies the layout of every struct and
 //! enum in the headers it was generated from; built against other headers
-//! (`LLAMA_CPP_DIR` at another llama.cpp), every struct passed by value
-//! would silently have the wrong layout. So `scripts/regen-bindings.sh`
-//! checks in the sha256 of those headers next to the bindings
-//! (`src/bindings.headers.sha256`), and the build compares it with the
-//! headers of the source it builds: a difference stops the build unless the
-//! `bindgen` feature generates the bindings from the headers in use.
+//! (`LLAMA_CPP_DIR` at another llama.cpp, or an installed llama.cpp of
+//! another commit), every struct passed by value would silently have the
+//! wrong layout. So `scripts/regen-bindings.sh` checks in the sha256 of
+//! those headers next to the bindings (`src/bindings.headers.sha256`), and
+//! every build compares it with the headers it builds or links against,
+//! whatever their origin: a difference stops the build unless the `bindgen`
+//! feature generates the bindings from the headers in use. An installed
+//! llama.cpp has no `src/llama-ext.h`; there the other headers are
+//! compared, and the shim declares the one function it uses from it.
 //!
 //! Kept free of the build script's other modules so that
 //! `tests/abi_guard.rs` can include this file.
@@ -24,6 +27,7 @@ pub const ROOTS: &[&str] = &[
     "ggml/include/gguf.h",
     "ggml/include/ggml-backend.h",
     "ggml/include/ggml-cpu.h",
+    "ggml/include/ggml-rpc.h",
     "src/llama-ext.h",
 ];
 
@@ -41,27 +45,81 @@ pub const CHECKED_IN: &str = include_str!("../src/bindings.headers.sha256");
 /// sha256 of its text, sorted by path.
 pub type Headers = Vec<(String, String)>;
 
-/// The headers bindgen would read in the llama.cpp tree at `root`: the
-/// [`ROOTS`] and, transitively, each `#include "name"` found next to the
-/// including header or in an include directory (a name found in neither,
-/// such as a platform header behind an `#ifdef`, is not part of the set).
-pub fn headers(root: &Path) -> Result<Headers, String> {
+/// Where the headers are: a llama.cpp source tree, or the include folder
+/// of an installed llama.cpp (where `include/` and `ggml/include/` are
+/// merged into one folder and `src/llama-ext.h` is not installed).
+#[derive(Clone, Copy, Debug)]
+pub enum Layout<'a> {
+    Tree(&'a Path),
+    Installed(&'a Path),
+}
+
+impl Layout<'_> {
+    /// The folder the layout is rooted at.
+    pub fn dir(&self) -> &Path {
+        match self {
+            Layout::Tree(root) | Layout::Installed(root) => root,
+        }
+    }
+
+    /// Whether a header of the checked-in list (a tree path) can be found
+    /// in this layout: an installed llama.cpp has no `src/`.
+    fn has(&self, rel: &str) -> bool {
+        matches!(self, Layout::Tree(_)) || !rel.starts_with("src/")
+    }
+
+    /// The file of a header named by its tree path.
+    pub fn file(&self, rel: &str) -> PathBuf {
+        match self {
+            Layout::Tree(root) => root.join(rel),
+            Layout::Installed(dir) => dir.join(rel.rsplit('/').next().unwrap_or(rel)),
+        }
+    }
+
+    /// The tree path of `#include "name"` found in the header `from` (a
+    /// tree path), if the file exists: next to the including header or in
+    /// an include directory. An installed layout has one folder; a header
+    /// it holds is named by the checked-in list's tree path for that file
+    /// name (`include/` or `ggml/include/`), a header the list lacks by
+    /// `include/name`.
+    fn resolve(&self, from: &str, name: &str) -> Option<String> {
+        match self {
+            Layout::Tree(root) => {
+                let dir = Path::new(from).parent().unwrap_or(Path::new("")).to_path_buf();
+                let candidates = std::iter::once(dir).chain(INCLUDE_DIRS.iter().map(PathBuf::from));
+                candidates.map(|d| d.join(name)).find(|c| root.join(c).is_file()).map(|hit| slash_path(&hit))
+            }
+            Layout::Installed(dir) => {
+                let file_name = slash_path(Path::new(name));
+                if file_name.contains('/') || !dir.join(&file_name).is_file() {
+                    return None;
+                }
+                let known = parse(CHECKED_IN).unwrap_or_default();
+                let rel = known.into_iter().map(|(p, _)| p).find(|p| p.rsplit('/').next() == Some(file_name.as_str()));
+                Some(rel.unwrap_or_else(|| format!("include/{file_name}")))
+            }
+        }
+    }
+}
+
+/// The headers bindgen would read in `layout`: the [`ROOTS`] and,
+/// transitively, each `#include "name"` found next to the including header
+/// or in an include directory (a name found in neither, such as a platform
+/// header behind an `#ifdef`, is not part of the set). Each is named by its
+/// path in a llama.cpp tree, `/`-separated, and the list is sorted.
+pub fn headers(layout: Layout<'_>) -> Result<Headers, String> {
     let mut found: Headers = Vec::new();
-    let mut queue: Vec<String> = ROOTS.iter().map(|s| (*s).to_owned()).collect();
+    let mut queue: Vec<String> = ROOTS.iter().filter(|r| layout.has(r)).map(|s| (*s).to_owned()).collect();
     while let Some(rel) = queue.pop() {
         if found.iter().any(|(p, _)| *p == rel) {
             continue;
         }
-        let path = root.join(&rel);
+        let path = layout.file(&rel);
         let text = std::fs::read(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
         let text = normalize(&text);
         found.push((rel.clone(), sha256_hex(&text)));
-        let dir = Path::new(&rel).parent().unwrap_or(Path::new("")).to_path_buf();
         for name in quoted_includes(&String::from_utf8_lossy(&text)) {
-            let candidates = std::iter::once(dir.clone()).chain(INCLUDE_DIRS.iter().map(PathBuf::from));
-            if let Some(hit) = candidates.map(|d| d.join(&name)).find(|c| root.join(c).is_file()) {
-                queue.push(slash_path(&hit));
-            }
+            queue.extend(layout.resolve(&rel, &name));
         }
     }
     found.sort();
@@ -166,24 +224,45 @@ pub struct Checked {
     pub differences: Vec<String>,
 }
 
-/// The build's check of the llama.cpp tree at `root`: an error message when
-/// its headers differ from the checked-in list and the bindings are not
-/// generated now (`bindgen` off).
-pub fn check(root: &Path, bindgen: bool, pinned_commit: &str) -> Result<Checked, String> {
+/// The build's check of the headers in `layout`, from llama.cpp commit
+/// `found_commit` when that is known: an error message when they differ
+/// from the checked-in list and the bindings are not generated now
+/// (`bindgen` off). The message names both commits and the way out.
+pub fn check(
+    layout: Layout<'_>,
+    bindgen: bool,
+    pinned_commit: &str,
+    found_commit: Option<&str>,
+) -> Result<Checked, String> {
     let expected = parse(CHECKED_IN).map_err(|e| format!("src/{FILE_NAME} is corrupt: {e}"))?;
-    let headers = headers(root)?;
+    let expected: Headers = expected.into_iter().filter(|(p, _)| layout.has(p)).collect();
+    let headers = headers(layout)?;
     let differences = differences(&expected, &headers);
     if differences.is_empty() || bindgen {
         return Ok(Checked { headers, differences });
     }
+    let (what, use_pinned) = match layout {
+        Layout::Tree(root) => (
+            format!("the llama.cpp headers in {}", root.display()),
+            format!(
+                "Either point LLAMA_CPP_DIR at a llama.cpp checkout at commit {pinned_commit} (or unset it to \
+                 build the bundled copy)"
+            ),
+        ),
+        Layout::Installed(dir) => (
+            format!("the installed llama.cpp headers in {}", dir.display()),
+            format!(
+                "Either install llama.cpp at commit {pinned_commit} (or unset LLAMA_SYS_LIB_DIR and \
+                 LLAMA_SYS_USE_PKG_CONFIG to build the bundled copy)"
+            ),
+        ),
+    };
+    let found = found_commit.map_or_else(|| "of an unknown commit".to_owned(), |c| format!("at commit {c}"));
     Err(format!(
-        "the llama.cpp headers in {} are not the ones the checked-in bindings (src/bindings.rs) were generated \
-         from, llama.cpp commit {pinned_commit}. Differing: {}. Structs passed by value would have the wrong \
-         layout, so the build stops here. Either point LLAMA_CPP_DIR at a llama.cpp checkout at commit \
-         {pinned_commit} (or unset it to build the vendored copy), or build with the llama-sys feature \
-         `bindgen` (`--features llama-sys/bindgen`, needs libclang), which generates the bindings from these \
-         headers.",
-        root.display(),
+        "{what} ({found}) are not the ones the checked-in bindings (src/bindings.rs) were generated from, \
+         llama.cpp commit {pinned_commit}. Differing: {}. Structs passed by value would have the wrong layout, \
+         so the build stops here. {use_pinned}, or build with the llama-sys feature `bindgen` \
+         (`--features llama-sys/bindgen`, needs libclang), which generates the bindings from these headers.",
         differences.join(", ")
     ))
 }

@@ -4,17 +4,19 @@
 //! the checked-in file and a fresh generation can only differ when the
 //! headers or bindgen differ.
 
+/// `include_dirs`: where `llama.h` and the ggml headers are (a source
+/// tree's `include/` and `ggml/include/`, or an install's one folder).
 #[cfg(feature = "bindgen")]
-pub fn generate(llama_root: &std::path::Path, out: &std::path::Path) {
-    let include = llama_root.join("include");
-    let ggml_include = llama_root.join("ggml").join("include");
-    let bindings = bindgen::Builder::default()
+pub fn generate(include_dirs: &[std::path::PathBuf], out: &std::path::Path) {
+    let mut builder = bindgen::Builder::default();
+    for dir in include_dirs {
+        builder = builder.clang_arg(format!("-I{}", dir.display()));
+    }
+    let bindings = builder
         .header_contents(
             "wrapper.h",
-            "#include \"llama.h\"\n#include \"gguf.h\"\n#include \"ggml-backend.h\"\n#include \"ggml-cpu.h\"\n",
+            "#include \"llama.h\"\n#include \"gguf.h\"\n#include \"ggml-backend.h\"\n#include \"ggml-cpu.h\"\n#include \"ggml-rpc.h\"\n",
         )
-        .clang_arg(format!("-I{}", include.display()))
-        .clang_arg(format!("-I{}", ggml_include.display()))
         .allowlist_function("llama_.*")
         .allowlist_type("llama_.*")
         .allowlist_var("LLAMA_.*")
@@ -26,7 +28,9 @@ pub fn generate(llama_root: &std::path::Path, out: &std::path::Path) {
             "ggml_(init|free|new_tensor|new_tensor_[1-4]d|set_name|get_name|nbytes|nelements|row_size|type_size|blck_size|type_name|tensor_overhead|get_data|set_abort_callback|log_set|time_init)",
         )
         .allowlist_type("ggml_(type|log_level|numa_strategy|init_params|tensor|context)")
-        .allowlist_var("GGML_(MAX_DIMS|DEFAULT_N_THREADS|MAX_NAME)")
+        .allowlist_var("GGML_(MAX_DIMS|DEFAULT_N_THREADS|MAX_NAME|RPC_MAX_SERVERS)")
+        // ggml-rpc.h (linked with the `rpc` feature only).
+        .allowlist_var("RPC_PROTO_.*")
         .default_enum_style(bindgen::EnumVariation::ModuleConsts)
         .prepend_enum_name(false)
         .size_t_is_usize(true)
@@ -37,6 +41,8 @@ pub fn generate(llama_root: &std::path::Path, out: &std::path::Path) {
         .rust_edition(bindgen::RustEdition::Edition2024)
         .wrap_unsafe_ops(true)
         .generate()
-        .unwrap_or_else(|e| panic!("bindgen failed on {}: {e}. Install libclang-dev (Debian) or set LIBCLANG_PATH.", include.display()));
+        .unwrap_or_else(|e| {
+            panic!("bindgen failed on the headers in {include_dirs:?}: {e}. Install libclang-dev (Debian) or set LIBCLANG_PATH.")
+        });
     bindings.write_to_file(out).expect("write bindings.rs");
 }

@@ -1,22 +1,43 @@
-//! Finding a cmake executable: `CMAKE`, then `cmake` on PATH, then the
-//! `cmake` wheel from PyPI, unpacked once into the shared build folder.
-//! `LLAMA_SYS_FETCH_CMAKE=1` skips the first two, which proves the
-//! fresh-machine path on a machine that has a cmake.
+//! Finding a cmake executable: `CMAKE`, then `cmake` on PATH. In a git
+//! checkout of this repository (and only there: a packaged llama-sys never
+//! uses the network) the `cmake` wheel from PyPI is the fallback, unpacked
+//! once into the shared build folder; `LLAMA_SYS_FETCH_CMAKE=1` takes it
+//! even where a cmake is installed, which proves the fresh-machine path on
+//! a machine that has one.
 
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use crate::env;
-use crate::source::{fail, lock, pip_download};
+use crate::fetch::{lock, pip_download};
+use crate::source::fail;
 
-pub fn find(cache_dir: &Path) -> PathBuf {
+/// What to install, for the error that ends a build without cmake.
+const INSTALL_CMAKE: &str = "Install CMake 3.14 or newer (3.18 for the cuda feature): Debian/Ubuntu \
+    `apt install cmake`, Fedora `dnf install cmake`, Arch `pacman -S cmake`, macOS `brew install cmake`, \
+    Windows `winget install Kitware.CMake`, or `pip install cmake`; or set CMAKE to the path of a cmake executable";
+
+/// `may_fetch`: the source is a git checkout's, so the PyPI wheel may be
+/// fetched when no cmake is installed.
+pub fn find(cache_dir: &Path, may_fetch: bool) -> PathBuf {
     if !env::flag("LLAMA_SYS_FETCH_CMAKE") {
         if let Some(cmake) = env::var("CMAKE") {
+            if !runs(Path::new(&cmake)) {
+                fail(&format!("CMAKE={cmake} does not run (`{cmake} --version` failed). {INSTALL_CMAKE}."));
+            }
             return PathBuf::from(cmake);
         }
         if runs(Path::new("cmake")) {
             return PathBuf::from("cmake");
+        }
+        if !may_fetch {
+            fail(&format!(
+                "llama-sys builds llama.cpp with CMake, and no `cmake` is on PATH. {INSTALL_CMAKE}. (llama-sys {}, host {}, target {})",
+                env::cargo("CARGO_PKG_VERSION"),
+                env::cargo("HOST"),
+                env::cargo("TARGET")
+            ));
         }
     }
     let binary = cache_dir.join("cmake").join("data").join("bin").join("cmake");
@@ -25,7 +46,7 @@ pub fn find(cache_dir: &Path) -> PathBuf {
     }
     if !runs(&binary) {
         fail(&format!(
-            "the cmake wheel was unpacked into {}, but {} does not run. Install cmake (>= 3.18) or set CMAKE to its path.",
+            "the cmake wheel was unpacked into {}, but {} does not run. {INSTALL_CMAKE}.",
             cache_dir.display(),
             binary.display()
         ));
@@ -48,12 +69,14 @@ fn fetch_wheel(cache_dir: &Path) {
     let download = parent.join(format!(".cmake-wheel-{}", std::process::id()));
     let _ = fs::remove_dir_all(&download);
     fs::create_dir_all(&download).unwrap();
-    pip_download(&["--only-binary", ":all:", "cmake"], &download, "cmake");
+    if let Err(e) = pip_download(&["--only-binary", ":all:", "cmake"], &download) {
+        fail(&format!("no cmake on PATH, and fetching the cmake wheel from PyPI failed: {e}. {INSTALL_CMAKE}."));
+    }
     let wheel = fs::read_dir(&download)
         .unwrap()
         .filter_map(|e| e.ok().map(|e| e.path()))
         .find(|p| p.extension().is_some_and(|x| x == "whl"))
-        .unwrap_or_else(|| fail("pip downloaded no cmake wheel for this platform. Install cmake or set CMAKE."));
+        .unwrap_or_else(|| fail(&format!("pip downloaded no cmake wheel for this platform. {INSTALL_CMAKE}.")));
     let staging = download.join("unpacked");
     let status = Command::new(env::python()).args(["-m", "zipfile", "-e"]).arg(&wheel).arg(&staging).status();
     if !status.is_ok_and(|s| s.success()) {

@@ -16,7 +16,8 @@ use sha2::{Digest, Sha256};
 
 use crate::env;
 use crate::features::{self, Features, Options, Sanitizer, Target};
-use crate::source::{self, Source};
+use crate::fetch::lock;
+use crate::source::{self, Tree};
 
 pub struct Install {
     /// The cmake install prefix: lib/, include/, lib/cmake/.
@@ -24,7 +25,7 @@ pub struct Install {
 }
 
 pub fn build(
-    src: &Source,
+    src: &Tree,
     f: &Features,
     t: &Target,
     sanitizer: Option<Sanitizer>,
@@ -45,7 +46,7 @@ pub fn build(
         cuda_architectures: env::var("LLAMA_CUDA_ARCHITECTURES"),
         blas_vendor: env::var("LLAMA_BLAS_VENDOR"),
         build_number: "0".to_owned(),
-        build_commit: if src.pinned { source::PINNED_COMMIT[..7].to_owned() } else { "unknown".to_owned() },
+        build_commit: if src.pinned() { source::PINNED_COMMIT[..7].to_owned() } else { "unknown".to_owned() },
         sanitizer,
     };
     let mut defines: Vec<(String, String)> =
@@ -65,7 +66,7 @@ pub fn build(
     let key: String = key.finalize().iter().take(8).map(|b| format!("{b:02x}")).collect();
     let prefix = build_root.join(format!("build-{key}"));
     std::fs::create_dir_all(&prefix).unwrap();
-    let _lock = source::lock(&build_root.join(format!("build-{key}.lock")));
+    let _lock = lock(&build_root.join(format!("build-{key}.lock")));
 
     if cmake != Path::new("cmake") {
         // The cmake crate takes its executable from the CMAKE variable only.

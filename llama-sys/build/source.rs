@@ -1,31 +1,95 @@
-//! Finding the llama.cpp source: `LLAMA_CPP_DIR`, then a populated
-//! `vendor/llama.cpp`, then the pinned sdist fetched from PyPI with pip.
+//! Where llama.cpp comes from; the first that applies wins:
+//!
+//! 1. an installed llama.cpp: `LLAMA_SYS_LIB_DIR` or
+//!    `LLAMA_SYS_USE_PKG_CONFIG=1` (build/system.rs);
+//! 2. `LLAMA_CPP_DIR`: a llama.cpp source tree of the user's;
+//! 3. the tree bundled in the package: `llama.cpp/` next to llama-sys's
+//!    Cargo.toml, put there by `scripts/package.sh` (what the Rust
+//!    registry's llama-sys carries);
+//! 4. in a git checkout of this repository only: `vendor/llama.cpp` at the
+//!    workspace root, fetched from PyPI with pip when empty (build/fetch.rs).
+//!
+//! Only the fourth uses the network, and only it writes outside the target
+//! directory (into the workspace's gitignored vendor/, never into the
+//! llama-sys package).
 
-use std::fs::{self, File};
-use std::io::Read;
-use std::path::{Component, Path, PathBuf};
-use std::process::Command;
+use std::path::{Path, PathBuf};
 
-use sha2::{Digest, Sha256};
-
-use crate::env;
+use crate::system::Request;
+use crate::{env, fetch};
 
 /// The upstream commit this crate's bindings and shim were written against.
 pub const PINNED_COMMIT: &str = "0c1e57098bba43ac29e6e3b677cdceebdd22334f";
-const SDIST_PACKAGE: &str = "llama-cpp-python==0.3.36";
-const SDIST_FILE: &str = "llama_cpp_python-0.3.36.tar.gz";
-const SDIST_SHA256: &str = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e";
-const SDIST_PREFIX: &str = "llama_cpp_python-0.3.36/vendor/llama.cpp/";
 
-pub struct Source {
-    pub root: PathBuf,
-    /// True when the tree is the pinned one (vendored or fetched), so its
-    /// build number and commit are known.
-    pub pinned: bool,
+/// Where a llama.cpp source tree came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Origin {
+    /// `LLAMA_CPP_DIR`.
+    UserDir,
+    /// `llama.cpp/` inside the package.
+    Bundled,
+    /// `vendor/llama.cpp` of a git checkout (fetched or put there).
+    Checkout,
 }
 
-pub fn locate(vendor_dir: &Path, download_dir: &Path) -> Source {
-    if let Some(dir) = env::var("LLAMA_CPP_DIR") {
+/// A llama.cpp source tree to build.
+#[derive(Debug)]
+pub struct Tree {
+    pub root: PathBuf,
+    pub origin: Origin,
+}
+
+impl Tree {
+    /// The tree is the pinned one (bundled or fetched), so its commit is
+    /// known. A user's tree may be any commit; the ABI guard checks its
+    /// headers either way.
+    pub fn pinned(&self) -> bool {
+        self.origin != Origin::UserDir
+    }
+
+    /// The tree's commit, as far as it can be told: pinned trees are
+    /// `PINNED_COMMIT`; a user's checkout says its own through a
+    /// `.pinned-commit` file (trees this crate extracted) or git.
+    pub fn commit(&self) -> Option<String> {
+        if self.pinned() {
+            return Some(PINNED_COMMIT.to_owned());
+        }
+        if let Ok(text) = std::fs::read_to_string(self.root.join(".pinned-commit")) {
+            return Some(text.trim().to_owned()).filter(|c| !c.is_empty());
+        }
+        let output = std::process::Command::new("git").arg("-C").arg(&self.root).args(["rev-parse", "HEAD"]).output();
+        let commit =
+            output.ok().filter(|o| o.status.success()).map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned());
+        commit.filter(|c| c.len() == 40 && c.bytes().all(|b| b.is_ascii_hexdigit()))
+    }
+}
+
+#[derive(Debug)]
+pub enum Source {
+    System(Request),
+    Tree(Tree),
+}
+
+/// Finds the source, fetching it only in a git checkout of this repository
+/// (`shared` is the target directory's `llama-sys` folder, where the
+/// download is kept).
+pub fn locate(manifest_dir: &Path, shared: &Path) -> Source {
+    let system = Request::from_env();
+    let user_dir = env::var("LLAMA_CPP_DIR");
+    if let (Some(system), Some(dir)) = (&system, &user_dir) {
+        fail(&format!(
+            "LLAMA_CPP_DIR={dir} asks to build a llama.cpp source tree, and {} asks to link an installed \
+             llama.cpp: set only one of them",
+            match system {
+                Request::Dirs { .. } => "LLAMA_SYS_LIB_DIR",
+                Request::PkgConfig => "LLAMA_SYS_USE_PKG_CONFIG",
+            }
+        ));
+    }
+    if let Some(system) = system {
+        return Source::System(system);
+    }
+    if let Some(dir) = user_dir {
         let root = PathBuf::from(dir);
         let header = root.join("include").join("llama.h");
         if !header.is_file() {
@@ -39,145 +103,38 @@ pub fn locate(vendor_dir: &Path, download_dir: &Path) -> Source {
         for sub in ["CMakeLists.txt", "include", "src", "ggml"] {
             println!("cargo:rerun-if-changed={}", root.join(sub).display());
         }
-        return Source { root, pinned: false };
+        return Source::Tree(Tree { root, origin: Origin::UserDir });
     }
-    if !is_populated(vendor_dir) {
-        fetch_pinned(vendor_dir, download_dir);
+    let bundled = manifest_dir.join("llama.cpp");
+    if is_populated(&bundled) {
+        return Source::Tree(Tree { root: bundled, origin: Origin::Bundled });
     }
-    Source { root: vendor_dir.to_path_buf(), pinned: true }
+    if let Some(vendor) = checkout_vendor_dir(manifest_dir) {
+        if !is_populated(&vendor) {
+            fetch::pinned_tree(&vendor, &shared.join("download"), is_populated);
+        }
+        return Source::Tree(Tree { root: vendor, origin: Origin::Checkout });
+    }
+    fail(&format!(
+        "this llama-sys package has no llama.cpp tree in {} (a package made without scripts/package.sh?). \
+         Set LLAMA_CPP_DIR to a llama.cpp checkout at commit {PINNED_COMMIT}, or link an installed one with \
+         LLAMA_SYS_LIB_DIR or LLAMA_SYS_USE_PKG_CONFIG=1",
+        bundled.display()
+    ))
 }
 
 fn is_populated(dir: &Path) -> bool {
     dir.join("include").join("llama.h").is_file() && dir.join("CMakeLists.txt").is_file()
 }
 
-/// Downloads the pinned sdist, checks its digest and extracts the part that
-/// the library build and the tests need. The tree appears under its final
-/// name in one rename, so an interrupted build never leaves half a tree, and
-/// a lock keeps two concurrent builds from fetching at once.
-fn fetch_pinned(vendor_dir: &Path, download_dir: &Path) {
-    let parent = vendor_dir.parent().expect("vendor dir has a parent");
-    fs::create_dir_all(parent).unwrap_or_else(|e| fail(&format!("cannot create {}: {e}", parent.display())));
-    fs::create_dir_all(download_dir)
-        .unwrap_or_else(|e| fail(&format!("cannot create {}: {e}", download_dir.display())));
-    let _lock = lock(&download_dir.join("fetch.lock"));
-    if is_populated(vendor_dir) {
-        return; // another build finished while we waited for the lock
-    }
-    let tarball = download_dir.join(SDIST_FILE);
-    if !tarball.is_file() || sha256_file(&tarball) != SDIST_SHA256 {
-        println!("cargo:warning=llama-sys: fetching llama.cpp {} from PyPI ({SDIST_PACKAGE})", &PINNED_COMMIT[..7]);
-        pip_download(&["--no-binary", "llama-cpp-python", SDIST_PACKAGE], download_dir, "the llama.cpp source");
-        let digest = sha256_file(&tarball);
-        if digest != SDIST_SHA256 {
-            let _ = fs::remove_file(&tarball);
-            fail(&format!(
-                "{SDIST_FILE} has sha256 {digest}, expected {SDIST_SHA256}; the file was deleted. {}",
-                how_to_provide()
-            ));
-        }
-    }
-    let staging = parent.join(format!(".llama.cpp.partial-{}", std::process::id()));
-    let _ = fs::remove_dir_all(&staging);
-    extract(&tarball, &staging);
-    fs::write(staging.join(".pinned-commit"), format!("{PINNED_COMMIT}\n")).unwrap();
-    if let Err(e) = fs::rename(&staging, vendor_dir) {
-        let _ = fs::remove_dir_all(&staging);
-        if !is_populated(vendor_dir) {
-            fail(&format!("cannot move the extracted source to {}: {e}", vendor_dir.display()));
-        }
-    }
-}
-
-/// Is this path (relative to the llama.cpp root) part of what we extract?
-/// The library build needs the CMake files and sources; the tests need the
-/// tokenizer vectors and chat templates under models/.
-pub fn wanted(rel: &Path) -> bool {
-    let s = rel.to_string_lossy();
-    let first = rel.components().next();
-    let top_level = matches!(first, Some(Component::Normal(c)) if [
-        "CMakeLists.txt", "cmake", "include", "src", "ggml", "vendor", "LICENSE", "licenses",
-    ].iter().any(|w| c == *w));
-    top_level || s.starts_with("models/ggml-vocab-") || s.starts_with("models/templates/")
-}
-
-fn extract(tarball: &Path, dest: &Path) {
-    let file = File::open(tarball).unwrap_or_else(|e| fail(&format!("cannot open {}: {e}", tarball.display())));
-    let mut archive = tar::Archive::new(flate2::read::GzDecoder::new(file));
-    archive.set_preserve_mtime(true);
-    let entries = archive.entries().unwrap_or_else(|e| fail(&format!("{} is not a tar.gz: {e}", tarball.display())));
-    for entry in entries {
-        let mut entry = entry.unwrap_or_else(|e| fail(&format!("corrupt archive {}: {e}", tarball.display())));
-        let path = entry.path().unwrap().into_owned();
-        let Ok(rel) = path.strip_prefix(SDIST_PREFIX) else {
-            continue;
-        };
-        // Only plain relative names: no `..`, no absolute paths.
-        if rel.as_os_str().is_empty() || !rel.components().all(|c| matches!(c, Component::Normal(_))) || !wanted(rel) {
-            continue;
-        }
-        let target = dest.join(rel);
-        if let Some(dir) = target.parent() {
-            fs::create_dir_all(dir).unwrap();
-        }
-        entry.unpack(&target).unwrap_or_else(|e| fail(&format!("cannot extract {}: {e}", target.display())));
-    }
-}
-
-/// Runs `python3 -m pip download --no-deps ARGS -d DIR`.
-pub fn pip_download(args: &[&str], dir: &Path, what: &str) {
-    let python = env::python();
-    let status = Command::new(&python)
-        .args(["-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-q"])
-        .args(args)
-        .arg("-d")
-        .arg(dir)
-        .status();
-    match status {
-        Ok(s) if s.success() => {}
-        Ok(s) => fail(&format!(
-            "`{python} -m pip download {}` failed ({s}) while fetching {what}. {}",
-            args.join(" "),
-            how_to_provide()
-        )),
-        Err(e) => fail(&format!(
-            "cannot run `{python}` to fetch {what} with pip: {e}. Install python3 with pip, or set PYTHON. {}",
-            how_to_provide()
-        )),
-    }
-}
-
-fn how_to_provide() -> String {
-    format!(
-        "llama-sys needs the llama.cpp source (commit {PINNED_COMMIT}). Provide it in one of three ways: \
-         (1) set LLAMA_CPP_DIR to a llama.cpp checkout at that commit; \
-         (2) put that tree in vendor/llama.cpp at the workspace root; \
-         (3) let the build fetch it: it needs python3 with pip and access to PyPI ({SDIST_PACKAGE})."
-    )
-}
-
-pub fn sha256_file(path: &Path) -> String {
-    let mut file = match File::open(path) {
-        Ok(f) => f,
-        Err(_) => return String::new(),
-    };
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        match file.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => hasher.update(&buf[..n]),
-            Err(_) => return String::new(),
-        }
-    }
-    hasher.finalize().iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// An exclusive lock on a file, released when dropped.
-pub fn lock(path: &Path) -> File {
-    let file = File::create(path).unwrap_or_else(|e| fail(&format!("cannot create lock {}: {e}", path.display())));
-    file.lock().unwrap_or_else(|e| fail(&format!("cannot lock {}: {e}", path.display())));
-    file
+/// `vendor/llama.cpp` at the workspace root when llama-sys sits in a
+/// checkout of this repository (the workspace manifest names it); `None`
+/// for a package unpacked from the registry.
+fn checkout_vendor_dir(manifest_dir: &Path) -> Option<PathBuf> {
+    let root = manifest_dir.parent()?;
+    let manifest = std::fs::read_to_string(root.join("Cargo.toml")).ok()?;
+    let in_repo = manifest.contains("[workspace]") && manifest.contains("\"llama-sys\"");
+    in_repo.then(|| root.join("vendor").join("llama.cpp"))
 }
 
 pub fn fail(message: &str) -> ! {

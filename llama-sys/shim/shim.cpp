@@ -8,14 +8,41 @@
 // LLAMA_RS_EXCEPTION (-1) when it threw.
 
 #include "llama.h"
+
+#include <map>
+
+#ifdef LLAMA_RS_INSTALLED_HEADERS
+// An installed llama.cpp has no src/llama-ext.h (its staging C++ API), so
+// the one function of it the shim calls is declared here as that header
+// declares it at the pinned commit. The build has compared the installed
+// headers with the ones the bindings came from (build/abi.rs), so the
+// library is that commit.
+struct llama_memory_breakdown_data {
+    size_t model   = 0;
+    size_t context = 0;
+    size_t compute = 0;
+};
+using llama_memory_breakdown = std::map<ggml_backend_buffer_type_t, llama_memory_breakdown_data>;
+LLAMA_API llama_memory_breakdown llama_get_memory_breakdown(const struct llama_context * ctx);
+#else
 // src/llama-ext.h: llama.cpp's staging API (C++), for the memory breakdown.
 #include "llama-ext.h"
+#endif
 
+#include <atomic>
+#include <cstdio>
+#include <cstring>
 #include <exception>
+#include <mutex>
 #include <new>
 #include <regex>
 #include <stdexcept>
 #include <string>
+
+#if defined(__unix__) || defined(__APPLE__)
+#include <pthread.h>
+#define LLAMA_RS_RPC_GUARD 1
+#endif
 
 namespace {
 
@@ -180,6 +207,133 @@ int llama_rs_get_memory_breakdown(const llama_context * ctx, llama_rs_buffer_mem
             out[i++] = llama_rs_buffer_memory{buft, mb.model, mb.context, mb.compute};
         }
     });
+}
+
+} // extern "C"
+
+// ---------------------------------------------------------------------------
+// The RPC guard. ggml-rpc's client calls GGML_ABORT when a send or receive
+// to a worker fails: on the dispatcher thread of that worker's connection
+// (a worker that died while a call used it), or on the thread opening a
+// connection (connect, handshake). The hook below changes the first, while
+// a guarded call is in flight, into the end of that dispatcher thread
+// alone: the call waiting for it never completes, and the Rust side
+// (llama/src/rpc.rs) stops waiting for the thread it ran the call on and
+// leaks what the call holds. On a guarded thread where a C++ catch lies
+// between the hook and the guard (llama_decode in the shim, model loading,
+// context creation), the second becomes an exception. Every other abort
+// goes on as before.
+//
+// A thread is guarded between llama_rs_rpc_guard_begin and _end, and only
+// the Rust side's call threads are. Connections are only ever opened on
+// guarded threads, so an unguarded thread that reports a failed RPC send
+// or receive is a dispatcher thread.
+
+#if LLAMA_RS_RPC_GUARD
+namespace {
+
+std::atomic<int> rpc_guarded_calls{0};
+std::atomic<unsigned long long> rpc_failures{0};
+ggml_abort_callback_t previous_abort = nullptr;
+// 0: not guarded; 1: guarded; 2: guarded, and a C++ catch is on the stack.
+thread_local int rpc_guard = 0;
+
+bool contains(const char * message, const char * text) {
+    return message != nullptr && std::strstr(message, text) != nullptr;
+}
+
+void rpc_abort_hook(const char * message) {
+    const bool lost = contains(message, "Remote RPC server crashed");
+    const bool connect = contains(message, "Failed to connect to") || contains(message, "RPC handshake failed");
+    if ((lost || connect) && rpc_guard == 2) {
+        throw std::runtime_error(message);
+    }
+    if (lost && rpc_guard == 0 && rpc_guarded_calls.load() > 0) {
+        rpc_failures.fetch_add(1);
+        pthread_exit(nullptr);
+    }
+    if (previous_abort != nullptr) {
+        previous_abort(message);
+    } else {
+        std::fprintf(stderr, "%s\n", message);
+    }
+}
+
+} // namespace
+#endif
+
+extern "C" {
+
+// Installs the abort hook once; returns 0, or -1 where there is no guard
+// (then nothing below guards anything).
+int llama_rs_rpc_guard_install(void) {
+#if LLAMA_RS_RPC_GUARD
+    static std::once_flag once;
+    std::call_once(once, [] { previous_abort = ggml_set_abort_callback(rpc_abort_hook); });
+    return 0;
+#else
+    return -1;
+#endif
+}
+
+// Marks this thread as making a guarded call (`catches`: a C++ catch lies
+// between the hook and the guard, so a failed connect may throw).
+void llama_rs_rpc_guard_begin(bool catches) {
+#if LLAMA_RS_RPC_GUARD
+    rpc_guard = catches ? 2 : 1;
+    rpc_guarded_calls.fetch_add(1);
+#else
+    (void) catches;
+#endif
+}
+
+// Ends the guarded call begun on this thread.
+void llama_rs_rpc_guard_end(void) {
+#if LLAMA_RS_RPC_GUARD
+    rpc_guard = 0;
+    rpc_guarded_calls.fetch_sub(1);
+#endif
+}
+
+// Counts out a guarded call whose thread will never get to _end (its
+// worker died): from another thread.
+void llama_rs_rpc_guard_abandon(void) {
+#if LLAMA_RS_RPC_GUARD
+    rpc_guarded_calls.fetch_sub(1);
+#endif
+}
+
+// How many dispatcher threads the guard has ended (process-wide).
+unsigned long long llama_rs_rpc_failures(void) {
+#if LLAMA_RS_RPC_GUARD
+    return rpc_failures.load();
+#else
+    return 0;
+#endif
+}
+
+// llama_decode as a guarded call with a catch, synchronized before it
+// returns: the RPC backend computes asynchronously, and the wait for its
+// results (which reading the logits would do, unguarded) belongs inside.
+int llama_rs_rpc_decode(llama_context * ctx, llama_batch batch, int32_t * result) {
+    llama_rs_rpc_guard_begin(true);
+    int rc = guarded([&] {
+        *result = llama_decode(ctx, batch);
+        llama_synchronize(ctx);
+    });
+    llama_rs_rpc_guard_end();
+    return rc;
+}
+
+// llama_encode likewise.
+int llama_rs_rpc_encode(llama_context * ctx, llama_batch batch, int32_t * result) {
+    llama_rs_rpc_guard_begin(true);
+    int rc = guarded([&] {
+        *result = llama_encode(ctx, batch);
+        llama_synchronize(ctx);
+    });
+    llama_rs_rpc_guard_end();
+    return rc;
 }
 
 } // extern "C"

@@ -16,6 +16,10 @@ pub const LLAMA_STATE_SEQ_FLAGS_NONE: u32 = 0;
 pub const LLAMA_STATE_SEQ_FLAGS_SWA_ONLY: u32 = 1;
 pub const LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY: u32 = 1;
 pub const LLAMA_STATE_SEQ_FLAGS_ON_DEVICE: u32 = 2;
+pub const RPC_PROTO_MAJOR_VERSION: u32 = 7;
+pub const RPC_PROTO_MINOR_VERSION: u32 = 0;
+pub const RPC_PROTO_PATCH_VERSION: u32 = 0;
+pub const GGML_RPC_MAX_SERVERS: u32 = 16;
 pub type __off_t = ::std::os::raw::c_long;
 pub type __off64_t = ::std::os::raw::c_long;
 pub type FILE = _IO_FILE;
@@ -2996,6 +3000,41 @@ unsafe extern "C" {
         callback_train: ggml_opt_epoch_callback,
         callback_eval: ggml_opt_epoch_callback,
     );
+}
+unsafe extern "C" {
+    pub fn ggml_backend_rpc_init(endpoint: *const ::std::os::raw::c_char, device: u32) -> ggml_backend_t;
+}
+unsafe extern "C" {
+    pub fn ggml_backend_is_rpc(backend: ggml_backend_t) -> bool;
+}
+unsafe extern "C" {
+    pub fn ggml_backend_rpc_buffer_type(
+        endpoint: *const ::std::os::raw::c_char,
+        device: u32,
+    ) -> ggml_backend_buffer_type_t;
+}
+unsafe extern "C" {
+    pub fn ggml_backend_rpc_get_device_memory(
+        endpoint: *const ::std::os::raw::c_char,
+        device: u32,
+        free: *mut usize,
+        total: *mut usize,
+    );
+}
+unsafe extern "C" {
+    pub fn ggml_backend_rpc_start_server(
+        endpoint: *const ::std::os::raw::c_char,
+        cache_dir: *const ::std::os::raw::c_char,
+        n_threads: usize,
+        n_devices: usize,
+        devices: *mut ggml_backend_dev_t,
+    );
+}
+unsafe extern "C" {
+    pub fn ggml_backend_rpc_reg() -> ggml_backend_reg_t;
+}
+unsafe extern "C" {
+    pub fn ggml_backend_rpc_add_server(endpoint: *const ::std::os::raw::c_char) -> ggml_backend_reg_t;
 }
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone)]

@@ -26,8 +26,9 @@ fn define(defines: &[(&'static str, String)], key: &str) -> Option<String> {
     defines.iter().rev().find(|(k, _)| *k == key).map(|(_, v)| v.clone())
 }
 
+/// The crate's default features: OpenMP, portable (no `native`).
 fn defaults() -> Features {
-    Features { openmp: true, native: true, ..Features::default() }
+    Features { openmp: true, ..Features::default() }
 }
 
 #[test]
@@ -58,7 +59,7 @@ fn default_build_is_a_static_pic_release_library_only() {
         ("LLAMA_BUILD_NUMBER", "0"),
         ("LLAMA_BUILD_COMMIT", "0c1e570"),
         ("GGML_OPENMP", "ON"),
-        ("GGML_NATIVE", "ON"),
+        ("GGML_NATIVE", "OFF"),
         ("GGML_CUDA", "OFF"),
         ("GGML_METAL", "OFF"),
         ("GGML_VULKAN", "OFF"),
@@ -67,8 +68,18 @@ fn default_build_is_a_static_pic_release_library_only() {
     ] {
         assert_eq!(define(&d, key).as_deref(), Some(value), "{key}");
     }
-    // Native builds leave the CPU feature options to -march=native.
-    assert_eq!(define(&d, "GGML_AVX2"), None);
+    // Portable by default: rustc's plain x86-64 target is the baseline.
+    assert_eq!(define(&d, "GGML_AVX2").as_deref(), Some("OFF"));
+    assert_eq!(define(&d, "GGML_SSE42").as_deref(), Some("OFF"));
+}
+
+#[test]
+fn native_leaves_the_cpu_options_to_march_native() {
+    let d = cmake_defines(&Features { native: true, ..defaults() }, &linux(), &options());
+    assert_eq!(define(&d, "GGML_NATIVE").as_deref(), Some("ON"));
+    for option in ["GGML_SSE42", "GGML_AVX", "GGML_AVX2", "GGML_AVX512"] {
+        assert_eq!(define(&d, option), None, "{option}");
+    }
 }
 
 #[test]
@@ -106,7 +117,7 @@ fn openmp_with_clang_links_libomp() {
 
 #[test]
 fn portable_build_takes_cpu_features_from_the_target() {
-    let f = Features { native: false, ..defaults() };
+    let f = defaults();
     let t =
         Target { cpu_features: ["sse4.2", "avx", "avx2", "fma", "f16c", "bmi2"].map(String::from).to_vec(), ..linux() };
     let d = cmake_defines(&f, &t, &options());

@@ -28,3 +28,9 @@ pub mod shim;
 mod features;
 #[cfg(test)]
 mod features_tests;
+#[cfg(test)]
+#[path = "../build/installed.rs"]
+#[allow(dead_code)]
+mod installed;
+#[cfg(test)]
+mod installed_tests;

@@ -37,6 +37,28 @@ unsafe extern "C" {
     pub fn llama_rs_shim_inject_exception();
 
     pub fn llama_rs_decode(ctx: *mut llama_context, batch: llama_batch, result: *mut i32) -> c_int;
+
+    /// Installs the RPC guard's abort hook (once): 0, or -1 on platforms
+    /// without the guard. See shim/shim.cpp ("The RPC guard"): while a
+    /// guarded call is in flight, a worker that dies ends the dispatcher
+    /// thread of its connection instead of the process, and the call that
+    /// waited for it never returns.
+    pub fn llama_rs_rpc_guard_install() -> c_int;
+    /// Marks this thread as making a guarded call; `catches`: a C++ catch
+    /// lies between llama.cpp and the caller (a failed connect may throw).
+    pub fn llama_rs_rpc_guard_begin(catches: bool);
+    /// Ends the guarded call begun on this thread.
+    pub fn llama_rs_rpc_guard_end();
+    /// Counts out a guarded call that will never end (from another thread).
+    pub fn llama_rs_rpc_guard_abandon();
+    /// How many dispatcher threads the guard has ended in this process.
+    pub fn llama_rs_rpc_failures() -> u64;
+    /// `llama_rs_decode` as a guarded call with a catch. May never return
+    /// when a worker dies: run it on a thread that can be abandoned, with
+    /// everything it reads leaked.
+    pub fn llama_rs_rpc_decode(ctx: *mut llama_context, batch: llama_batch, result: *mut i32) -> c_int;
+    /// `llama_rs_encode` likewise.
+    pub fn llama_rs_rpc_encode(ctx: *mut llama_context, batch: llama_batch, result: *mut i32) -> c_int;
     pub fn llama_rs_encode(ctx: *mut llama_context, batch: llama_batch, result: *mut i32) -> c_int;
     pub fn llama_rs_tokenize(
         vocab: *const llama_vocab,

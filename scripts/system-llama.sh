@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# llama-sys's system-library mode, end to end:
+#
+# 1. shared: the pinned llama.cpp (vendor/llama.cpp, which a workspace build
+#    fetches) configured, built and installed by its own CMake into
+#    target/system-llama/prefix with its default options and shared
+#    libraries; then the real-model tests built against it through
+#    pkg-config (LLAMA_SYS_USE_PKG_CONFIG=1 and the llama.pc it installed),
+#    run with LD_LIBRARY_PATH pointing at it, and checked to load its
+#    libllama.so;
+# 2. static: the static archives that llama-sys's own build installed with
+#    llama.cpp's CMake (target/llama-sys/build-*/, the native configuration),
+#    linked through LLAMA_SYS_LIB_DIR, and checked to load no libllama.so;
+# 3. bindgen: bindings generated from those installed headers (one folder,
+#    no src/) equal the checked-in ones.
+#
+# Usage: scripts/system-llama.sh   (after a workspace build, e.g. cargo test)
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=scripts/pinned-llama.sh
+source "$ROOT/scripts/pinned-llama.sh"
+OUT="$ROOT/target/system-llama"
+SRC="$ROOT/vendor/llama.cpp"
+JOBS="${JOBS:-2}"
+# The real-model tests that need no llama.cpp test data (SOURCE_DIR is
+# empty for an installed llama.cpp). plan compares llama.cpp's memory
+# breakdown byte for byte, through the shim's own declaration of it.
+TESTS=(--test generate_real --test engine_real --test json_schema_real --test embed --test plan)
+# The workspace's default features without `rpc`: these installs have no
+# RPC backend (a backend feature the install lacks is a build error).
+# `native` stays: tests/plan.rs expects the CPU_REPACK buffer that a native
+# llama.cpp (CMake's default, GGML_NATIVE=ON) has.
+FEATURES=(--no-default-features --features native)
+
+say() { printf 'system-llama: %s\n' "$*" >&2; }
+die() { say "error: $*"; exit 1; }
+cd "$ROOT"
+[[ -f "$SRC/include/llama.h" ]] || die "no $SRC: build the workspace first (it fetches the pinned tree)"
+cmake_bin="$(installed_cmake "$ROOT")" || die "no cmake"
+unset LLAMA_CPP_DIR LLAMA_SYS_LIB_DIR LLAMA_SYS_INCLUDE_DIR LLAMA_SYS_USE_PKG_CONFIG LLAMA_SYS_STATIC
+
+# The first test executable cargo builds for TESTS (building them all).
+first_test_binary() {
+    local all
+    all="$(test_binaries)" || die "cargo could not build the tests: rerun \`cargo test -p llama-suite ${FEATURES[*]} ${TESTS[*]} --no-run\`"
+    echo "${all%%$'\n'*}"
+}
+
+# The test executables cargo builds for TESTS, one per line.
+test_binaries() {
+    cargo test -p llama-suite "${FEATURES[@]}" "${TESTS[@]}" --no-run --message-format=json 2>/dev/null \
+        | python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
+        print(m["executable"])
+'
+}
+
+# 1. Shared libraries through pkg-config.
+prefix="$OUT/prefix"
+if [[ ! -f "$prefix/lib/pkgconfig/llama.pc" ]]; then
+    rm -rf "$OUT"
+    start=$(date +%s)
+    # Outside git: llama.cpp's CMake would take this repository's commit.
+    GIT_CEILING_DIRECTORIES="$ROOT" "$cmake_bin" -S "$SRC" -B "$OUT/build" -DCMAKE_BUILD_TYPE=Release \
+        -DBUILD_SHARED_LIBS=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF \
+        -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_COMMON=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF \
+        -DLLAMA_BUILD_COMMIT="${PINNED_COMMIT:0:7}" \
+        -DCMAKE_INSTALL_PREFIX="$prefix" -DCMAKE_INSTALL_LIBDIR=lib >/dev/null
+    "$cmake_bin" --build "$OUT/build" -j "$JOBS" >/dev/null
+    "$cmake_bin" --install "$OUT/build" >/dev/null
+    say "llama.cpp built and installed by its CMake into $prefix in $(( $(date +%s) - start )) s"
+fi
+export PKG_CONFIG_PATH="$prefix/lib/pkgconfig"
+export LLAMA_SYS_USE_PKG_CONFIG=1
+export LD_LIBRARY_PATH="$prefix/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+bin="$(first_test_binary)"
+[[ -n "$bin" ]] || die "cargo built no test binary"
+ldd "$bin" | grep -q "libllama.so.* => $prefix/lib/" \
+    || die "$bin does not load $prefix/lib/libllama.so: $(ldd "$bin" | grep -E 'llama|ggml')"
+say "shared: $(basename "$bin") loads $(ldd "$bin" | sed -n 's/.*\(libllama[^ ]*\) => \([^ ]*\).*/\1 from \2/p')"
+cargo test -p llama-suite "${FEATURES[@]}" "${TESTS[@]}"
+unset PKG_CONFIG_PATH LLAMA_SYS_USE_PKG_CONFIG
+
+# 2. Static archives through LLAMA_SYS_LIB_DIR: the link line read off the
+#    install's ggml-config.cmake, checked on the greedy-output and memory
+#    tests (the shared run above has the whole set; CI time is finite).
+TESTS=(--test generate_real --test plan)
+static_lib=""
+for config in "$ROOT"/target/llama-sys/build-*/lib/cmake/ggml/ggml-config.cmake; do
+    if grep -q 'set(GGML_NATIVE "ON")' "$config" && ! grep -q 'GGML_SANITIZE_ADDRESS "ON"' "$config"; then
+        static_lib="$(dirname "$(dirname "$(dirname "$config")")")"
+        break
+    fi
+done
+[[ -n "$static_lib" ]] || die "no native static install in target/llama-sys/build-*/: build the workspace first"
+export LLAMA_SYS_LIB_DIR="$static_lib"
+bin="$(first_test_binary)"
+if ldd "$bin" | grep -q 'libllama'; then die "$bin loads a shared libllama: $(ldd "$bin" | grep llama)"; fi
+say "static: $(basename "$bin") links the archives in $static_lib (no libllama.so)"
+cargo test -p llama-suite "${FEATURES[@]}" "${TESTS[@]}"
+
+# 3. The `bindgen` feature on installed headers (one folder, no src/):
+#    bindings generated from them equal the checked-in ones.
+cargo test -p llama-sys --features bindgen --test bindings_fresh
+say "ok"
