@@ -57,6 +57,12 @@ struct Args {
     /// Also time generation with sampling in the loop, and the generator.
     #[arg(long)]
     sampling: bool,
+    /// Layers to offload to GPUs or RPC workers (llama-bench's -ngl).
+    #[arg(long = "gpu-layers", alias = "ngl", default_value_t = 0)]
+    gpu_layers: i32,
+    /// RPC workers, `host:port,...` (llama-bench's --rpc; feature `rpc`).
+    #[arg(long, value_delimiter = ',')]
+    rpc: Vec<String>,
 }
 
 /// llama-bench uses `std::rand() % n_vocab`; any cheap generator will do.
@@ -243,7 +249,8 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         Some(t) => t,
         None => std::env::var("LLAMA_BENCH_THREADS").ok().and_then(|v| v.parse().ok()).unwrap_or(2),
     };
-    let model = Model::load(&path, &ModelParams::default())?;
+    let params = ModelParams { n_gpu_layers: args.gpu_layers, rpc_servers: args.rpc.clone(), ..ModelParams::default() };
+    let model = Model::load(&path, &params)?;
     let bench = Bench { model: &model, args, threads };
     println!("| model | size | params | backend | threads | test | t/s |");
     println!("| --- | ---: | ---: | --- | ---: | --- | ---: |");

@@ -71,6 +71,14 @@ struct Args {
     /// Layers to offload to the GPU (-1: all).
     #[arg(long = "gpu-layers", alias = "ngl", default_value_t = 0, allow_negative_numbers = true)]
     gpu_layers: i32,
+    /// RPC workers (`host:port,...`, feature `rpc`; see the rpc_server
+    /// example) whose devices take the offloaded layers (--gpu-layers).
+    #[arg(long, value_delimiter = ',')]
+    rpc: Vec<String>,
+    /// How the offloaded layers are split over the devices, in proportion
+    /// (`1,3`: a quarter and three quarters); default: by free memory.
+    #[arg(long, value_delimiter = ',')]
+    tensor_split: Vec<f32>,
     /// Wrap the prompt in the model's chat template as a user message.
     #[arg(long)]
     chat: bool,
@@ -129,7 +137,13 @@ fn run(args: &Args) -> Result<(), BoxError> {
         Some(p) => p.clone(),
         None => llama_suite::model_cache::model_path()?,
     };
-    let model = Model::load(&model_path, &ModelParams { n_gpu_layers: args.gpu_layers, ..ModelParams::default() })?;
+    let params = ModelParams {
+        n_gpu_layers: args.gpu_layers,
+        rpc_servers: args.rpc.clone(),
+        tensor_split: args.tensor_split.clone(),
+        ..ModelParams::default()
+    };
+    let model = Model::load(&model_path, &params)?;
     let vocab = model.vocab();
 
     let tokens = if args.chat {

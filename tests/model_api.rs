@@ -185,6 +185,48 @@ fn devices_and_system_info() {
 }
 
 #[test]
+fn unused_cpu_features_name_what_the_build_leaves_out() {
+    let unused = llama::unused_cpu_features();
+    let info = llama::system_info();
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        if cfg!(feature = "native") {
+            // -march=native: everything this CPU has.
+            assert_eq!(unused, Vec::<&str>::new(), "{info}");
+        } else if !cfg!(target_feature = "avx") {
+            // The portable build for rustc's baseline x86-64 target (CI's
+            // `--no-default-features` run): SSE only.
+            for feature in ["AVX", "AVX2", "FMA", "F16C"] {
+                assert!(unused.contains(&feature), "{feature} not in {unused:?}: {info}");
+            }
+        }
+    }
+    // Whatever is reported unused is absent from the system info.
+    for feature in &unused {
+        assert!(!info.split('|').any(|p| p.trim().ends_with(&format!(" {feature} = 1"))), "{feature}: {info}");
+    }
+}
+
+#[test]
+fn rpc_servers_and_tensor_split_are_checked() {
+    // Port 1 on loopback: nothing listens there.
+    let params = ModelParams { rpc_servers: vec!["127.0.0.1:1".into()], ..Default::default() };
+    let err = Model::load(tiny_path(), &params).unwrap_err();
+    if cfg!(feature = "rpc") {
+        assert!(matches!(&err, Error::Rpc { endpoint, .. } if endpoint == "127.0.0.1:1"), "{err}");
+    } else {
+        assert!(matches!(&err, Error::Unsupported(m) if m.contains("`rpc` feature")), "{err}");
+    }
+    for split in [vec![-1.0], vec![0.0, 0.0], vec![f32::NAN], vec![1.0; 4096]] {
+        let params = ModelParams { tensor_split: split.clone(), ..Default::default() };
+        assert!(matches!(Model::load(tiny_path(), &params), Err(Error::InvalidArgument(_))), "{split:?}");
+    }
+    // A valid split of the CPU-only model changes nothing.
+    let params = ModelParams { tensor_split: vec![1.0, 3.0], ..Default::default() };
+    assert_eq!(Model::load(tiny_path(), &params).unwrap().n_layer(), 2);
+}
+
+#[test]
 fn control_tokens_are_parsed_only_on_request() {
     let model = tiny_model();
     let vocab = model.vocab();

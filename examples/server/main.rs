@@ -105,6 +105,13 @@ struct Args {
     /// The model name in responses and /v1/models (default: the file name).
     #[arg(long)]
     model_name: Option<String>,
+    /// Layers to offload to GPUs or RPC workers (-1: all).
+    #[arg(long = "gpu-layers", alias = "ngl", default_value_t = 0, allow_negative_numbers = true)]
+    gpu_layers: i32,
+    /// RPC workers (`host:port,...`, feature `rpc`; see the rpc_server
+    /// example) whose devices take the offloaded layers (--gpu-layers).
+    #[arg(long, value_delimiter = ',')]
+    rpc: Vec<String>,
     /// Wait this long before loading the model (for tests of the loading
     /// state).
     #[arg(long, default_value_t = 0, hide = true)]
@@ -188,7 +195,9 @@ async fn serve(args: Args) -> Result<(), String> {
         let config = engine_config(&args);
         let (embeddings, threads) = (args.embeddings, args.threads.unwrap_or(2));
         let delay = Duration::from_millis(args.load_delay_ms);
-        tokio::task::spawn_blocking(move || match load(&args_model, config, embeddings, threads, delay) {
+        let params =
+            ModelParams { n_gpu_layers: args.gpu_layers, rpc_servers: args.rpc.clone(), ..ModelParams::default() };
+        tokio::task::spawn_blocking(move || match load(&args_model, &params, config, embeddings, threads, delay) {
             Ok(ready) => {
                 eprintln!("server: ready ({} KV cells)", ready.engine.pool_cells());
                 let _ = state.ready.set(ready);
@@ -250,13 +259,14 @@ fn engine_config(args: &Args) -> EngineConfig {
 
 fn load(
     path: &std::path::Path,
+    params: &ModelParams,
     config: EngineConfig,
     embeddings: bool,
     threads: i32,
     delay: Duration,
 ) -> Result<Ready, String> {
     std::thread::sleep(delay);
-    let model = Arc::new(Model::load(path, &ModelParams::default()).map_err(|e| e.to_string())?);
+    let model = Arc::new(Model::load(path, params).map_err(|e| e.to_string())?);
     let chat = model.chat_format(None).map_err(|e| e.to_string())?;
     let embeddings = if embeddings {
         // The model's own pooling, or mean pooling for a model that defines

@@ -24,6 +24,16 @@ pub fn init() {
             sys::llama_log_set(Some(log_trampoline), std::ptr::null_mut());
             sys::llama_backend_init();
         }
+        let unused = unused_cpu_features_of(&raw_system_info());
+        if !unused.is_empty() {
+            log::warn!(
+                target: "llama",
+                "llama.cpp was compiled without {}, which this CPU has: prompt processing can be many times \
+                 slower (baseline x86-64 here: 26x). Build the final binary with the `native` feature of \
+                 llama, or with RUSTFLAGS=\"-C target-cpu=native\" (x86-64-v3 for any CPU since 2013)",
+                unused.join(", ")
+            );
+        }
     });
 }
 
@@ -85,6 +95,11 @@ pub(crate) fn last_error_or(fallback: &str) -> String {
 #[doc(alias = "llama_print_system_info")]
 pub fn system_info() -> String {
     init();
+    raw_system_info()
+}
+
+/// [`system_info`] without [`init`] (which calls it).
+fn raw_system_info() -> String {
     // llama_print_system_info rebuilds a function-static string: serialise
     // callers and copy the result out before releasing the lock.
     static LOCK: Mutex<()> = Mutex::new(());
@@ -93,6 +108,46 @@ pub fn system_info() -> String {
     // only another call rewrites, and the lock keeps other callers out until
     // the copy is made.
     unsafe { CStr::from_ptr(sys::llama_print_system_info()) }.to_string_lossy().into_owned()
+}
+
+/// The x86-64 CPU features that matter most to llama.cpp's CPU kernels
+/// which this processor has and the llama.cpp in use was compiled without
+/// (`AVX`, `AVX2`, `FMA`, `F16C`, `AVX512`, as [`system_info`] names them);
+/// empty off x86-64 and when the build uses them all.
+///
+/// llama.cpp's kernels are compiled for one CPU level: by default the Rust
+/// target's (`-C target-cpu`, baseline x86-64 unless set), with the
+/// `native` feature the build machine's. A baseline build on a CPU with
+/// AVX2 leaves most of its speed unused (measured here: prompt processing
+/// 26x slower, generation 3.8x; the README's Features section), so
+/// [`init`] logs a warning naming these features.
+pub fn unused_cpu_features() -> Vec<&'static str> {
+    init();
+    unused_cpu_features_of(&raw_system_info())
+}
+
+fn unused_cpu_features_of(system_info: &str) -> Vec<&'static str> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let compiled = |name: &str| {
+            // `CPU : SSE3 = 1 | AVX = 1 | AVX2 = 1 | …`
+            let item = format!("{name} = 1");
+            system_info.split('|').any(|part| part.rsplit(':').next().is_some_and(|p| p.trim() == item))
+        };
+        let features = [
+            ("AVX", std::arch::is_x86_feature_detected!("avx")),
+            ("AVX2", std::arch::is_x86_feature_detected!("avx2")),
+            ("FMA", std::arch::is_x86_feature_detected!("fma")),
+            ("F16C", std::arch::is_x86_feature_detected!("f16c")),
+            ("AVX512", std::arch::is_x86_feature_detected!("avx512f")),
+        ];
+        features.into_iter().filter(|&(name, present)| present && !compiled(name)).map(|(name, _)| name).collect()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = system_info;
+        Vec::new()
+    }
 }
 
 /// Whether models can be memory-mapped.
@@ -171,15 +226,6 @@ unsafe impl Sync for Device {}
 #[doc(alias = "ggml_backend_dev_get")]
 pub fn devices() -> Vec<Device> {
     init();
-    let cstr = |p: *const c_char| {
-        if p.is_null() {
-            String::new()
-        } else {
-            // SAFETY: non-null strings from the registry are NUL-terminated
-            // and static.
-            unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
-        }
-    };
     // SAFETY: the registry is initialised by `init`; indexes below the count
     // are valid and the returned handles are static.
     let count = unsafe { sys::ggml_backend_dev_count() };
@@ -187,31 +233,44 @@ pub fn devices() -> Vec<Device> {
         .filter_map(|i| {
             // SAFETY: `i < count`.
             let raw = unsafe { sys::ggml_backend_dev_get(i) };
-            if raw.is_null() {
-                return None;
-            }
-            let (mut free, mut total) = (0usize, 0usize);
-            // SAFETY: `raw` is a valid device handle; the out-pointers are
-            // valid for writes.
-            let (name, description, kind) = unsafe {
-                sys::ggml_backend_dev_memory(raw, &mut free, &mut total);
-                (
-                    cstr(sys::ggml_backend_dev_name(raw)),
-                    cstr(sys::ggml_backend_dev_description(raw)),
-                    sys::ggml_backend_dev_type(raw),
-                )
-            };
-            use sys::ggml_backend_dev_type as t;
-            let kind = match kind {
-                t::GGML_BACKEND_DEVICE_TYPE_CPU => DeviceKind::Cpu,
-                t::GGML_BACKEND_DEVICE_TYPE_GPU => DeviceKind::Gpu,
-                t::GGML_BACKEND_DEVICE_TYPE_IGPU => DeviceKind::IntegratedGpu,
-                t::GGML_BACKEND_DEVICE_TYPE_ACCEL => DeviceKind::Accelerator,
-                other => DeviceKind::Other(other),
-            };
-            Some(Device { name, description, kind, memory_free: free, memory_total: total, raw })
+            (!raw.is_null()).then(|| Device::from_raw(raw))
         })
         .collect()
+}
+
+impl Device {
+    /// A device from its registry handle (non-null, process lifetime).
+    pub(crate) fn from_raw(raw: sys::ggml_backend_dev_t) -> Device {
+        let cstr = |p: *const c_char| {
+            if p.is_null() {
+                String::new()
+            } else {
+                // SAFETY: non-null strings from the registry are
+                // NUL-terminated and static.
+                unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+            }
+        };
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: `raw` is a valid device handle; the out-pointers are valid
+        // for writes.
+        let (name, description, kind) = unsafe {
+            sys::ggml_backend_dev_memory(raw, &mut free, &mut total);
+            (
+                cstr(sys::ggml_backend_dev_name(raw)),
+                cstr(sys::ggml_backend_dev_description(raw)),
+                sys::ggml_backend_dev_type(raw),
+            )
+        };
+        use sys::ggml_backend_dev_type as t;
+        let kind = match kind {
+            t::GGML_BACKEND_DEVICE_TYPE_CPU => DeviceKind::Cpu,
+            t::GGML_BACKEND_DEVICE_TYPE_GPU => DeviceKind::Gpu,
+            t::GGML_BACKEND_DEVICE_TYPE_IGPU => DeviceKind::IntegratedGpu,
+            t::GGML_BACKEND_DEVICE_TYPE_ACCEL => DeviceKind::Accelerator,
+            other => DeviceKind::Other(other),
+        };
+        Device { name, description, kind, memory_free: free, memory_total: total, raw }
+    }
 }
 
 /// The version of the linked llama.cpp, e.g. `0.5.0`.

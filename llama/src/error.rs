@@ -185,6 +185,18 @@ pub enum Error {
     /// architectures); the text says what.
     #[error("not supported: {0}")]
     Unsupported(String),
+
+    /// An RPC server (`llama::rpc`, feature `rpc`) cannot be used: the endpoint is
+    /// not `host:port`, it does not resolve, refuses the connection, stays
+    /// silent past the timeout, is not an RPC server or speaks another
+    /// protocol version; or a worker cannot serve there.
+    #[error("RPC server {endpoint}: {message}")]
+    Rpc {
+        /// The endpoint, as given.
+        endpoint: String,
+        /// What went wrong.
+        message: String,
+    },
     /// A string argument contains a NUL byte.
     #[error("string contains a NUL byte: {0}")]
     Nul(#[from] std::ffi::NulError),

@@ -68,6 +68,9 @@ mod memory;
 mod model;
 pub mod plan;
 mod quantize;
+#[cfg(feature = "rpc")]
+#[cfg_attr(docsrs, doc(cfg(feature = "rpc")))]
+pub mod rpc;
 mod sampler;
 mod stack;
 mod state;
@@ -76,7 +79,7 @@ mod vocab;
 pub use adapter::LoraAdapter;
 pub use backend::{
     Device, DeviceKind, devices, init, supports_gpu_offload, supports_mlock, supports_mmap, supports_rpc, system_info,
-    time_us, version,
+    time_us, unused_cpu_features, version,
 };
 pub use batch::{Batch, Pos, SeqId};
 pub use chat::{ChatFormat, ChatMessage, ChatTemplate, apply_chat_template, builtin_chat_templates};

@@ -18,6 +18,9 @@ impl Context<'_> {
     /// are also zeroed.
     #[doc(alias = "llama_memory_clear")]
     pub fn clear_kv(&mut self, zero_data: bool) {
+        if self.check_rpc().is_err() {
+            return;
+        }
         // SAFETY: the context's own memory handle (NULL-safe).
         unsafe { sys::llama_memory_clear(self.memory(), zero_data) };
         self.invalidate_outputs();
@@ -32,6 +35,7 @@ impl Context<'_> {
     /// [`Error::InvalidSeqId`].
     #[doc(alias = "llama_memory_seq_rm")]
     pub fn seq_rm(&mut self, seq: Option<SeqId>, p0: Option<Pos>, p1: Option<Pos>) -> Result<bool> {
+        self.check_rpc()?;
         if let Some(s) = seq {
             self.check_seq(s)?;
         }
@@ -50,6 +54,7 @@ impl Context<'_> {
     /// sequence then has its own buffer and only whole copies work).
     #[doc(alias = "llama_memory_seq_cp")]
     pub fn seq_cp(&mut self, src: SeqId, dst: SeqId, p0: Option<Pos>, p1: Option<Pos>) -> Result<()> {
+        self.check_rpc()?;
         self.check_seq(src)?;
         self.check_seq(dst)?;
         let partial = p0.is_some_and(|p| p > 0) || p1.is_some_and(|p| p >= 0);
@@ -72,6 +77,7 @@ impl Context<'_> {
     /// [`Error::InvalidSeqId`].
     #[doc(alias = "llama_memory_seq_keep")]
     pub fn seq_keep(&mut self, seq: SeqId) -> Result<()> {
+        self.check_rpc()?;
         self.check_seq(seq)?;
         // SAFETY: a valid sequence id.
         unsafe { sys::llama_memory_seq_keep(self.memory(), seq) };
@@ -88,6 +94,7 @@ impl Context<'_> {
     /// position would not fit below `i32::MAX` (signed overflow in C++).
     #[doc(alias = "llama_memory_seq_add")]
     pub fn seq_add(&mut self, seq: SeqId, p0: Option<Pos>, p1: Option<Pos>, delta: Pos) -> Result<()> {
+        self.check_rpc()?;
         self.check_seq(seq)?;
         if !self.can_shift() {
             return Err(Error::CannotShift);
@@ -118,6 +125,7 @@ impl Context<'_> {
     /// below 1.
     #[doc(alias = "llama_memory_seq_div")]
     pub fn seq_div(&mut self, seq: SeqId, p0: Option<Pos>, p1: Option<Pos>, divisor: i32) -> Result<()> {
+        self.check_rpc()?;
         self.check_seq(seq)?;
         if divisor < 1 {
             return Err(Error::InvalidArgument(format!("seq_div divisor must be at least 1, got {divisor}")));
@@ -138,6 +146,7 @@ impl Context<'_> {
     /// [`Error::InvalidSeqId`].
     #[doc(alias = "llama_memory_seq_pos_min")]
     pub fn seq_pos_min(&mut self, seq: SeqId) -> Result<Option<Pos>> {
+        self.check_rpc()?;
         self.check_seq(seq)?;
         // SAFETY: a valid sequence id.
         let p = unsafe { sys::llama_memory_seq_pos_min(self.memory(), seq) };
@@ -150,6 +159,7 @@ impl Context<'_> {
     /// [`Error::InvalidSeqId`].
     #[doc(alias = "llama_memory_seq_pos_max")]
     pub fn seq_pos_max(&mut self, seq: SeqId) -> Result<Option<Pos>> {
+        self.check_rpc()?;
         self.check_seq(seq)?;
         // SAFETY: a valid sequence id.
         let p = unsafe { sys::llama_memory_seq_pos_max(self.memory(), seq) };

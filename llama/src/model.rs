@@ -6,60 +6,22 @@ use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use crate::backend::{self, Device};
+use crate::backend;
 use crate::error::{Error, Result};
 use crate::sys;
 use crate::vocab::Vocab;
 
+mod params;
 mod preflight;
 
-/// How the weights get into memory.
-#[non_exhaustive]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum LoadMode {
-    /// llama.cpp decides (memory-maps where it can).
-    #[default]
-    Auto,
-    /// Memory-map the file: fast start, pages shared between processes.
-    Mmap,
-    /// Memory-map and lock the pages in RAM.
-    MmapLocked,
-    /// Read the file into allocated memory.
-    Read,
-    /// Read into memory and lock it.
-    ReadLocked,
-    /// Direct I/O, where the platform has it.
-    DirectIo,
-}
+/// The RPC servers a model uses (feature `rpc`).
+#[cfg(feature = "rpc")]
+type RpcLease = Option<crate::rpc::Lease>;
+#[cfg(not(feature = "rpc"))]
+type RpcLease = Option<()>;
 
-impl LoadMode {
-    fn raw(self) -> sys::llama_load_mode::Type {
-        use sys::llama_load_mode as m;
-        match self {
-            LoadMode::Auto => m::LLAMA_LOAD_MODE_AUTO,
-            LoadMode::Mmap => m::LLAMA_LOAD_MODE_MMAP,
-            LoadMode::MmapLocked => m::LLAMA_LOAD_MODE_MMAP_MLOCK,
-            LoadMode::Read => m::LLAMA_LOAD_MODE_NONE,
-            LoadMode::ReadLocked => m::LLAMA_LOAD_MODE_MLOCK,
-            LoadMode::DirectIo => m::LLAMA_LOAD_MODE_DIRECT_IO,
-        }
-    }
-}
-
-/// How a model is spread over several GPUs.
-#[non_exhaustive]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum SplitMode {
-    /// Everything on the main GPU.
-    None,
-    /// Whole layers (and their KV cache) per GPU.
-    #[default]
-    Layer,
-    /// Rows of each tensor across GPUs.
-    Row,
-    /// Tensor parallelism.
-    Tensor,
-}
+pub use params::{LoadMode, MetadataValue, ModelParams, SplitMode};
+use params::{build_overrides, render_override, rpc_devices};
 
 /// How a model applies rotary position embeddings (RoPE).
 #[non_exhaustive]
@@ -117,61 +79,6 @@ pub fn split_prefix(path: &str, split_no: u32, split_count: u32) -> Option<Strin
     (!prefix.is_empty()).then_some(prefix)
 }
 
-/// A value that replaces a GGUF metadata entry at load time.
-#[derive(Clone, Debug, PartialEq)]
-pub enum MetadataValue {
-    /// An integer.
-    Int(i64),
-    /// A float.
-    Float(f64),
-    /// A boolean.
-    Bool(bool),
-    /// A string of at most 127 bytes.
-    Str(String),
-}
-
-/// Parameters for [`Model::load`]. Defaults: memory-mapped, CPU only.
-#[derive(Clone, Debug)]
-pub struct ModelParams {
-    /// How the weights get into memory.
-    pub load_mode: LoadMode,
-    /// Layers to offload to the GPU; negative means all. Default 0 (CPU only),
-    /// unlike llama.cpp's default of all.
-    pub n_gpu_layers: i32,
-    /// How the model is split across GPUs.
-    pub split_mode: SplitMode,
-    /// The GPU used with [`SplitMode::None`].
-    pub main_gpu: i32,
-    /// The devices to use; `None` means all that llama.cpp finds.
-    pub devices: Option<Vec<Device>>,
-    /// Load only the vocabulary (for tokenizing): no weights, no contexts.
-    pub vocab_only: bool,
-    /// Validate tensor data while loading.
-    pub check_tensors: bool,
-    /// Let the CPU backend repack quantized weights into layouts its
-    /// kernels read faster (llama.cpp's default). Repacked weights cannot be
-    /// read back, so [`Model::save`] needs a model loaded with this off.
-    pub repack_weights: bool,
-    /// GGUF metadata entries to override, by key (at most 127 bytes each).
-    pub metadata_overrides: Vec<(String, MetadataValue)>,
-}
-
-impl Default for ModelParams {
-    fn default() -> Self {
-        ModelParams {
-            load_mode: LoadMode::Auto,
-            n_gpu_layers: 0,
-            split_mode: SplitMode::Layer,
-            main_gpu: 0,
-            devices: None,
-            vocab_only: false,
-            check_tensors: false,
-            repack_weights: true,
-            metadata_overrides: Vec::new(),
-        }
-    }
-}
-
 /// The files and parameters a [`Model`] was loaded from.
 #[derive(Clone, Debug)]
 pub(crate) struct Source {
@@ -204,6 +111,8 @@ pub struct Model {
     /// (write), context creation and every decode may iterate it when
     /// llama.cpp sizes its compute graph (read, `graph_max_nodes`).
     adapters: RwLock<()>,
+    /// The RPC servers it uses (dropped after the model is freed).
+    _rpc: RpcLease,
 }
 
 // SAFETY: llama.cpp supports one model shared by many threads, each with its
@@ -350,12 +259,7 @@ impl Model {
         let mut raw = unsafe { sys::llama_model_default_params() };
         raw.load_mode = params.load_mode.raw();
         raw.n_gpu_layers = params.n_gpu_layers;
-        raw.split_mode = match params.split_mode {
-            SplitMode::None => sys::llama_split_mode::LLAMA_SPLIT_MODE_NONE,
-            SplitMode::Layer => sys::llama_split_mode::LLAMA_SPLIT_MODE_LAYER,
-            SplitMode::Row => sys::llama_split_mode::LLAMA_SPLIT_MODE_ROW,
-            SplitMode::Tensor => sys::llama_split_mode::LLAMA_SPLIT_MODE_TENSOR,
-        };
+        raw.split_mode = params.split_mode.raw();
         raw.main_gpu = params.main_gpu;
         raw.vocab_only = params.vocab_only;
         raw.check_tensors = params.check_tensors;
@@ -369,17 +273,23 @@ impl Model {
         }
 
         // Pointer inputs only need to live for the load call (§1.2).
+        let (rpc_devices, rpc_lease) = rpc_devices(params)?;
         let mut devices: Vec<sys::ggml_backend_dev_t> = Vec::new();
-        if let Some(list) = &params.devices {
+        if let Some(list) = params.devices.as_ref().or(rpc_devices.as_ref()) {
             devices.extend(list.iter().map(|d| d.raw));
             devices.push(std::ptr::null_mut());
             raw.devices = devices.as_mut_ptr();
+        }
+        let tensor_split = params.tensor_split_raw()?;
+        if let Some(split) = &tensor_split {
+            raw.tensor_split = split.as_ptr();
         }
         let overrides = build_overrides(&params.metadata_overrides)?;
         if !params.metadata_overrides.is_empty() {
             raw.kv_overrides = overrides.as_ptr();
         }
 
+        let with_progress = progress.is_some();
         let mut keep_loading = |_: f32| true;
         let mut state;
         match progress {
@@ -395,6 +305,37 @@ impl Model {
         }
 
         backend::clear_last_error();
+        #[cfg(feature = "rpc")]
+        if rpc_lease.is_some() && with_progress {
+            // The guarded load runs on another thread, where the callback
+            // (a borrowed, non-`Send` closure) cannot go.
+            return Err(Error::Unsupported(
+                "a progress callback while loading onto RPC workers: use Model::load".into(),
+            ));
+        }
+        #[cfg(feature = "rpc")]
+        if let Some(lease) = &rpc_lease {
+            // Loading sends the offloaded weights to the workers: guarded,
+            // so that a worker that dies meanwhile is an error (the load
+            // thread then stays blocked in llama.cpp, with what it holds).
+            raw.progress_callback_user_data = std::ptr::null_mut();
+            let owned = crate::rpc::SendPtr((raw, c_paths, devices, overrides, tensor_split));
+            let ptr = crate::rpc::run_once(lease, "loading the model", true, move || {
+                let owned = owned;
+                let (raw, c_paths, ..) = &owned.0;
+                let ptr = if c_paths.len() == 1 {
+                    // SAFETY: as below; the closure owns every array `raw`
+                    // points into, and silent_progress reads no user data.
+                    unsafe { sys::llama_model_load_from_file(c_paths[0].as_ptr(), *raw) }
+                } else {
+                    let mut ptrs: Vec<*const c_char> = c_paths.iter().map(|c| c.as_ptr()).collect();
+                    // SAFETY: as above.
+                    unsafe { sys::llama_model_load_from_splits(ptrs.as_mut_ptr(), ptrs.len(), *raw) }
+                };
+                ptr as usize
+            })? as *mut sys::llama_model;
+            return Self::loaded(ptr, paths, params, simulate, false, rpc_lease);
+        }
         let ptr = if c_paths.len() == 1 {
             // SAFETY: the path is NUL-terminated; `raw` came from the
             // defaults with valid enum values; `devices`, `overrides` and
@@ -412,8 +353,20 @@ impl Model {
             }
             std::panic::resume_unwind(payload);
         }
+        Self::loaded(ptr, paths, params, simulate, state.cancelled, rpc_lease)
+    }
+
+    /// The [`Model`] of what llama.cpp's loader returned (NULL: why not).
+    fn loaded(
+        ptr: *mut sys::llama_model,
+        paths: &[&Path],
+        params: &ModelParams,
+        simulate: bool,
+        cancelled: bool,
+        rpc_lease: RpcLease,
+    ) -> Result<Model> {
         let Some(ptr) = NonNull::new(ptr) else {
-            if state.cancelled {
+            if cancelled {
                 return Err(Error::LoadCancelled);
             }
             return Err(Error::ModelLoad {
@@ -434,10 +387,17 @@ impl Model {
             repacked: params.repack_weights,
             overridden,
             adapters: RwLock::new(()),
+            _rpc: rpc_lease,
         };
         let pre = model.metadata("tokenizer.ggml.pre");
         model.vocab.set_pre_tokenizer(pre.as_deref());
         Ok(model)
+    }
+
+    /// The RPC servers the model uses (feature `rpc`; `None` without).
+    #[cfg(feature = "rpc")]
+    pub(crate) fn rpc_lease(&self) -> Option<&crate::rpc::Lease> {
+        self._rpc.as_ref()
     }
 
     /// Shared access to the model's LoRA adapter set, for the calls that
@@ -738,6 +698,21 @@ impl Model {
 
 impl Drop for Model {
     fn drop(&mut self) {
+        #[cfg(feature = "rpc")]
+        if let Some(lease) = &self._rpc {
+            // Freeing sends to the workers: guarded. A model on a lost
+            // worker is leaked instead (its buffers live behind the dead
+            // connection, and llama.cpp would abort or wait for ever).
+            if !lease.is_lost() {
+                let ptr = crate::rpc::SendPtr(self.ptr.as_ptr());
+                // SAFETY: as below, on the guarded thread.
+                let _ = crate::rpc::run_once(lease, "freeing the model", false, move || unsafe {
+                    let ptr = ptr;
+                    sys::llama_model_free(ptr.0)
+                });
+            }
+            return;
+        }
         // SAFETY: we own the model; no context or adapter can outlive it
         // (they borrow it), so nothing uses the pointer after this.
         unsafe { sys::llama_model_free(self.ptr.as_ptr()) }
@@ -749,64 +724,6 @@ pub(crate) fn temp_sibling(path: &Path) -> PathBuf {
     let mut name = path.file_name().map(|n| n.to_os_string()).unwrap_or_default();
     name.push(format!(".partial-{}", std::process::id()));
     path.with_file_name(name)
-}
-
-/// An override value as llama.cpp renders metadata (`gguf_kv_to_str`:
-/// `std::to_string` for numbers, `true`/`false` for booleans).
-fn render_override(value: &MetadataValue) -> String {
-    match value {
-        MetadataValue::Int(v) => v.to_string(),
-        MetadataValue::Float(v) => format!("{v:.6}"),
-        MetadataValue::Bool(v) => v.to_string(),
-        MetadataValue::Str(v) => v.clone(),
-    }
-}
-
-fn build_overrides(list: &[(String, MetadataValue)]) -> Result<Vec<sys::llama_model_kv_override>> {
-    let mut out = Vec::with_capacity(list.len() + 1);
-    for (key, value) in list {
-        // SAFETY: an all-zero override is a valid value of this plain C struct.
-        let mut o: sys::llama_model_kv_override = unsafe { std::mem::zeroed() };
-        copy_c_string(&mut o.key, key, "metadata override key")?;
-        use sys::llama_model_kv_override_type as t;
-        match value {
-            MetadataValue::Int(v) => {
-                o.tag = t::LLAMA_KV_OVERRIDE_TYPE_INT;
-                o.__bindgen_anon_1.val_i64 = *v;
-            }
-            MetadataValue::Float(v) => {
-                o.tag = t::LLAMA_KV_OVERRIDE_TYPE_FLOAT;
-                o.__bindgen_anon_1.val_f64 = *v;
-            }
-            MetadataValue::Bool(v) => {
-                o.tag = t::LLAMA_KV_OVERRIDE_TYPE_BOOL;
-                o.__bindgen_anon_1.val_bool = *v;
-            }
-            MetadataValue::Str(v) => {
-                o.tag = t::LLAMA_KV_OVERRIDE_TYPE_STR;
-                // SAFETY: writing the string member of the union; the tag
-                // says which member is live.
-                let dst = unsafe { &mut o.__bindgen_anon_1.val_str };
-                copy_c_string(dst, v, "metadata override string")?;
-            }
-        }
-        out.push(o);
-    }
-    // The terminator: an entry whose key is empty.
-    // SAFETY: as above.
-    out.push(unsafe { std::mem::zeroed() });
-    Ok(out)
-}
-
-fn copy_c_string(dst: &mut [c_char], src: &str, what: &str) -> Result<()> {
-    if src.len() >= dst.len() || src.as_bytes().contains(&0) || src.is_empty() {
-        return Err(Error::InvalidArgument(format!("{what} `{src}` must be 1..{} bytes without NUL", dst.len() - 1)));
-    }
-    for (d, s) in dst.iter_mut().zip(src.bytes()) {
-        *d = s as c_char;
-    }
-    dst[src.len()] = 0;
-    Ok(())
 }
 
 /// Calls an snprintf-style function (returns the full length or a negative

@@ -138,6 +138,9 @@ impl Context<'_> {
     /// The size in bytes of the whole state right now.
     #[doc(alias = "llama_state_get_size")]
     pub fn state_size(&mut self) -> usize {
+        if self.check_rpc().is_err() {
+            return 0;
+        }
         // SAFETY: a live context we hold exclusively.
         unsafe { sys::llama_state_get_size(self.as_ptr()) }
     }
@@ -148,6 +151,7 @@ impl Context<'_> {
     /// [`Error::State`] if llama.cpp fails to serialise it.
     #[doc(alias = "llama_state_get_data")]
     pub fn save_state(&mut self) -> Result<Vec<u8>> {
+        self.check_rpc()?;
         let size = self.state_size();
         let mut buf = Vec::new();
         try_reserve(&mut buf, size)?;
@@ -171,6 +175,7 @@ impl Context<'_> {
     /// before decoding.
     #[doc(alias = "llama_state_set_data")]
     pub fn load_state(&mut self, data: &[u8]) -> Result<()> {
+        self.check_rpc()?;
         check_arch_prefix(self, data)?;
         self.invalidate_outputs();
         self.bump_epoch(None);
@@ -191,6 +196,7 @@ impl Context<'_> {
     /// [`Error::State`] or [`Error::Io`]; no partial file is left behind.
     #[doc(alias = "llama_state_save_file")]
     pub fn save_state_file(&mut self, path: impl AsRef<Path>, tokens: &[Token]) -> Result<()> {
+        self.check_rpc()?;
         let ctx = self.as_ptr();
         write_atomically(
             path.as_ref(),
@@ -209,6 +215,7 @@ impl Context<'_> {
     /// not fit this context.
     #[doc(alias = "llama_state_load_file")]
     pub fn load_state_file(&mut self, path: impl AsRef<Path>) -> Result<Vec<Token>> {
+        self.check_rpc()?;
         let path = path.as_ref();
         let c_path = check_readable(path)?;
         check_state_file(self, path)?;
@@ -239,6 +246,7 @@ impl Context<'_> {
     /// [`Error::InvalidSeqId`]; [`Error::State`] if serialising fails.
     #[doc(alias = "llama_state_seq_get_data")]
     pub fn save_seq_state(&mut self, seq: SeqId) -> Result<Vec<u8>> {
+        self.check_rpc()?;
         self.check_seq(seq)?;
         // SAFETY: a valid sequence id.
         let size = unsafe { sys::llama_state_seq_get_size(self.as_ptr(), seq) };
@@ -265,6 +273,7 @@ impl Context<'_> {
     /// fit, after which sequence `dest` may have been emptied.
     #[doc(alias = "llama_state_seq_set_data")]
     pub fn load_seq_state(&mut self, data: &[u8], dest: SeqId) -> Result<()> {
+        self.check_rpc()?;
         self.check_seq(dest)?;
         // The cache's part follows llama.cpp's magic and the saved
         // sequence id (4 bytes each).
@@ -291,6 +300,7 @@ impl Context<'_> {
     /// partial file is left behind.
     #[doc(alias = "llama_state_seq_save_file")]
     pub fn save_seq_state_file(&mut self, path: impl AsRef<Path>, seq: SeqId, tokens: &[Token]) -> Result<()> {
+        self.check_rpc()?;
         self.check_seq(seq)?;
         let ctx = self.as_ptr();
         write_atomically(
@@ -312,6 +322,7 @@ impl Context<'_> {
     /// not fit this context.
     #[doc(alias = "llama_state_seq_load_file")]
     pub fn load_seq_state_file(&mut self, path: impl AsRef<Path>, dest: SeqId) -> Result<Vec<Token>> {
+        self.check_rpc()?;
         self.check_seq(dest)?;
         let path = path.as_ref();
         let c_path = check_readable(path)?;
@@ -352,6 +363,7 @@ impl Context<'_> {
     /// remove the last token (a recurrent model's state: clear the sequence
     /// and decode all of `tokens` again instead); decode errors.
     pub fn redecode_last(&mut self, tokens: &[Token], seq: SeqId) -> Result<()> {
+        self.check_rpc()?;
         let Some(&last) = tokens.last() else {
             return Err(Error::InvalidArgument("redecode_last needs at least one token".into()));
         };

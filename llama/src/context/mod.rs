@@ -115,6 +115,10 @@ pub struct Context<'m> {
     /// flag before the allocations that throw), so the context refuses to
     /// run again.
     poisoned: Option<(&'static str, String)>,
+    /// The thread that makes this context's calls while its model has
+    /// layers on RPC workers (feature `rpc`; see `llama::rpc`).
+    #[cfg(feature = "rpc")]
+    rpc: Option<crate::rpc::Runner>,
 }
 
 // SAFETY: a llama_context may be moved between threads: it has no thread
@@ -178,6 +182,26 @@ impl<'m> Context<'m> {
 
         backend::clear_last_error();
         let adapters = model.adapters_read();
+        #[cfg(feature = "rpc")]
+        let mut rpc = None;
+        #[cfg(feature = "rpc")]
+        let ptr = match model.rpc_lease() {
+            Some(lease) => {
+                // Creating it allocates buffers on the workers: guarded.
+                let mut runner = crate::rpc::Runner::start()?;
+                let call = crate::rpc::SendPtr((model.as_ptr(), raw));
+                let ptr = runner.run(lease, "creating a context", true, move || {
+                    let call = call;
+                    // SAFETY: as below, on the context's call thread.
+                    unsafe { sys::llama_init_from_model(call.0.0, call.0.1) as usize }
+                })? as *mut sys::llama_context;
+                rpc = Some(runner);
+                ptr
+            }
+            // SAFETY: as below.
+            None => unsafe { sys::llama_init_from_model(model.as_ptr(), raw) },
+        };
+        #[cfg(not(feature = "rpc"))]
         // SAFETY: a live model and parameters built from the defaults with
         // valid enum values; the abort flag lives in `abort`, which the
         // context keeps. llama_init_from_model catches its exceptions. It
@@ -235,6 +259,8 @@ impl<'m> Context<'m> {
             id: NEXT_CONTEXT_ID.fetch_add(1, Ordering::Relaxed),
             epochs: vec![0; n_seq_max as usize],
             poisoned: None,
+            #[cfg(feature = "rpc")]
+            rpc,
         };
         if p.embeddings {
             ctx.set_embeddings(true)?;
@@ -379,6 +405,59 @@ impl<'m> Context<'m> {
             Some(s) if s >= 0 && (s as usize) < self.epochs.len() => self.epochs[s as usize] += 1,
             _ => self.epochs.iter_mut().for_each(|e| *e += 1),
         }
+    }
+
+    /// Runs llama_decode (or, `encode`, llama_encode) on `batch` through
+    /// the shim: here, or on the RPC call thread when the model has layers
+    /// on workers (then a worker lost during the call is [`Error::Rpc`] and
+    /// the context is unusable).
+    ///
+    /// # Safety
+    /// `batch` must be valid for this context (see `decode`).
+    unsafe fn call_pass(&mut self, batch: &Batch, code: &mut i32, encode: bool) -> Result<std::os::raw::c_int> {
+        #[cfg(feature = "rpc")]
+        if let (Some(runner), Some(lease)) = (self.rpc.as_mut(), self.model.rpc_lease()) {
+            let call = crate::rpc::SendPtr((self.ptr.as_ptr(), batch.raw()));
+            let (shim, result) = runner.run(lease, if encode { "encoding" } else { "decoding" }, true, move || {
+                let call = call;
+                let mut code = 0;
+                // SAFETY: as for the direct call below; the batch's arrays
+                // outlive the call (the caller waits for it, and once it is
+                // abandoned it never reads them again: it is blocked in
+                // llama.cpp for good).
+                let shim = unsafe {
+                    if encode {
+                        sys::shim::llama_rs_rpc_encode(call.0.0, call.0.1, &mut code)
+                    } else {
+                        sys::shim::llama_rs_rpc_decode(call.0.0, call.0.1, &mut code)
+                    }
+                };
+                (shim, code)
+            })?;
+            *code = result;
+            return Ok(shim);
+        }
+        // SAFETY: the caller's contract (see `decode`, `encode`).
+        Ok(unsafe {
+            if encode {
+                sys::shim::llama_rs_encode(self.ptr.as_ptr(), batch.raw(), code)
+            } else {
+                sys::shim::llama_rs_decode(self.ptr.as_ptr(), batch.raw(), code)
+            }
+        })
+    }
+
+    /// `Err` when the context's model lost an RPC worker (every call into
+    /// llama.cpp would reach the dead connection).
+    pub(crate) fn check_rpc(&self) -> Result<()> {
+        #[cfg(feature = "rpc")]
+        if let Some(lease) = self.model.rpc_lease() {
+            lease.check()?;
+            if self.rpc.as_ref().is_some_and(crate::rpc::Runner::is_lost) {
+                return Err(Error::Rpc { endpoint: String::new(), message: "a call of this context was lost".into() });
+            }
+        }
+        Ok(())
     }
 
     /// Refuses to run a context whose last decode or encode threw.
@@ -569,6 +648,7 @@ impl<'m> Context<'m> {
     #[doc(alias = "llama_decode")]
     pub fn decode(&mut self, batch: &Batch) -> Result<()> {
         self.check_not_poisoned()?;
+        self.check_rpc()?;
         if self.needs_encoder_output && !self.encoded {
             return Err(Error::InvalidArgument(
                 "this encoder-decoder model decodes against the encoder output: call encode first".into(),
@@ -582,7 +662,7 @@ impl<'m> Context<'m> {
         // an encoder-decoder model has an encoder output to attend to, and
         // the shim catches exceptions. A graph re-reserve reads the model's
         // LoRA set, which the read lock keeps from changing meanwhile.
-        let shim = unsafe { sys::shim::llama_rs_decode(self.ptr.as_ptr(), batch.raw(), &mut code) };
+        let shim = unsafe { self.call_pass(batch, &mut code, false) }?;
         drop(adapters);
         let result = check_shim(shim, "llama_decode").and_then(|()| check_decode(code));
         self.poison_on_exception(&result);
@@ -611,6 +691,7 @@ impl<'m> Context<'m> {
     #[doc(alias = "llama_encode")]
     pub fn encode(&mut self, batch: &Batch) -> Result<()> {
         self.check_not_poisoned()?;
+        self.check_rpc()?;
         if !self.model.has_encoder() && self.has_memory {
             return Err(Error::InvalidArgument(
                 "encode needs a model with an encoder (T5-like) or without a KV cache (BERT-like); \
@@ -629,7 +710,8 @@ impl<'m> Context<'m> {
         let mut code = 0;
         let adapters = self.model.adapters_read();
         // SAFETY: as in `decode`, plus the micro-batch bound checked above.
-        let shim = unsafe { sys::shim::llama_rs_encode(self.ptr.as_ptr(), batch.raw(), &mut code) };
+        // SAFETY: as in `decode`.
+        let shim = unsafe { self.call_pass(batch, &mut code, true) }?;
         drop(adapters);
         let result = check_shim(shim, "llama_encode").and_then(|()| check_decode(code));
         self.poison_on_exception(&result);
@@ -770,6 +852,25 @@ impl<'m> Context<'m> {
 
 impl Drop for Context<'_> {
     fn drop(&mut self) {
+        #[cfg(feature = "rpc")]
+        if let (Some(runner), Some(lease)) = (self.rpc.as_mut(), self.model.rpc_lease()) {
+            // Freeing sends to the workers: guarded. A context whose worker
+            // was lost is leaked (with its abort flag, which it points to).
+            if lease.is_lost() || runner.is_lost() {
+                std::mem::forget(self.abort.clone());
+                return;
+            }
+            let call = crate::rpc::SendPtr(self.ptr.as_ptr());
+            // SAFETY: as below, on the context's call thread.
+            let freed = runner.run(lease, "freeing a context", false, move || unsafe {
+                let call = call;
+                sys::llama_free(call.0)
+            });
+            if freed.is_err() {
+                std::mem::forget(self.abort.clone());
+            }
+            return;
+        }
         // SAFETY: we own the context; `llama_free` synchronizes first. The
         // abort flag it points to is still alive (dropped after this).
         unsafe { sys::llama_free(self.ptr.as_ptr()) }

@@ -1,0 +1,358 @@
+//! llama.cpp's RPC backend through `llama::rpc` (feature `rpc`, on by
+//! default in this workspace, so `cargo test` runs these): workers are the `rpc_server`
+//! example started as child processes on 127.0.0.1 and always stopped (by
+//! `Drop`, also when a test fails, and by closing their stdin when the test
+//! process ends). The model split across workers and the local CPU
+//! generates what the all-local model generates: token for token on the
+//! synthetic model, within the teacher-forced margin on the default model;
+//! per-device memory adds up to the model; a dead or foreign endpoint is an
+//! error, not an abort, and so is a worker that dies while a model loads
+//! or decodes.
+#![cfg(feature = "rpc")]
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use llama::engine::{Engine, EngineConfig, Request};
+use llama::plan::HOST;
+use llama::rpc;
+use llama::{Batch, ContextParams, Error, KvType, LoadMode, Model, ModelParams, Sampler, Token};
+use llama_suite::synthetic::{TINY_BOS_ID, TinyModelSpec, tiny_llama_path};
+use llama_suite::teacher;
+
+/// An `rpc_server` child process, killed on drop.
+struct Worker {
+    child: Child,
+    endpoint: String,
+}
+
+impl Worker {
+    fn start() -> Worker {
+        let exe = std::env::current_exe().unwrap();
+        let path = exe.parent().unwrap().parent().unwrap().join("examples").join("rpc_server");
+        assert!(path.exists(), "{} is built by `cargo build --example rpc_server` (and `cargo test`)", path.display());
+        let mut child = Command::new(path)
+            // --stop-on-eof: the worker goes with this process, even if
+            // it aborts before `Drop` can kill it.
+            .args(["--host", "127.0.0.1", "--port", "0", "--threads", "1", "--stop-on-eof"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut worker = Worker { child, endpoint: String::new() };
+        // llama.cpp's server prints its banner first.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut line = String::new();
+        while worker.endpoint.is_empty() {
+            assert!(Instant::now() < deadline, "the worker never said it was listening");
+            line.clear();
+            assert!(stdout.read_line(&mut line).unwrap() > 0, "the worker exited before listening");
+            if let Some(endpoint) = line.trim().strip_prefix("listening on ") {
+                worker.endpoint = endpoint.to_owned();
+            }
+        }
+        // Keep draining its output so that it never blocks on a full pipe.
+        std::thread::spawn(move || std::io::copy(&mut stdout, &mut std::io::sink()));
+        worker
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Greedy tokens after `prompt`, one decode per token.
+fn greedy(model: &Model, kv: KvType, prompt: &[Token], n: usize) -> Vec<Token> {
+    let params = ContextParams::default().n_ctx(512).n_batch(512).n_threads(2).kv_type(kv);
+    let mut ctx = model.new_context(&params).unwrap();
+    ctx.decode(&Batch::from_tokens(prompt, 0)).unwrap();
+    let mut sampler = Sampler::greedy();
+    let mut out = Vec::with_capacity(n);
+    for pos in prompt.len()..prompt.len() + n {
+        let token = sampler.sample(&mut ctx, -1).unwrap();
+        out.push(token);
+        ctx.decode(&Batch::from_tokens(&[token], pos as i32)).unwrap();
+    }
+    out
+}
+
+fn synthetic_prompt() -> Vec<Token> {
+    let mut prompt = vec![Token(TINY_BOS_ID)];
+    prompt.extend((0..24).map(|i| Token(100 + (i * 37) % 400)));
+    prompt
+}
+
+#[test]
+fn a_synthetic_model_across_two_workers_generates_what_it_generates_locally() {
+    let spec = TinyModelSpec { n_layer: 4, ..TinyModelSpec::default() };
+    let path = tiny_llama_path(&spec).unwrap();
+    let prompt = synthetic_prompt();
+    let local = Model::load(&path, &ModelParams::default()).unwrap();
+    let expected = greedy(&local, KvType::F32, &prompt, 64);
+    drop(local);
+
+    let (a, b) = (Worker::start(), Worker::start());
+    // All layers on the two workers; the input embedding stays on the CPU.
+    let both = ModelParams {
+        rpc_servers: vec![a.endpoint.clone(), b.endpoint.clone()],
+        n_gpu_layers: 99,
+        ..ModelParams::default()
+    };
+    let model = Model::load(&path, &both).unwrap();
+    assert_eq!(greedy(&model, KvType::F32, &prompt, 64), expected, "two workers");
+    drop(model);
+
+    // Half the layers local, half on one worker, chosen by tensor_split.
+    let mixed = ModelParams {
+        rpc_servers: vec![a.endpoint.clone(), b.endpoint.clone()],
+        n_gpu_layers: 2,
+        tensor_split: vec![0.0, 1.0],
+        ..ModelParams::default()
+    };
+    let model = Model::load(&path, &mixed).unwrap();
+    assert_eq!(greedy(&model, KvType::F32, &prompt, 64), expected, "local CPU + one worker");
+}
+
+#[test]
+fn the_default_model_across_workers_passes_the_teacher_forced_check() {
+    let path = llama_suite::model_cache::model_path().unwrap();
+    let (a, b) = (Worker::start(), Worker::start());
+    // 9 of the 18 layers split over the two workers, the rest on the CPU.
+    let params = ModelParams {
+        rpc_servers: vec![a.endpoint.clone(), b.endpoint.clone()],
+        n_gpu_layers: 9,
+        ..ModelParams::default()
+    };
+    let model = Arc::new(Model::load(&path, &params).unwrap());
+    let prompt = model.vocab().tokenize("The Eiffel Tower is located in Paris. It was built in", true).unwrap();
+    let generated = greedy(&model, KvType::F16, &prompt, 64);
+    // The engine on the same split model: four greedy streams at once.
+    let subjects = ["The river Nile flows through", "Rust is a programming language that", "Honey bees", "In 1969,"];
+    let prompts: Vec<Vec<Token>> = subjects.iter().map(|s| model.vocab().tokenize(s, true).unwrap()).collect();
+    let streams: Vec<Vec<Token>> = {
+        let engine = Engine::start(model.clone(), EngineConfig::default().n_ctx(2048).n_threads(2)).unwrap();
+        let requests: Vec<_> = prompts
+            .iter()
+            .map(|p| engine.submit(Request::tokens(p.clone()).max_tokens(32).stop_at_eog(false)).unwrap())
+            .collect();
+        requests.into_iter().map(|c| c.wait().tokens).collect()
+    };
+    drop(model);
+
+    // Re-scored by the all-local model: every chosen token within 0.5 of
+    // the best logit at its position.
+    let local = Model::load(&path, &ModelParams::default()).unwrap();
+    let check = teacher::rescore(&local, &prompt, &generated).unwrap();
+    assert!(check.worst() <= 0.5, "worst gap {} in {:?}", check.worst(), check.gaps);
+    // Not a vacuous check: the continuation is not one token repeated.
+    let distinct: std::collections::HashSet<_> = generated.iter().collect();
+    assert!(distinct.len() > 10, "{generated:?}");
+    let mut worst = vec![check.worst()];
+    for ((subject, prompt), stream) in subjects.iter().zip(&prompts).zip(&streams) {
+        assert_eq!(stream.len(), 32, "{subject}");
+        let check = teacher::rescore(&local, prompt, stream).unwrap();
+        assert!(check.worst() <= 0.5, "{subject}: worst gap {} in {:?}", check.worst(), check.gaps);
+        worst.push(check.worst());
+    }
+    eprintln!("worst gaps (greedy, then the four engine streams): {worst:?}");
+}
+
+/// The per-device memory of a context of `model` (read, not mapped: a
+/// mapped host buffer spans the whole file) with `n_gpu_layers` over two
+/// workers; each worker's device holds weights and KV cells.
+/// `workers` must outlive the model: llama.cpp frees a model's remote
+/// buffers through the connection, and aborts if the worker has gone.
+fn split_memory(
+    path: &std::path::Path,
+    n_gpu_layers: i32,
+    (a, b): &(Worker, Worker),
+) -> (Model, Vec<llama::plan::BufferMemory>) {
+    let params = ModelParams {
+        rpc_servers: vec![a.endpoint.clone(), b.endpoint.clone()],
+        n_gpu_layers,
+        load_mode: LoadMode::Read,
+        ..ModelParams::default()
+    };
+    let model = Model::load(path, &params).unwrap();
+    let devices = {
+        let mut ctx = model.new_context(&ContextParams::default().n_ctx(1024).n_threads(2)).unwrap();
+        ctx.memory_breakdown().unwrap().devices()
+    };
+    let rpc: Vec<_> = devices.iter().filter(|d| d.device.starts_with("RPC")).collect();
+    assert_eq!(rpc.len(), 2, "two workers among {devices:?}");
+    for device in &rpc {
+        assert!(device.weights > 0 && device.kv > 0, "{device:?}");
+    }
+    assert!(devices.iter().any(|d| d.device == HOST && d.weights > 0), "the embedding stays on the host: {devices:?}");
+    (model, devices)
+}
+
+#[test]
+fn memory_per_device_is_reported_and_adds_up_to_the_model() {
+    // The synthetic model: every tensor once, somewhere; the per-device
+    // weights add up to the tensors' bytes (plus at most 32 bytes of
+    // alignment per tensor).
+    let workers = (Worker::start(), Worker::start());
+    let spec = TinyModelSpec { n_layer: 4, ..TinyModelSpec::default() };
+    let (model, devices) = split_memory(&tiny_llama_path(&spec).unwrap(), 99, &workers);
+    let weights: u64 = devices.iter().map(|d| d.weights).sum();
+    let size = model.size();
+    assert!(weights >= size && weights - size <= 32 * 64, "weights {weights}, model {size}: {devices:?}");
+    drop(model);
+
+    // The default model: Gemma's output layer shares the embedding matrix,
+    // which llama.cpp copies to the output's device (the last worker) while
+    // the input embedding stays on the host; its token_embd is q8_0.
+    let path = llama_suite::model_cache::model_path().unwrap();
+    let (model, devices) = split_memory(&path, 99, &workers);
+    let weights: u64 = devices.iter().map(|d| d.weights).sum();
+    let size = model.size();
+    // SAFETY: a pure size computation.
+    let row = unsafe { llama::sys::ggml_row_size(llama::sys::ggml_type::GGML_TYPE_Q8_0, model.n_embd() as i64) };
+    let embedding = (row * model.vocab().n_tokens()) as u64;
+    assert!(
+        weights >= size + embedding && weights - size - embedding <= 32 * 400,
+        "weights {weights}, model {size} + copied embedding {embedding}: {devices:?}"
+    );
+    drop(model);
+    drop(workers);
+}
+
+#[test]
+fn unusable_endpoints_are_errors_not_aborts() {
+    let path = tiny_llama_path(&TinyModelSpec::default()).unwrap();
+    // Nothing listens on a port that was just free.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let refused =
+        ModelParams { rpc_servers: vec![format!("127.0.0.1:{port}")], n_gpu_layers: 99, ..Default::default() };
+    let err = Model::load(&path, &refused).unwrap_err();
+    assert!(matches!(&err, Error::Rpc { message, .. } if message.contains("cannot connect")), "{err}");
+
+    // Not host:port.
+    let bad = ModelParams { rpc_servers: vec!["localhost".into()], ..Default::default() };
+    assert!(matches!(Model::load(&path, &bad), Err(Error::Rpc { .. })));
+
+    // A blackholed address: no answer within the timeout, not a hang.
+    let start = Instant::now();
+    let err = rpc::add_server("10.255.255.1:50052", Duration::from_millis(500)).unwrap_err();
+    assert!(matches!(err, Error::Rpc { .. }), "{err}");
+    assert!(start.elapsed() < Duration::from_secs(10), "{:?}", start.elapsed());
+
+    // A worker that has gone since it was added: checked again before the
+    // next model uses it.
+    let worker = Worker::start();
+    let on_worker = ModelParams { rpc_servers: vec![worker.endpoint.clone()], n_gpu_layers: 99, ..Default::default() };
+    let model = Model::load(&path, &on_worker).unwrap();
+    // While a model holds the worker, it serves nobody else...
+    let err = rpc::probe(&worker.endpoint, Duration::from_millis(300)).unwrap_err();
+    assert!(err.to_string().contains("no handshake within"), "{err}");
+    // ...but a second model of this process shares the connection.
+    let second = Model::load(&path, &on_worker).unwrap();
+    drop((model, second));
+    let endpoint = worker.endpoint.clone();
+    drop(worker);
+    let err = Model::load(&path, &ModelParams { rpc_servers: vec![endpoint], ..on_worker }).unwrap_err();
+    assert!(matches!(&err, Error::Rpc { message, .. } if message.contains("cannot connect")), "{err}");
+}
+
+#[test]
+fn rpc_devices_are_named_by_endpoint_and_kept_out_of_the_global_list() {
+    let worker = Worker::start();
+    let added = rpc::add_server(&worker.endpoint, rpc::DEFAULT_TIMEOUT).unwrap();
+    assert_eq!(added.len(), 1, "the worker serves its CPU");
+    let device = &added[0];
+    assert!(device.name.starts_with("RPC") && device.description == worker.endpoint, "{device:?}");
+    assert_eq!(device.kind, llama::DeviceKind::Gpu);
+    // It reports the worker machine's memory.
+    assert!(device.memory_total > 1 << 30, "{device:?}");
+    // llama::devices() reads every listed device's memory, which for an RPC
+    // device means connecting: a dead worker there would abort the process.
+    assert!(llama::devices().iter().all(|d| d.description != worker.endpoint));
+    // Adding it again does not connect: the same devices.
+    drop(worker);
+    let again = rpc::add_server(&added[0].description, rpc::DEFAULT_TIMEOUT).unwrap();
+    assert_eq!(again[0].name, device.name);
+}
+
+/// Kills `worker` `after` from now, on a thread of its own.
+fn kill_later(worker: Worker, after: Duration) -> std::thread::JoinHandle<Instant> {
+    std::thread::spawn(move || {
+        std::thread::sleep(after);
+        drop(worker);
+        Instant::now()
+    })
+}
+
+#[test]
+fn a_worker_dying_mid_decode_is_an_error_and_the_process_lives_on() {
+    let path = llama_suite::model_cache::model_path().unwrap();
+    let worker = Worker::start();
+    let params = ModelParams { rpc_servers: vec![worker.endpoint.clone()], n_gpu_layers: 99, ..Default::default() };
+    let model = Model::load(&path, &params).unwrap();
+    let mut ctx = model.new_context(&ContextParams::default().n_ctx(4096).n_threads(2)).unwrap();
+    let prompt = model.vocab().tokenize("Once upon a time", true).unwrap();
+    ctx.decode(&Batch::from_tokens(&prompt, 0)).unwrap();
+    let mut sampler = Sampler::greedy();
+    let killer = kill_later(worker, Duration::from_millis(500));
+    let mut decoded = 0;
+    let err = loop {
+        let token = sampler.sample(&mut ctx, -1).unwrap();
+        match ctx.decode(&Batch::from_tokens(&[token], (prompt.len() + decoded) as i32)) {
+            Ok(()) => decoded += 1,
+            Err(e) => break e,
+        }
+        assert!(decoded < 4000, "the worker's death went unnoticed");
+    };
+    let killed = killer.join().unwrap();
+    let noticed = killed.elapsed();
+    assert!(
+        matches!(&err, Error::Rpc { message, .. } if message.contains("stopped answering during decoding")),
+        "{err}"
+    );
+    assert!(decoded > 0, "it decoded before the worker died");
+    assert!(noticed < Duration::from_secs(10), "noticed {noticed:?} after the kill");
+    eprintln!("decoded {decoded} tokens; the decode failed {noticed:?} after the worker was killed");
+    // The context and the model are unusable, and say so.
+    let again = ctx.decode(&Batch::from_tokens(&prompt, 0)).unwrap_err();
+    assert!(matches!(again, Error::Rpc { .. }), "{again}");
+    assert!(matches!(ctx.seq_rm(None, None, None), Err(Error::Rpc { .. })));
+    ctx.clear_kv(true);
+    assert!(matches!(model.new_context(&ContextParams::default().n_ctx(512)), Err(Error::Rpc { .. })));
+    // Dropping them leaks instead of reaching the dead connection.
+    drop(ctx);
+    drop(model);
+    // The process goes on: a new worker serves a new model.
+    let worker = Worker::start();
+    let params = ModelParams { rpc_servers: vec![worker.endpoint.clone()], n_gpu_layers: 99, ..Default::default() };
+    let model = Model::load(&path, &params).unwrap();
+    let generated = greedy(&model, KvType::F16, &prompt, 4);
+    assert_eq!(generated.len(), 4);
+    drop(model);
+}
+
+#[test]
+fn a_worker_dying_mid_load_is_an_error() {
+    // Wide enough that sending its weights takes a while: 8 layers of
+    // n_embd 1024 in f32 (about 0.5 GB).
+    let spec = TinyModelSpec { n_layer: 8, n_embd: 1024, n_head: 8, n_head_kv: 4, n_ff: 4096, ..Default::default() };
+    let path = tiny_llama_path(&spec).unwrap();
+    let worker = Worker::start();
+    let params = ModelParams { rpc_servers: vec![worker.endpoint.clone()], n_gpu_layers: 99, ..Default::default() };
+    let killer = kill_later(worker, Duration::from_millis(150));
+    let started = Instant::now();
+    let result = Model::load(&path, &params);
+    let killed = killer.join().unwrap();
+    let err = match result {
+        Err(e) => e,
+        Ok(_) => panic!("the load finished in {:?}, before the worker died: make the model bigger", started.elapsed()),
+    };
+    assert!(matches!(&err, Error::Rpc { message, .. } if message.contains("during loading the model")), "{err}");
+    assert!(killed.elapsed() < Duration::from_secs(10), "{:?}", killed.elapsed());
+}
