@@ -323,6 +323,14 @@ fn a_worker_dying_mid_decode_is_an_error_and_the_process_lives_on() {
     let again = ctx.decode(&Batch::from_tokens(&prompt, 0)).unwrap_err();
     assert!(matches!(again, Error::Rpc { .. }), "{again}");
     assert!(matches!(ctx.seq_rm(None, None, None), Err(Error::Rpc { .. })));
+    // Nothing reads the last good pass's rows through the dead connection
+    // (llama.cpp would wait for it for good): logits, sampling, settings.
+    assert!(matches!(ctx.logits(-1), Err(Error::Rpc { .. })));
+    assert!(matches!(sampler.sample(&mut ctx, -1), Err(Error::Rpc { .. })));
+    assert!(matches!(ctx.set_n_threads(1, 1), Err(Error::Rpc { .. })));
+    assert!(matches!(ctx.memory_breakdown(), Err(Error::Rpc { .. })));
+    ctx.synchronize();
+    assert_eq!(ctx.perf().eval_tokens, 0);
     ctx.clear_kv(true);
     assert!(matches!(model.new_context(&ContextParams::default().n_ctx(512)), Err(Error::Rpc { .. })));
     // Dropping them leaks instead of reaching the dead connection.
@@ -334,6 +342,8 @@ fn a_worker_dying_mid_decode_is_an_error_and_the_process_lives_on() {
     let model = Model::load(&path, &params).unwrap();
     let generated = greedy(&model, KvType::F16, &prompt, 4);
     assert_eq!(generated.len(), 4);
+    // LoRA adapters would reach the workers unguarded: refused.
+    assert!(matches!(model.load_lora("/nonexistent.gguf"), Err(Error::Unsupported(_))));
     drop(model);
 }
 

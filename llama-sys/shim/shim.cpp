@@ -312,28 +312,25 @@ unsigned long long llama_rs_rpc_failures(void) {
 #endif
 }
 
-// llama_decode as a guarded call with a catch, synchronized before it
-// returns: the RPC backend computes asynchronously, and the wait for its
-// results (which reading the logits would do, unguarded) belongs inside.
+// llama_decode with a catch, synchronized before it returns: the RPC
+// backend computes asynchronously, and the wait for its results (which
+// reading the logits would do, unguarded) belongs inside. Called on a
+// thread the caller has guarded with `catches` (llama/src/rpc.rs: one
+// begin/end pair per call, so the count of guarded calls stays exact when
+// a call is abandoned).
 int llama_rs_rpc_decode(llama_context * ctx, llama_batch batch, int32_t * result) {
-    llama_rs_rpc_guard_begin(true);
-    int rc = guarded([&] {
+    return guarded([&] {
         *result = llama_decode(ctx, batch);
         llama_synchronize(ctx);
     });
-    llama_rs_rpc_guard_end();
-    return rc;
 }
 
 // llama_encode likewise.
 int llama_rs_rpc_encode(llama_context * ctx, llama_batch batch, int32_t * result) {
-    llama_rs_rpc_guard_begin(true);
-    int rc = guarded([&] {
+    return guarded([&] {
         *result = llama_encode(ctx, batch);
         llama_synchronize(ctx);
     });
-    llama_rs_rpc_guard_end();
-    return rc;
 }
 
 } // extern "C"

@@ -53,9 +53,10 @@ unsafe extern "C" {
     pub fn llama_rs_rpc_guard_abandon();
     /// How many dispatcher threads the guard has ended in this process.
     pub fn llama_rs_rpc_failures() -> u64;
-    /// `llama_rs_decode` as a guarded call with a catch. May never return
-    /// when a worker dies: run it on a thread that can be abandoned, with
-    /// everything it reads leaked.
+    /// `llama_rs_decode`, synchronized before it returns. Call it between
+    /// `llama_rs_rpc_guard_begin(true)` and `llama_rs_rpc_guard_end` on
+    /// this thread. May never return when a worker dies: run it on a
+    /// thread that can be abandoned, with everything it reads leaked.
     pub fn llama_rs_rpc_decode(ctx: *mut llama_context, batch: llama_batch, result: *mut i32) -> c_int;
     /// `llama_rs_encode` likewise.
     pub fn llama_rs_rpc_encode(ctx: *mut llama_context, batch: llama_batch, result: *mut i32) -> c_int;

@@ -35,9 +35,16 @@ impl Model {
     ///
     /// # Errors
     /// [`Error::Io`] if the file cannot be read; [`Error::Adapter`] if
-    /// llama.cpp rejects it (wrong format or base model).
+    /// llama.cpp rejects it (wrong format or base model);
+    /// [`Error::Unsupported`] for a model with layers on RPC workers.
     #[doc(alias = "llama_adapter_lora_init")]
     pub fn load_lora(&self, path: impl AsRef<std::path::Path>) -> Result<LoraAdapter<'_>> {
+        #[cfg(feature = "rpc")]
+        if self.rpc_lease().is_some() {
+            // The adapter's tensors would go to the workers' devices through
+            // calls that are not guarded against a dying worker.
+            return Err(Error::Unsupported("LoRA adapters on a model with layers on RPC workers".into()));
+        }
         let path = path.as_ref();
         let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
         if !meta.is_file() || meta.len() == 0 {
@@ -101,6 +108,7 @@ impl<'m> Context<'m> {
     /// scale; [`Error::Exception`] if llama.cpp throws.
     #[doc(alias = "llama_set_adapters_lora")]
     pub fn set_lora_adapters(&mut self, adapters: &[(&'m LoraAdapter<'m>, f32)]) -> Result<()> {
+        self.check_rpc()?;
         let model = self.model().as_ptr();
         let mut ptrs = Vec::with_capacity(adapters.len());
         let mut scales = Vec::with_capacity(adapters.len());
@@ -140,6 +148,7 @@ impl<'m> Context<'m> {
     /// [`Error::Adapter`] if `data` is not a whole number of `n_embd` rows.
     #[doc(alias = "llama_set_adapter_cvec")]
     pub fn set_control_vector(&mut self, data: &[f32], layer_start: i32, layer_end: i32) -> Result<()> {
+        self.check_rpc()?;
         let n_embd = self.model().n_embd();
         if data.is_empty() || n_embd == 0 || !data.len().is_multiple_of(n_embd) {
             return Err(Error::Adapter(format!(
@@ -160,6 +169,9 @@ impl<'m> Context<'m> {
 
     /// Turns the control vector off.
     pub fn clear_control_vector(&mut self) {
+        if self.check_rpc().is_err() {
+            return; // nothing may reach the lost worker's buffers
+        }
         // SAFETY: NULL data disables the control vector.
         unsafe { sys::llama_set_adapter_cvec(self.as_ptr(), std::ptr::null(), 0, 0, -1, -1) };
     }

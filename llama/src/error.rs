@@ -189,7 +189,9 @@ pub enum Error {
     /// An RPC server (`llama::rpc`, feature `rpc`) cannot be used: the endpoint is
     /// not `host:port`, it does not resolve, refuses the connection, stays
     /// silent past the timeout, is not an RPC server or speaks another
-    /// protocol version; or a worker cannot serve there.
+    /// protocol version; or a worker cannot serve there; or a worker was
+    /// lost during a call (then every later call on the models and
+    /// contexts that use it returns this too).
     #[error("RPC server {endpoint}: {message}")]
     Rpc {
         /// The endpoint, as given.

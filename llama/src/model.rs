@@ -674,6 +674,11 @@ impl Model {
     /// throws, [`Error::Io`] if the file cannot be moved into place.
     #[doc(alias = "llama_model_save_to_file")]
     pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
+        #[cfg(feature = "rpc")]
+        if let Some(lease) = self.rpc_lease() {
+            // Reading the weights back goes through the workers' connections.
+            lease.check()?;
+        }
         if self.vocab_only || self.repacked {
             return Err(Error::InvalidArgument(
                 "only a model loaded with vocab_only: false and repack_weights: false can be saved".into(),

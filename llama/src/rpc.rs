@@ -340,16 +340,22 @@ impl Lease {
     }
 
     /// The server of this lease that is gone, after a dispatcher thread
-    /// ended: one that no longer accepts connections. (One that answers at
-    /// once proves nothing: llama.cpp opens and closes connections while it
-    /// loads; the caller's grace period covers a worker restarted in place.)
+    /// ended: one whose host refuses connections (nothing listens on the
+    /// port any more). A connect that times out proves nothing (a busy
+    /// worker's one-connection backlog is full, or the link is slow), nor
+    /// does one that succeeds (llama.cpp opens and closes connections while
+    /// it loads; the caller's grace period covers a worker restarted in
+    /// place). No handshake is made: it would queue behind this process's
+    /// own connection.
     fn gone(&self) -> Option<String> {
         self.0.iter().find_map(|endpoint| {
             let parsed = Endpoint::parse(endpoint).ok()?;
-            match handshake(&parsed, Duration::from_millis(300)) {
-                Answer::Unreachable(_) => Some(endpoint.clone()),
-                Answer::Busy | Answer::Version(_) | Answer::Failed(_) => None,
-            }
+            let addrs = (parsed.host.as_str(), parsed.port).to_socket_addrs().ok()?;
+            let refused = addrs.into_iter().next().is_some_and(|addr| {
+                TcpStream::connect_timeout(&addr, Duration::from_millis(300))
+                    .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionRefused)
+            });
+            refused.then(|| endpoint.clone())
         })
     }
 }

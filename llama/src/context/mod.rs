@@ -190,11 +190,20 @@ impl<'m> Context<'m> {
                 // Creating it allocates buffers on the workers: guarded.
                 let mut runner = crate::rpc::Runner::start()?;
                 let call = crate::rpc::SendPtr((model.as_ptr(), raw));
-                let ptr = runner.run(lease, "creating a context", true, move || {
+                let created = runner.run(lease, "creating a context", true, move || {
                     let call = call;
                     // SAFETY: as below, on the context's call thread.
                     unsafe { sys::llama_init_from_model(call.0.0, call.0.1) as usize }
-                })? as *mut sys::llama_context;
+                });
+                let ptr = match created {
+                    Ok(ptr) => ptr as *mut sys::llama_context,
+                    Err(e) => {
+                        // The abandoned call may still create a context that
+                        // points to the abort flag: it is leaked with it.
+                        std::mem::forget(Arc::clone(&abort));
+                        return Err(e);
+                    }
+                };
                 rpc = Some(runner);
                 ptr
             }
@@ -313,6 +322,8 @@ impl<'m> Context<'m> {
     /// Threads used for (single-token decode, batch processing).
     #[doc(alias = "llama_n_threads")]
     pub fn n_threads(&mut self) -> (i32, i32) {
+        // (Reads of settings no pass writes: safe also beside an abandoned
+        // RPC call.)
         // SAFETY: reads of the live context's settings.
         unsafe { (sys::llama_n_threads(self.ptr.as_ptr()), sys::llama_n_threads_batch(self.ptr.as_ptr())) }
     }
@@ -324,6 +335,7 @@ impl<'m> Context<'m> {
     #[doc(alias = "llama_set_n_threads")]
     pub fn set_n_threads(&mut self, n_threads: i32, n_threads_batch: i32) -> Result<()> {
         check_threads(n_threads, n_threads_batch)?;
+        self.check_rpc()?;
         // SAFETY: valid counts on a live context we hold exclusively.
         unsafe { sys::llama_set_n_threads(self.ptr.as_ptr(), n_threads, n_threads_batch) };
         Ok(())
@@ -344,6 +356,7 @@ impl<'m> Context<'m> {
                 self.n_ctx, self.n_ubatch, self.n_seq_max
             )));
         }
+        self.check_rpc()?;
         // SAFETY: a setting change on a context we hold exclusively.
         unsafe { sys::llama_set_embeddings(self.ptr.as_ptr(), on) };
         self.embeddings = on;
@@ -355,9 +368,14 @@ impl<'m> Context<'m> {
         AbortHandle(Arc::clone(&self.abort))
     }
 
-    /// Waits for queued work on the device to finish.
+    /// Waits for queued work on the device to finish. (Nothing to wait for,
+    /// and no call made, once the context's RPC worker was lost: its passes
+    /// synchronize before they return.)
     #[doc(alias = "llama_synchronize")]
     pub fn synchronize(&mut self) {
+        if self.rpc_lost() {
+            return;
+        }
         // SAFETY: a live context we hold exclusively.
         unsafe { sys::llama_synchronize(self.ptr.as_ptr()) }
     }
@@ -445,6 +463,23 @@ impl<'m> Context<'m> {
                 sys::shim::llama_rs_decode(self.ptr.as_ptr(), batch.raw(), code)
             }
         })
+    }
+
+    /// A pass that did not run (its RPC worker was lost) leaves no outputs:
+    /// the last pass's rows must not be read through a dead connection.
+    fn forget_outputs_on_err<T>(&mut self, result: Result<T>) -> Result<T> {
+        if result.is_err() {
+            self.invalidate_outputs();
+        }
+        result
+    }
+
+    /// Whether [`Context::check_rpc`] fails: every call into llama.cpp that
+    /// can reach a worker is refused then (synchronizing would wait for a
+    /// dead connection for good, and an abandoned call may still hold the
+    /// context).
+    fn rpc_lost(&self) -> bool {
+        self.check_rpc().is_err()
     }
 
     /// `Err` when the context's model lost an RPC worker (every call into
@@ -662,8 +697,9 @@ impl<'m> Context<'m> {
         // an encoder-decoder model has an encoder output to attend to, and
         // the shim catches exceptions. A graph re-reserve reads the model's
         // LoRA set, which the read lock keeps from changing meanwhile.
-        let shim = unsafe { self.call_pass(batch, &mut code, false) }?;
+        let shim = unsafe { self.call_pass(batch, &mut code, false) };
         drop(adapters);
+        let shim = self.forget_outputs_on_err(shim)?;
         let result = check_shim(shim, "llama_decode").and_then(|()| check_decode(code));
         self.poison_on_exception(&result);
         if self.has_memory {
@@ -710,9 +746,9 @@ impl<'m> Context<'m> {
         let mut code = 0;
         let adapters = self.model.adapters_read();
         // SAFETY: as in `decode`, plus the micro-batch bound checked above.
-        // SAFETY: as in `decode`.
-        let shim = unsafe { self.call_pass(batch, &mut code, true) }?;
+        let shim = unsafe { self.call_pass(batch, &mut code, true) };
         drop(adapters);
+        let shim = self.forget_outputs_on_err(shim)?;
         let result = check_shim(shim, "llama_encode").and_then(|()| check_decode(code));
         self.poison_on_exception(&result);
         self.record_encoder_outputs(batch, result.is_ok());
@@ -743,6 +779,7 @@ impl<'m> Context<'m> {
     /// context without a KV cache, of a model other than a diffusion one).
     #[doc(alias = "llama_get_logits_ith")]
     pub fn logits(&mut self, i: i32) -> Result<&[f32]> {
+        self.check_rpc()?;
         let i = self.output_index(i)?;
         if !self.produced.logits {
             return Err(Error::NoOutput(i));
@@ -771,6 +808,7 @@ impl<'m> Context<'m> {
     /// any), or the context pools them.
     #[doc(alias = "llama_get_embeddings_ith")]
     pub fn embeddings(&mut self, i: i32) -> Result<&[f32]> {
+        self.check_rpc()?;
         let i = self.output_index(i)?;
         if !self.produced.token_embeddings {
             return Err(Error::NoOutput(i));
@@ -794,6 +832,7 @@ impl<'m> Context<'m> {
     /// sequence not in it, or the cache cleared or loaded since).
     #[doc(alias = "llama_get_embeddings_seq")]
     pub fn sequence_embeddings(&mut self, seq: SeqId) -> Result<&[f32]> {
+        self.check_rpc()?;
         self.check_seq(seq)?;
         if !self.produced.pooled {
             return Err(Error::NoOutput(seq));
@@ -820,9 +859,14 @@ impl<'m> Context<'m> {
         Ok(unsafe { std::slice::from_raw_parts(ptr, len) })
     }
 
-    /// Timing and token counters.
+    /// Timing and token counters (zeros once the context's RPC worker was
+    /// lost).
     #[doc(alias = "llama_perf_context")]
     pub fn perf(&mut self) -> PerfCounters {
+        if self.rpc_lost() {
+            // An abandoned call may still be counting.
+            return PerfCounters::default();
+        }
         // SAFETY: a read of the live context's counters.
         let d = unsafe { sys::llama_perf_context(self.ptr.as_ptr()) };
         PerfCounters {
@@ -837,6 +881,9 @@ impl<'m> Context<'m> {
     /// Resets the counters of [`Context::perf`].
     #[doc(alias = "llama_perf_context_reset")]
     pub fn reset_perf(&mut self) {
+        if self.rpc_lost() {
+            return;
+        }
         // SAFETY: a live context we hold exclusively.
         unsafe { sys::llama_perf_context_reset(self.ptr.as_ptr()) }
     }

@@ -314,6 +314,7 @@ impl crate::Context<'_> {
     /// [`Error::Exception`] if llama.cpp throws.
     #[doc(alias = "llama_get_memory_breakdown")]
     pub fn memory_breakdown(&mut self) -> Result<MemoryBreakdown> {
+        self.check_rpc()?;
         let ptr = self.as_ptr();
         // SAFETY: our own live context.
         unsafe { MemoryBreakdown::of_context(ptr) }
