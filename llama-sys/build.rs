@@ -74,7 +74,8 @@ struct Built {
 fn build_tree(tree: &Tree, features: &Features, target: &Target, shared: &Path) -> Built {
     println!("llama-sys: building llama.cpp from {} ({:?})", tree.root.display(), tree.origin);
     println!("cargo:root={}", tree.root.display());
-    let headers = check_abi(abi::Layout::Tree(&tree.root), tree.commit());
+    let commit = tree.commit();
+    let headers = check_abi(abi::Layout::Tree(&tree.root), commit.clone());
     let sanitizer = sanitizer(target);
     let cmake = cmake_tool::find(&shared.join("cmake-wheel"), tree.origin == Origin::Checkout);
     let install = native::build(tree, features, target, sanitizer, &cmake, shared);
@@ -84,7 +85,9 @@ fn build_tree(tree: &Tree, features: &Features, target: &Target, shared: &Path) 
     println!("cargo:lib={}", lib_dir.display());
     println!("cargo:ggml_cmake_dir={}", lib_dir.join("cmake").join("ggml").display());
     println!("cargo:llama_cmake_dir={}", lib_dir.join("cmake").join("llama").display());
-    println!("cargo:commit={}", source::PINNED_COMMIT);
+    if let Some(commit) = &commit {
+        println!("cargo:commit={commit}");
+    }
 
     let include_dirs = vec![tree.root.join("include"), tree.root.join("ggml").join("include")];
     // src/ for src/llama-ext.h alone (the memory breakdown).
@@ -121,6 +124,7 @@ fn link_installed(request: system::Request, features: &Features, target: &Target
         system.installed.commit.as_deref().unwrap_or("unknown")
     );
     let headers = check_abi(abi::Layout::Installed(&system.include_dir), system.installed.commit.clone());
+    check_installed_commit(system.installed.commit.as_deref(), &system.lib_dir);
     println!("cargo:include={}", system.include_dir.display());
     println!("cargo:lib={}", system.lib_dir.display());
     for (key, dir) in [("ggml_cmake_dir", "ggml"), ("llama_cmake_dir", "llama")] {
@@ -129,7 +133,9 @@ fn link_installed(request: system::Request, features: &Features, target: &Target
             println!("cargo:{key}={}", dir.display());
         }
     }
-    println!("cargo:commit={}", source::PINNED_COMMIT);
+    if let Some(commit) = &system.installed.commit {
+        println!("cargo:commit={commit}");
+    }
     println!("cargo:system=1");
 
     compile_shim(std::slice::from_ref(&system.include_dir), None, true);
@@ -176,6 +182,37 @@ fn check_abi(layout: abi::Layout<'_>, commit: Option<String>) -> abi::Headers {
         );
     }
     checked.headers
+}
+
+/// An installed llama.cpp says its commit (`LLAMA_BUILD_COMMIT`, often
+/// abbreviated) in its CMake package. Headers that match can still belong
+/// to another commit whose library differs behind them (the shim declares
+/// one function of llama.cpp's unstable C++ API itself, from the pinned
+/// commit): a known other commit stops the build unless `bindgen` is on,
+/// which takes responsibility for the headers; an unknown one is a warning.
+fn check_installed_commit(commit: Option<&str>, lib_dir: &Path) {
+    let pinned = source::PINNED_COMMIT;
+    match commit {
+        Some(c) if c.len() >= 7 && pinned.starts_with(&c.to_ascii_lowercase()) => {}
+        Some(c) if env::feature("bindgen") => println!(
+            "cargo:warning=llama-sys: the llama.cpp in {} is commit {c}, not {pinned}; bindings are generated \
+             from its headers (bindgen), but the shim's own declaration of llama_get_memory_breakdown is the \
+             pinned commit's",
+            lib_dir.display()
+        ),
+        Some(c) => source::fail(&format!(
+            "the llama.cpp installed in {} is commit {c} (its LLAMA_BUILD_COMMIT), and these bindings were \
+             generated from llama.cpp commit {pinned}. Install llama.cpp at commit {pinned} (or unset \
+             LLAMA_SYS_LIB_DIR and LLAMA_SYS_USE_PKG_CONFIG to build the bundled copy), or build with the \
+             llama-sys feature `bindgen` (`--features llama-sys/bindgen`, needs libclang)",
+            lib_dir.display()
+        )),
+        None => println!(
+            "cargo:warning=llama-sys: the llama.cpp in {} does not say its commit (LLAMA_BUILD_COMMIT unknown); \
+             its headers match the pinned commit {pinned}'s, so it is taken to be that commit",
+            lib_dir.display()
+        ),
+    }
 }
 
 /// `LLAMA_SYS_SANITIZE=address`: AddressSanitizer for llama.cpp and the shim.

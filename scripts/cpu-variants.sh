@@ -84,7 +84,8 @@ build() {
     cmake_build portable -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=OFF -DGGML_BACKEND_DL=OFF \
         -DGGML_AVX=OFF -DGGML_AVX2=OFF -DGGML_FMA=OFF -DGGML_F16C=OFF -DGGML_BMI2=OFF -DGGML_SSE42=OFF
     cmake_build dispatch -DBUILD_SHARED_LIBS=ON -DGGML_NATIVE=OFF -DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON
-    cargo_build native ""
+    # The workspace's default without `rpc` (the other rows have none either).
+    cargo_build native "" --no-default-features --features native
     cargo_build portable "" --no-default-features
     cargo_build v3 "-C target-cpu=x86-64-v3" --no-default-features
     cargo_build rustnat "-C target-cpu=native" --no-default-features

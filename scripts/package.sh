@@ -53,6 +53,23 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# 0. What the checkout's own build (vendor/llama.cpp, before the bundle
+#    exists: the build prefers a bundle) generates in the packages' default
+#    configuration (portable, OpenMP: the suite without its `native` and
+#    `rpc` defaults), for the packaged crates to match: the same kernels,
+#    so the same tokens.
+rm -rf "$BUNDLE"
+if [[ $verify == 1 ]]; then
+    # The default model as src/model_cache.rs caches it (the tests fetch it), or LLAMA_MODEL.
+    model="${LLAMA_MODEL:-${LLAMA_CACHE_DIR:-$HOME/.cache/llama-rs}/gemma-3-270m-q4_k_m.gguf}"
+    [[ -f "$model" ]] || die "no model at $model; run the tests once (they fetch it) or set LLAMA_MODEL"
+    generate_log="$(mktemp)"
+    expected="$(cd "$ROOT" && cargo run --quiet --release --no-default-features --example generate -- -m "$model" \
+        --prompt "The capital of France is" -n 8 --greedy 2>"$generate_log")" \
+        || die "the checkout's generate example failed: $(tail -20 "$generate_log")"
+    rm -f "$generate_log"
+fi
+
 # 1. The bundle.
 tarball="$(pinned_sdist "$ROOT")" || die "cannot get the pinned sdist"
 staging="$ROOT/llama-sys/.llama.cpp.partial-$$"
@@ -170,28 +187,22 @@ else
     say "unshare -rn is not permitted here: building with cargo --offline and no pip, network not cut off"
 fi
 start=$(date +%s)
+build_status=0
 (cd "$check_dir/consumer" &&
     env -u LLAMA_SYS_FETCH_CMAKE -u LLAMA_CPP_DIR -u LLAMA_SYS_LIB_DIR -u LLAMA_SYS_USE_PKG_CONFIG \
         CMAKE="$cmake_bin" PYTHON=/nonexistent/python3 CARGO_TARGET_DIR="$check_dir/target" \
-        "${offline[@]}" cargo build --offline 2>&1 | tee "$check_dir/build.log" | grep -E '^(warning: consumer|error)' >&2 || true)
-grep -q 'warning: consumer.*DEP_LLAMA_INCLUDE=' "$check_dir/build.log" || die "the offline build failed: $(tail -30 "$check_dir/build.log")"
+        "${offline[@]}" cargo build --offline >"$check_dir/build.log" 2>&1) || build_status=$?
+grep -E '^(warning: consumer|error)' "$check_dir/build.log" >&2 || true
+[[ $build_status == 0 ]] || die "the offline build failed ($build_status): $(tail -30 "$check_dir/build.log")"
+grep -q 'warning: consumer.*DEP_LLAMA_INCLUDE=' "$check_dir/build.log" || die "the dependent's build script saw no DEP_LLAMA_INCLUDE"
 say "offline build of the packaged crates: $(( $(date +%s) - start )) s"
 snapshot > "$check_dir/after.sha256"
 cmp -s "$check_dir/before.sha256" "$check_dir/after.sha256" \
     || die "the build changed the unpacked packages: $(diff "$check_dir/before.sha256" "$check_dir/after.sha256" | head -5)"
 
-# The default model as src/model_cache.rs caches it (the tests fetch it), or LLAMA_MODEL.
-model="${LLAMA_MODEL:-${LLAMA_CACHE_DIR:-$HOME/.cache/llama-rs}/gemma-3-270m-q4_k_m.gguf}"
-[[ -f "$model" ]] || die "no model at $model; run the tests once (they fetch it) or set LLAMA_MODEL"
 text="$("$check_dir/target/debug/consumer" "$model" 2>"$check_dir/consumer.log")" \
     || die "the packaged crates' example failed: $(tail -20 "$check_dir/consumer.log")"
 say "the packaged crates generate: ${text@Q}"
-# The checkout's own build, in the packages' default configuration
-# (portable, OpenMP: the suite without its `native` default), of the same
-# greedy continuation: the same kernels, so the same tokens.
-expected="$(cargo run --quiet --release --no-default-features --example generate -- -m "$model" \
-    --prompt "The capital of France is" -n 8 --greedy 2>"$check_dir/generate.log")" \
-    || die "the checkout's generate example failed: $(tail -20 "$check_dir/generate.log")"
 [[ "$text" == "$expected" ]] || die "the checkout's build generates ${expected@Q} instead"
 
 # 4. As docs.rs builds them: DOCS_RS set, every feature, no network, no

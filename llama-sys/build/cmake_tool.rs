@@ -21,7 +21,14 @@ const INSTALL_CMAKE: &str = "Install CMake 3.14 or newer (3.18 for the cuda feat
 /// `may_fetch`: the source is a git checkout's, so the PyPI wheel may be
 /// fetched when no cmake is installed.
 pub fn find(cache_dir: &Path, may_fetch: bool) -> PathBuf {
-    if !env::flag("LLAMA_SYS_FETCH_CMAKE") {
+    let fetch = env::flag("LLAMA_SYS_FETCH_CMAKE");
+    if fetch && !may_fetch {
+        fail(
+            "LLAMA_SYS_FETCH_CMAKE asks to fetch cmake from PyPI, which only a git checkout of llama-sys does \
+             (this build uses no network): unset it, and install cmake or set CMAKE",
+        );
+    }
+    if !fetch {
         if let Some(cmake) = env::var("CMAKE") {
             if !runs(Path::new(&cmake)) {
                 fail(&format!("CMAKE={cmake} does not run (`{cmake} --version` failed). {INSTALL_CMAKE}."));
@@ -69,7 +76,7 @@ fn fetch_wheel(cache_dir: &Path) {
     let download = parent.join(format!(".cmake-wheel-{}", std::process::id()));
     let _ = fs::remove_dir_all(&download);
     fs::create_dir_all(&download).unwrap();
-    if let Err(e) = pip_download(&["--only-binary", ":all:", "cmake"], &download) {
+    if let Err(e) = pip_download(&["--only-binary", ":all:", "cmake>=3.18,<5"], &download) {
         fail(&format!("no cmake on PATH, and fetching the cmake wheel from PyPI failed: {e}. {INSTALL_CMAKE}."));
     }
     let wheel = fs::read_dir(&download)

@@ -58,7 +58,10 @@ impl Installed {
             get(name).is_some_and(|v| matches!(v.to_ascii_uppercase().as_str(), "ON" | "1" | "TRUE" | "YES"))
         };
         Installed {
+            // A CMake list; written with its `;` escaped (`\;`) by some
+            // llama.cpp versions.
             backends: get("GGML_AVAILABLE_BACKENDS")
+                .map(|v| v.replace("\\;", ";"))
                 .map(|v| v.split(';').map(str::trim).filter(|s| !s.is_empty()).map(str::to_owned).collect())
                 .unwrap_or_default(),
             openmp: on("GGML_OPENMP_ENABLED"),

@@ -46,7 +46,7 @@ pub fn build(
         cuda_architectures: env::var("LLAMA_CUDA_ARCHITECTURES"),
         blas_vendor: env::var("LLAMA_BLAS_VENDOR"),
         build_number: "0".to_owned(),
-        build_commit: if src.pinned() { source::PINNED_COMMIT[..7].to_owned() } else { "unknown".to_owned() },
+        build_commit: src.commit().map_or_else(|| "unknown".to_owned(), |c| c.chars().take(7).collect()),
         sanitizer,
     };
     let mut defines: Vec<(String, String)> =
@@ -58,7 +58,10 @@ pub fn build(
     key.update(src.root.to_string_lossy().as_bytes());
     key.update(cmake.to_string_lossy().as_bytes());
     for name in ["CC", "CXX", "CFLAGS", "CXXFLAGS", "CUDACXX", "TARGET"] {
-        key.update(format!("\0{name}={}", std::env::var(name).unwrap_or_default()).as_bytes());
+        // Through the helper: a change reruns the build script (the cmake
+        // crate reads them too, without rerun lines).
+        let value = if name == "TARGET" { env::cargo(name) } else { env::var(name).unwrap_or_default() };
+        key.update(format!("\0{name}={value}").as_bytes());
     }
     for (k, v) in &defines {
         key.update(format!("\0{k}={v}").as_bytes());

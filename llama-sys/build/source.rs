@@ -40,26 +40,34 @@ pub struct Tree {
 }
 
 impl Tree {
-    /// The tree is the pinned one (bundled or fetched), so its commit is
-    /// known. A user's tree may be any commit; the ABI guard checks its
-    /// headers either way.
-    pub fn pinned(&self) -> bool {
-        self.origin != Origin::UserDir
-    }
-
-    /// The tree's commit, as far as it can be told: pinned trees are
-    /// `PINNED_COMMIT`; a user's checkout says its own through a
-    /// `.pinned-commit` file (trees this crate extracted) or git.
+    /// The tree's commit, as far as it can be told: the bundled tree is
+    /// `PINNED_COMMIT`; a checkout's `vendor/` tree and a user's tree say
+    /// theirs through the `.pinned-commit` file of trees this crate
+    /// extracted, and a user's tree that is a git repository of its own
+    /// through git (not through a repository it merely sits in). The ABI
+    /// guard checks the headers whatever this says.
     pub fn commit(&self) -> Option<String> {
-        if self.pinned() {
+        if self.origin == Origin::Bundled {
             return Some(PINNED_COMMIT.to_owned());
         }
         if let Ok(text) = std::fs::read_to_string(self.root.join(".pinned-commit")) {
             return Some(text.trim().to_owned()).filter(|c| !c.is_empty());
         }
-        let output = std::process::Command::new("git").arg("-C").arg(&self.root).args(["rev-parse", "HEAD"]).output();
-        let commit =
-            output.ok().filter(|o| o.status.success()).map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned());
+        if self.origin == Origin::Checkout {
+            return None;
+        }
+        let git = |args: &[&str]| {
+            let output = std::process::Command::new("git").arg("-C").arg(&self.root).args(args).output();
+            output.ok().filter(|o| o.status.success()).map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        };
+        let top = git(&["rev-parse", "--show-toplevel"]).map(std::path::PathBuf::from);
+        let own = top
+            .zip(std::fs::canonicalize(&self.root).ok())
+            .is_some_and(|(top, root)| std::fs::canonicalize(top).is_ok_and(|top| top == root));
+        if !own {
+            return None;
+        }
+        let commit = git(&["rev-parse", "HEAD"]);
         commit.filter(|c| c.len() == 40 && c.bytes().all(|b| b.is_ascii_hexdigit()))
     }
 }

@@ -59,7 +59,11 @@ pub fn find(request: Request, target: &Target) -> System {
             include_dir.display()
         ));
     }
-    let read = |path: PathBuf| std::fs::read_to_string(path).ok();
+    // A reinstall (other backends, shared for static) changes the link line.
+    let read = |path: PathBuf| {
+        println!("cargo:rerun-if-changed={}", path.display());
+        std::fs::read_to_string(path).ok()
+    };
     let ggml_config = read(lib_dir.join("cmake").join("ggml").join("ggml-config.cmake"));
     let llama_config = read(lib_dir.join("cmake").join("llama").join("llama-config.cmake"));
     let installed = match &ggml_config {
@@ -83,6 +87,9 @@ pub fn find(request: Request, target: &Target) -> System {
         None => Linkage::Static,
     };
     let names = installed::file_names("llama", linkage, target);
+    for name in &names {
+        println!("cargo:rerun-if-changed={}", lib_dir.join(name).display());
+    }
     if !names.iter().any(|n| lib_dir.join(n).is_file()) {
         fail(&format!(
             "no {} in {}: set LLAMA_SYS_LIB_DIR to the folder of the installed libllama{}",

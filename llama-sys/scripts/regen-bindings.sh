@@ -8,6 +8,10 @@
 # without `bindgen` the build itself fails.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+# From a source tree (the pinned one unless LLAMA_CPP_DIR says otherwise):
+# an installed llama.cpp has no src/llama-ext.h, and the header list
+# written from one would refuse every tree build.
+unset LLAMA_SYS_LIB_DIR LLAMA_SYS_INCLUDE_DIR LLAMA_SYS_USE_PKG_CONFIG LLAMA_SYS_STATIC
 out=$(cargo build -p llama-sys --features bindgen --message-format=json \
   | python3 -c '
 import json, sys

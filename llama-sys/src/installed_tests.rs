@@ -62,6 +62,9 @@ fn an_install_says_its_backends_openmp_linkage_version_and_commit() {
     let installed = Installed::read(&shared, Some(&unknown));
     assert!(installed.shared);
     assert_eq!(installed.backends, ["ggml-cpu", "ggml-rpc", "ggml-cuda"]);
+    // The list as some ggml versions write it, separators escaped.
+    let escaped = GGML_CONFIG.replace(r#""ggml-cpu""#, r#""ggml-cpu\;ggml-rpc""#);
+    assert_eq!(Installed::read(&escaped, None).backends, ["ggml-cpu", "ggml-rpc"]);
     assert_eq!(installed.commit, None, "`unknown` is no commit");
     assert_eq!(Installed::read(GGML_CONFIG, None).version, None);
 }
