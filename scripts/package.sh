@@ -7,8 +7,10 @@
 #    build needs (the CMake files, include/, src/, ggml/ with the CPU, CUDA,
 #    Metal, Vulkan, RPC and BLAS backends, vendor/'s CMake targets, the
 #    licences). Never committed; removed again on exit unless --keep.
-# 2. `cargo package -p llama-sys -p llama --no-verify`: the .crate files in
-#    target/package/, each checked to be under the registry's 10 MiB.
+# 0. Unless --no-verify: the checkout's own greedy output, for step 3.
+# 2. `cargo package -p llama-sys -p llama`, verified by cargo unless
+#    --no-verify (offline, no pip): the .crate files in target/package/,
+#    each checked to be under the registry's 10 MiB.
 # 3. Unless --no-verify: unpacks both .crate files into a new folder outside
 #    this repository, with a consumer crate that depends on `llama` and
 #    patches crates.io's `llama-sys` with the unpacked one (the registry as
@@ -99,7 +101,17 @@ cd "$ROOT"
 # dirty; other uncommitted changes are named here instead.
 dirty="$(git status --porcelain -- llama-sys llama Cargo.toml Cargo.lock README.md)"
 [[ -z "$dirty" ]] || say "warning: packaging uncommitted changes: $(echo "$dirty" | tr '\n' ' ')"
-cargo package -p llama-sys -p llama --no-verify --allow-dirty --offline --quiet
+# With cargo's own verification (unless --no-verify): each package built
+# from its .crate, llama against the packaged llama-sys (cargo's temporary
+# local registry), offline, with no pip and the cmake of an install.
+cmake_bin="$(installed_cmake "$ROOT")" || die "the packaged llama-sys needs an installed cmake (set CMAKE)"
+cargo_verify=()
+[[ $verify == 1 ]] || cargo_verify=(--no-verify)
+start=$(date +%s)
+env -u LLAMA_SYS_FETCH_CMAKE -u LLAMA_CPP_DIR -u LLAMA_SYS_LIB_DIR -u LLAMA_SYS_USE_PKG_CONFIG \
+    CMAKE="$cmake_bin" PYTHON=/nonexistent/python3 \
+    cargo package -p llama-sys -p llama "${cargo_verify[@]}" --allow-dirty --offline --quiet
+[[ $verify == 0 ]] || say "cargo package with verification: $(( $(date +%s) - start )) s"
 version_sys="$(sed -n 's/^version = "\(.*\)"$/\1/p' llama-sys/Cargo.toml | head -n1)"
 version_llama="$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -n1)"
 crate_sys="$ROOT/target/package/llama-sys-$version_sys.crate"
@@ -178,7 +190,6 @@ fn main() -> Result<(), llama::Error> {
 }
 RUST
 
-cmake_bin="$(installed_cmake "$ROOT")" || die "the packaged llama-sys needs an installed cmake (set CMAKE)"
 offline=()
 if unshare -rn true 2>/dev/null; then
     offline=(unshare -rn)

@@ -289,6 +289,7 @@ impl Model {
             raw.kv_overrides = overrides.as_ptr();
         }
 
+        #[cfg_attr(not(feature = "rpc"), allow(unused_variables))]
         let with_progress = progress.is_some();
         let mut keep_loading = |_: f32| true;
         let mut state;
