@@ -260,3 +260,28 @@ fn a_build_without_a_working_cmake_says_what_to_install() {
     assert!(err.contains("apt install cmake") && err.contains("brew install cmake"), "{err}");
     assert!(!err.contains("Differing"), "the pinned headers pass the check: {err}");
 }
+
+#[test]
+fn the_build_refuses_an_install_of_another_commit_even_with_the_same_headers() {
+    // The pinned headers, installed; the install's CMake package says
+    // another commit: the library behind them may differ (the shim
+    // declares one function of llama.cpp's unstable C++ API itself).
+    let include = installed_copy_of_headers("other-commit");
+    let lib = include.parent().unwrap().join("abi-guard-installed-other-commit-lib");
+    fs::create_dir_all(lib.join("cmake/ggml")).unwrap();
+    fs::create_dir_all(lib.join("cmake/llama")).unwrap();
+    fs::write(lib.join("libllama.so"), b"").unwrap();
+    fs::write(
+        lib.join("cmake/ggml/ggml-config.cmake"),
+        "set(GGML_SHARED_LIB \"ON\")\nset(GGML_AVAILABLE_BACKENDS \"ggml-cpu\")\n",
+    )
+    .unwrap();
+    fs::write(lib.join("cmake/llama/llama-config.cmake"), "set(LLAMA_BUILD_COMMIT \"1234abc\")\n").unwrap();
+    let err = failing_build("other-commit", &[("LLAMA_SYS_LIB_DIR", &lib), ("LLAMA_SYS_INCLUDE_DIR", &include)]);
+    assert!(err.contains("is commit 1234abc (its LLAMA_BUILD_COMMIT)"), "{err}");
+    assert!(
+        err.contains(&format!("llama.cpp commit {PINNED}")) && err.contains("--features llama-sys/bindgen"),
+        "{err}"
+    );
+    assert!(!err.contains("Differing"), "the headers themselves match: {err}");
+}
