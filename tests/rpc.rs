@@ -22,6 +22,36 @@ use llama::{Batch, ContextParams, Error, KvType, LoadMode, Model, ModelParams, S
 use llama_suite::synthetic::{TINY_BOS_ID, TinyModelSpec, tiny_llama_path};
 use llama_suite::teacher;
 
+#[cfg(target_os = "linux")]
+unsafe extern "C" {
+    /// glibc 2.34+ / Linux 5.9+.
+    fn close_range(first: u32, last: u32, flags: i32) -> i32;
+}
+
+/// Makes the child close, at exec, every file descriptor it inherits beyond
+/// stdio. ggml-rpc opens its sockets without close-on-exec, so a worker
+/// started while another test's model holds a connection would inherit
+/// that connection and keep it open after this process closes it; a worker
+/// serves one client at a time, so the next client of that worker would
+/// wait for good (seen here: a load stuck in ggml-rpc's handshake).
+fn close_inherited_fds(command: &mut Command) {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::process::CommandExt;
+        const CLOSE_RANGE_CLOEXEC: i32 = 4;
+        // SAFETY: the closure runs in the forked child before exec and makes
+        // one async-signal-safe system call; marking descriptors
+        // close-on-exec (not closing them) keeps the pipe std uses to report
+        // a failed exec working.
+        unsafe {
+            command.pre_exec(|| {
+                close_range(3, u32::MAX, CLOSE_RANGE_CLOEXEC);
+                Ok(())
+            });
+        }
+    }
+}
+
 /// An `rpc_server` child process, killed on drop.
 struct Worker {
     child: Child,
@@ -33,7 +63,9 @@ impl Worker {
         let exe = std::env::current_exe().unwrap();
         let path = exe.parent().unwrap().parent().unwrap().join("examples").join("rpc_server");
         assert!(path.exists(), "{} is built by `cargo build --example rpc_server` (and `cargo test`)", path.display());
-        let mut child = Command::new(path)
+        let mut command = Command::new(path);
+        close_inherited_fds(&mut command);
+        let mut child = command
             // --stop-on-eof: the worker goes with this process, even if
             // it aborts before `Drop` can kill it.
             .args(["--host", "127.0.0.1", "--port", "0", "--threads", "1", "--stop-on-eof"])
