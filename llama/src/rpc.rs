@@ -24,14 +24,25 @@
 //!   them ends its connection's dispatcher thread instead of the process,
 //!   the call is abandoned (its thread stays blocked in llama.cpp) and the
 //!   caller gets [`Error::Rpc`]. The worker is then lost: its models and
-//!   their contexts refuse every further call, and dropping them leaks
-//!   their memory (freeing would go through the dead connection);
+//!   their contexts refuse every further call into llama.cpp (reading
+//!   logits and embeddings and sampling too; `synchronize` and
+//!   `reset_perf` do nothing), and dropping them leaks their memory
+//!   (freeing would go through the dead connection). A worker counts as
+//!   dead when its port refuses connections; a call still running 30 s
+//!   after any worker of the process failed is given up too;
 //! - a worker that dies while nothing of its model is running is found by
 //!   the next guarded call. Reading or writing a context's state and
 //!   clearing its KV data are not guarded: a worker that dies during those
 //!   still ends the process. A load onto workers with a progress callback
 //!   is refused ([`Error::Unsupported`]): the callback cannot go to the
-//!   call thread.
+//!   call thread; so are LoRA adapters on such a model;
+//! - a worker that vanishes without closing its connections (a host
+//!   powered off, a stopped process) is not noticed: ggml-rpc sets no
+//!   socket timeouts, so a call waits as long as the operating system keeps
+//!   the connection;
+//! - ggml-rpc's sockets are not close-on-exec: a child process started
+//!   while a model uses workers inherits its connections, which keeps the
+//!   worker (one client at a time) from serving anyone else.
 //!
 //! [`ModelParams::rpc_servers`]: crate::ModelParams::rpc_servers
 //! [`ModelParams::n_gpu_layers`]: crate::ModelParams::n_gpu_layers
