@@ -335,6 +335,13 @@ impl Model {
                 };
                 ptr as usize
             })? as *mut sys::llama_model;
+            if ptr.is_null()
+                && let Some(err) = lease.lost_during("loading the model")
+            {
+                // llama.cpp could not connect to a worker that died just
+                // then (the guard turned its abort into a failed load).
+                return Err(err);
+            }
             return Self::loaded(ptr, paths, params, simulate, false, rpc_lease);
         }
         let ptr = if c_paths.len() == 1 {

@@ -344,6 +344,16 @@ impl Lease {
         }
     }
 
+    /// After a call that failed without a dispatcher failure (llama.cpp's
+    /// own connect to a worker failed and the guard made it an exception):
+    /// the [`Error::Rpc`] of a server of this lease that is gone, now
+    /// marked lost; `None` when all of them still listen.
+    pub(crate) fn lost_during(&self, what: &str) -> Option<Error> {
+        let endpoint = self.gone()?;
+        self.mark_lost(&endpoint);
+        Some(Error::Rpc { endpoint, message: format!("the worker went away during {what}") })
+    }
+
     fn mark_lost(&self, endpoint: &str) {
         for a in added().iter_mut().filter(|a| a.endpoint == endpoint) {
             a.lost = true;
