@@ -1,0 +1,246 @@
+//! Options, finish reasons and statistics of a generation run.
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::batch::SeqId;
+
+/// What to do when the context is full and another token must be decoded.
+#[non_exhaustive]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Overflow {
+    /// Stop: the generation yields [`Error::ContextFull`](crate::Error::ContextFull) and finishes with
+    /// [`FinishReason::ContextFull`].
+    #[default]
+    Error,
+    /// Context shift, as llama.cpp's `completion` tool does it: keep the
+    /// first `n_keep` tokens, discard half of the rest
+    /// (`n_discard = (n_past - n_keep) / 2`) and move the remainder down.
+    /// Needs a cache that can shift ([`Context::can_shift`](crate::Context::can_shift)); otherwise the
+    /// generation yields [`Error::CannotShift`](crate::Error::CannotShift).
+    Shift,
+}
+
+/// Options of one [`Session::generate`](crate::generate::Session::generate) run, as a builder.
+///
+/// Defaults: no token limit, no stop strings, stop at end-of-generation
+/// tokens, `n_keep` 0, [`Overflow::Error`], sequence 0, control tokens
+/// rendered as nothing.
+#[derive(Clone, Debug)]
+pub struct GenerateOptions {
+    pub(super) max_tokens: Option<usize>,
+    pub(super) stop: Vec<String>,
+    pub(super) stop_at_eog: bool,
+    pub(super) n_keep: usize,
+    pub(super) overflow: Overflow,
+    pub(super) seq: SeqId,
+    pub(super) special: bool,
+}
+
+impl Default for GenerateOptions {
+    fn default() -> Self {
+        GenerateOptions {
+            max_tokens: None,
+            stop: Vec::new(),
+            stop_at_eog: true,
+            n_keep: 0,
+            overflow: Overflow::Error,
+            seq: 0,
+            special: false,
+        }
+    }
+}
+
+impl GenerateOptions {
+    /// The most tokens to sample (finish reason [`FinishReason::Length`]).
+    #[must_use]
+    pub fn max_tokens(mut self, n: usize) -> Self {
+        self.max_tokens = Some(n);
+        self
+    }
+
+    /// Removes the token limit.
+    #[must_use]
+    pub fn unlimited(mut self) -> Self {
+        self.max_tokens = None;
+        self
+    }
+
+    /// Stop strings: generation ends when the text contains one of them;
+    /// the text before it is yielded and the stop string itself never is.
+    /// Empty strings are ignored.
+    #[must_use]
+    pub fn stop<I, S>(mut self, stops: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.stop = stops.into_iter().map(Into::into).filter(|s: &String| !s.is_empty()).collect();
+        self
+    }
+
+    /// Whether an end-of-generation token (EOS, end of turn, …) ends the
+    /// run (finish reason [`FinishReason::EndOfGeneration`]). When false,
+    /// such tokens are decoded like any other.
+    #[must_use]
+    pub fn stop_at_eog(mut self, on: bool) -> Self {
+        self.stop_at_eog = on;
+        self
+    }
+
+    /// Tokens at the start of the sequence that a context shift keeps (for
+    /// example the BOS token and a system prompt).
+    #[must_use]
+    pub fn n_keep(mut self, n: usize) -> Self {
+        self.n_keep = n;
+        self
+    }
+
+    /// What to do when the context is full.
+    #[must_use]
+    pub fn overflow(mut self, overflow: Overflow) -> Self {
+        self.overflow = overflow;
+        self
+    }
+
+    /// The sequence to generate in (default 0).
+    #[must_use]
+    pub fn seq(mut self, seq: SeqId) -> Self {
+        self.seq = seq;
+        self
+    }
+
+    /// Whether control tokens are rendered as their text (default: they
+    /// give no text).
+    #[must_use]
+    pub fn special(mut self, on: bool) -> Self {
+        self.special = on;
+        self
+    }
+}
+
+/// Why a generation ended.
+#[non_exhaustive]
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// `max_tokens` tokens were sampled.
+    Length,
+    /// This stop string appeared in the text.
+    Stop(String),
+    /// The model sampled an end-of-generation token.
+    EndOfGeneration,
+    /// Cancelled: the context's [`AbortHandle`](crate::AbortHandle), [`Generation::cancel`](crate::generate::Generation::cancel), or
+    /// a callback of [`Generation::stream`](crate::generate::Generation::stream).
+    Cancelled,
+    /// The context was full and the overflow policy was [`Overflow::Error`]
+    /// (or a shift could free nothing); in the
+    /// [engine](crate::engine), the request reached its `max_context` or
+    /// could not get room in the KV pool even alone.
+    ContextFull,
+    /// The [engine](crate::engine) shut down while the request ran.
+    Shutdown,
+    /// The [engine](crate::engine) could not run the request (a failed
+    /// decode, a sampler error): the message says why.
+    Failed(String),
+}
+
+impl fmt::Display for FinishReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FinishReason::Length => f.write_str("length"),
+            FinishReason::Stop(s) => write!(f, "stop {s:?}"),
+            FinishReason::EndOfGeneration => f.write_str("end of generation"),
+            FinishReason::Cancelled => f.write_str("cancelled"),
+            FinishReason::ContextFull => f.write_str("context full"),
+            FinishReason::Shutdown => f.write_str("shutdown"),
+            FinishReason::Failed(why) => write!(f, "failed: {why}"),
+        }
+    }
+}
+
+/// Counters and timings of one generation run.
+///
+/// The clock starts when the first piece is requested (the prefill runs
+/// then, not in [`Session::generate`](crate::generate::Session::generate)).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct GenerationStats {
+    /// Tokens in the prompt.
+    pub prompt_tokens: usize,
+    /// Prompt tokens the run decodes: the prompt minus the prefix reused
+    /// from the KV cache (at least 1, since the cache holds no logits).
+    /// A run cancelled during the prefill decoded fewer.
+    pub prompt_evaluated: usize,
+    /// Tokens sampled, including a final end-of-generation token.
+    pub generated_tokens: usize,
+    /// Context shifts performed ([`Overflow::Shift`]).
+    pub context_shifts: usize,
+    /// From the start to the first sampled token; `None` if none was.
+    pub time_to_first_token: Option<Duration>,
+    /// From the start until the prompt's logits were ready.
+    pub prefill_time: Duration,
+    /// From the first to the last sampled token: `generated_tokens - 1`
+    /// decode-and-sample steps.
+    pub decode_time: Duration,
+    /// Bytes of an unfinished UTF-8 character still held when generation
+    /// ended (yielded as U+FFFD). Normally 0.
+    pub incomplete_utf8_bytes: usize,
+    /// Why the run ended; `None` while it runs, or if it ended with an
+    /// error other than a full context.
+    pub finish_reason: Option<FinishReason>,
+}
+
+fn per_second(n: usize, time: Duration) -> f64 {
+    let secs = time.as_secs_f64();
+    if n == 0 || secs <= 0.0 { 0.0 } else { n as f64 / secs }
+}
+
+impl GenerationStats {
+    /// Prompt tokens reused from the KV cache.
+    pub fn reused_tokens(&self) -> usize {
+        self.prompt_tokens.saturating_sub(self.prompt_evaluated)
+    }
+
+    /// Evaluated prompt tokens per second of prefill (0 if none).
+    pub fn prefill_tokens_per_second(&self) -> f64 {
+        per_second(self.prompt_evaluated, self.prefill_time)
+    }
+
+    /// Generated tokens per second after the first one (0 with fewer than
+    /// two tokens).
+    pub fn decode_tokens_per_second(&self) -> f64 {
+        per_second(self.generated_tokens.saturating_sub(1), self.decode_time)
+    }
+
+    /// Milliseconds per output token after the first one (time per output
+    /// token; 0 with fewer than two tokens).
+    pub fn ms_per_token(&self) -> f64 {
+        let steps = self.generated_tokens.saturating_sub(1);
+        if steps == 0 { 0.0 } else { self.decode_time.as_secs_f64() * 1000.0 / steps as f64 }
+    }
+}
+
+impl fmt::Display for GenerationStats {
+    /// One line: prompt tokens (evaluated), TTFT, prefill tok/s, generated
+    /// tokens, decode tok/s, ms/token, finish reason.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let ttft = self.time_to_first_token.map_or(0.0, |d| d.as_secs_f64() * 1000.0);
+        write!(
+            f,
+            "prompt {} tokens ({} evaluated) | TTFT {:.1} ms | prefill {:.1} tok/s | generated {} tokens | decode {:.1} tok/s | {:.2} ms/token",
+            self.prompt_tokens,
+            self.prompt_evaluated,
+            ttft,
+            self.prefill_tokens_per_second(),
+            self.generated_tokens,
+            self.decode_tokens_per_second(),
+            self.ms_per_token(),
+        )?;
+        if self.context_shifts > 0 {
+            write!(f, " | {} context shifts", self.context_shifts)?;
+        }
+        match &self.finish_reason {
+            Some(reason) => write!(f, " | finish: {reason}"),
+            None => f.write_str(" | finish: error"),
+        }
+    }
+}
