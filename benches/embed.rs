@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use llama::embed::{EmbedParams, Embedder};
-use llama::{Batch, Context, ContextParams, Pooling, Token};
+use llama::{AddBos, Batch, Context, ContextParams, Pooling, Token};
 use llama_suite::bench::{model, threads};
 
 fn embed_params() -> EmbedParams {
@@ -56,12 +56,12 @@ fn texts(n: usize) -> Vec<String> {
         .map(|i| {
             let target = 10 + (next() % 21) as usize;
             let mut text = format!("Note {i}:");
-            while vocab.tokenize(&text, true).unwrap().len() < target {
+            while vocab.tokenize(&text, AddBos::Yes).unwrap().len() < target {
                 text.push(' ');
                 text.push_str(WORDS[(next() % WORDS.len() as u64) as usize]);
             }
             text.push('.');
-            let len = vocab.tokenize(&text, true).unwrap().len();
+            let len = vocab.tokenize(&text, AddBos::Yes).unwrap().len();
             assert!((10..=32).contains(&len), "text {i}: {len} tokens");
             text
         })
@@ -106,7 +106,7 @@ fn long_tokens(len: usize) -> Vec<Token> {
     let mut text = String::new();
     let mut i = 0;
     loop {
-        let tokens = vocab.tokenize(&text, true).unwrap();
+        let tokens = vocab.tokenize(&text, AddBos::Yes).unwrap();
         if tokens.len() >= len {
             return tokens[..len].to_vec();
         }
@@ -147,7 +147,7 @@ fn embed_tokens(c: &mut Criterion) {
     group.bench_function("embed_512", |b| b.iter(|| black_box(embedder.embed_tokens(&[&long]).unwrap())));
     group.bench_function("prefill_512", |b| {
         b.iter(|| {
-            prefill_ctx.clear_kv(false);
+            prefill_ctx.clear_kv();
             prefill_ctx.decode(&prefill_batch).unwrap();
             prefill_ctx.synchronize();
         })
@@ -196,7 +196,7 @@ fn quick(rounds: usize) {
             512.0 / timed(&mut || drop(black_box(embedder.embed_tokens(&[&long]).unwrap()))),
             512.0
                 / timed(&mut || {
-                    prefill_ctx.clear_kv(false);
+                    prefill_ctx.clear_kv();
                     prefill_ctx.decode(&prefill_batch).unwrap();
                     prefill_ctx.synchronize();
                 }),

@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use criterion::{BatchSize, BenchmarkId, Criterion, criterion_group, criterion_main};
 use llama::json_schema::{json_grammar, schema_to_grammar};
-use llama::{Batch, Context, ContextParams, Sampler, SamplerChain};
+use llama::{AddBos, Batch, Context, ContextParams, Output, Sampler, SamplerChain};
 use llama_suite::bench::{model, threads};
 use serde_json::json;
 
@@ -31,7 +31,7 @@ use serde_json::json;
 fn context() -> Context<'static> {
     let params = ContextParams::default().n_ctx(512).n_batch(512).n_threads(threads()).n_threads_batch(threads());
     let mut ctx = model().new_context(&params).expect("context");
-    let tokens = model().vocab().tokenize("A person record in JSON:\n", true).expect("tokenize");
+    let tokens = model().vocab().tokenize("A person record in JSON:\n", AddBos::Yes).expect("tokenize");
     ctx.decode(&Batch::from_tokens(&tokens, 0)).expect("decode");
     ctx
 }
@@ -51,8 +51,8 @@ fn schema() -> serde_json::Value {
 fn sampler_after(gbnf: &str, prefix: &str, masked: bool) -> Sampler<'static> {
     let vocab = model().vocab();
     let chain = SamplerChain::new().grammar_first(masked);
-    let mut sampler = chain.grammar(vocab, gbnf, "root").expect("grammar").greedy().build().expect("chain");
-    for t in vocab.tokenize(prefix, false).expect("tokenize") {
+    let mut sampler = chain.grammar(vocab, gbnf, "root").greedy().build().expect("chain");
+    for t in vocab.tokenize(prefix, AddBos::No).expect("tokenize") {
         sampler.accept(t).expect("the prefix fits the grammar");
     }
     sampler
@@ -63,7 +63,7 @@ fn grammar(c: &mut Criterion) {
     group.sample_size(20).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(3));
     let mut ctx = context();
     let mut greedy = Sampler::greedy();
-    group.bench_function("none", |b| b.iter(|| greedy.sample(&mut ctx, -1).expect("sample")));
+    group.bench_function("none", |b| b.iter(|| greedy.sample(&mut ctx, Output::Last).expect("sample")));
     let schema_gbnf = schema_to_grammar(&schema()).expect("schema");
     for (name, gbnf, states) in [
         ("json-object", json_grammar(), ["", "{\"name\": \"Al", "{\"a\": [1, 2"]),
@@ -76,7 +76,7 @@ fn grammar(c: &mut Criterion) {
             group.bench_function(BenchmarkId::new(id, label), |b| {
                 b.iter_batched(
                     || base.try_clone().expect("clone"),
-                    |mut s| s.sample(&mut ctx, -1).expect("sample"),
+                    |mut s| s.sample(&mut ctx, Output::Last).expect("sample"),
                     BatchSize::SmallInput,
                 )
             });
@@ -85,12 +85,7 @@ fn grammar(c: &mut Criterion) {
     group.bench_function("convert", |b| {
         b.iter(|| {
             let gbnf = schema_to_grammar(&schema()).expect("schema");
-            SamplerChain::new()
-                .grammar(model().vocab(), &gbnf, "root")
-                .expect("grammar")
-                .greedy()
-                .build()
-                .expect("chain")
+            SamplerChain::new().grammar(model().vocab(), &gbnf, "root").greedy().build().expect("chain")
         })
     });
     group.finish();

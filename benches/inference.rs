@@ -25,7 +25,7 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use llama::{Batch, Context, ContextParams, KvType, Model, ModelParams, Sampler, Token};
+use llama::{Batch, Context, ContextParams, KvType, Logits, Model, ModelParams, Output, Sampler, Token};
 use llama_suite::bench::{model, threads};
 
 fn params(n_ctx: u32) -> ContextParams {
@@ -57,7 +57,7 @@ fn decode_prompt(ctx: &mut Context<'_>, tokens: &[Token], start: i32, seq: i32) 
     for (i, chunk) in tokens.chunks(ctx.n_batch() as usize).enumerate() {
         batch.clear();
         let pos = start + (i * ctx.n_batch() as usize) as i32;
-        batch.push_sequence(chunk, pos, seq, true).expect("chunk fits");
+        batch.push_sequence(chunk, pos, seq, Logits::Yes).expect("chunk fits");
         ctx.decode(&batch).expect("decode");
     }
     ctx.synchronize();
@@ -74,7 +74,7 @@ fn prefill(c: &mut Criterion) {
             b.iter_custom(|iters| {
                 let mut total = Duration::ZERO;
                 for _ in 0..iters {
-                    ctx.clear_kv(false);
+                    ctx.clear_kv();
                     let start = Instant::now();
                     decode_prompt(&mut ctx, tokens, 0, 0);
                     total += start.elapsed();
@@ -91,7 +91,7 @@ fn step_at_depth(ctx: &mut Context<'_>, batch: &mut Batch, depth: usize, iters: 
     let mut total = Duration::ZERO;
     for i in 0..iters {
         batch.clear();
-        batch.push(Token(1000 + (i % 5000) as i32), depth as i32, &[0], true).expect("fits");
+        batch.push(Token(1000 + (i % 5000) as i32), depth as i32, &[0], Logits::Yes).expect("fits");
         let start = Instant::now();
         ctx.decode(batch).expect("decode");
         ctx.synchronize();
@@ -137,7 +137,7 @@ fn batched_decode(c: &mut Criterion) {
                     batch.clear();
                     for seq in 0..n_seq {
                         let token = Token(2000 + ((i as usize * 8 + seq) % 5000) as i32);
-                        batch.push(token, PROMPT as i32, &[seq as i32], true).expect("fits");
+                        batch.push(token, PROMPT as i32, &[seq as i32], Logits::Yes).expect("fits");
                     }
                     let start = Instant::now();
                     ctx.decode(&batch).expect("decode");
@@ -178,13 +178,13 @@ fn prompt_cache(c: &mut Criterion) {
     let mut sampler = Sampler::greedy();
     let mut first_token = |ctx: &mut Context<'_>, from: usize| {
         decode_prompt(ctx, &full[from..], from as i32, 0);
-        black_box(sampler.sample(ctx, -1).expect("sample"))
+        black_box(sampler.sample(ctx, Output::Last).expect("sample"))
     };
     group.bench_function("cold", |b| {
         b.iter_custom(|iters| {
             let mut total = Duration::ZERO;
             for _ in 0..iters {
-                ctx.clear_kv(false);
+                ctx.clear_kv();
                 let start = Instant::now();
                 first_token(&mut ctx, 0);
                 total += start.elapsed();
@@ -192,7 +192,7 @@ fn prompt_cache(c: &mut Criterion) {
             total
         })
     });
-    ctx.clear_kv(false);
+    ctx.clear_kv();
     decode_prompt(&mut ctx, &full[..PREFIX], 0, 0);
     group.bench_function("reused", |b| {
         b.iter_custom(|iters| {
@@ -218,7 +218,9 @@ fn sampling(c: &mut Criterion) {
     for (name, mut ours, mut upstream) in
         [("greedy", Sampler::greedy(), Sampler::greedy()), ("top-k-p-temp", top_k(), top_k())]
     {
-        group.bench_function(BenchmarkId::new(name, "ours"), |b| b.iter(|| ours.sample(&mut ctx, -1).expect("sample")));
+        group.bench_function(BenchmarkId::new(name, "ours"), |b| {
+            b.iter(|| ours.sample(&mut ctx, Output::Last).expect("sample"))
+        });
         group.bench_function(BenchmarkId::new(name, "llama.cpp"), |b| {
             b.iter(|| {
                 // SAFETY: a chain ending in a selecting sampler; the last

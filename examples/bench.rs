@@ -25,7 +25,7 @@ use std::time::Instant;
 
 use clap::Parser;
 use llama::generate::{GenerateOptions, Session};
-use llama::{Batch, Context, ContextParams, Model, ModelParams, Sampler, SamplerChain, Token};
+use llama::{Batch, Context, ContextParams, Logits, Model, ModelParams, Output, Sampler, SamplerChain, Token};
 
 #[derive(Parser, Debug)]
 #[command(about = "llama-bench-shaped prefill/decode numbers through the llama crate")]
@@ -112,7 +112,7 @@ fn run_prompt(
         tokens.extend((1..n).map(|_| rng.token(n_vocab)));
         let start = ctx.seq_pos_max(0)?.map_or(0, |p| p + 1);
         batch.clear();
-        batch.push_sequence(&tokens, start, 0, true)?;
+        batch.push_sequence(&tokens, start, 0, Logits::Yes)?;
         ctx.decode(batch)?;
         processed += n;
     }
@@ -133,14 +133,14 @@ fn run_gen(
     let start = ctx.seq_pos_max(0)?.map_or(0, |p| p + 1);
     for pos in start..start + n_gen as i32 {
         batch.clear();
-        batch.push(token, pos, &[0], true)?;
+        batch.push(token, pos, &[0], Logits::Yes)?;
         ctx.decode(batch)?;
         token = match picker {
             Picker::Random => {
                 ctx.synchronize();
                 rng.token(n_vocab)
             }
-            Picker::Ours(sampler) => sampler.sample(ctx, -1)?,
+            Picker::Ours(sampler) => sampler.sample(ctx, Output::Last)?,
             Picker::Upstream(sampler) => {
                 // SAFETY: a chain that ends in a selecting sampler, and a
                 // context whose last batch requested logits for its token.
@@ -193,7 +193,7 @@ impl Bench<'_> {
         }
         let mut samples = Vec::with_capacity(self.args.reps);
         for _ in 0..self.args.reps {
-            ctx.clear_kv(false);
+            ctx.clear_kv();
             let start = Instant::now();
             if n_prompt > 0 {
                 run_prompt(&mut ctx, self.model, &mut batch, n_prompt, &mut rng)?;
@@ -214,7 +214,7 @@ impl Bench<'_> {
         let options = GenerateOptions::default().max_tokens(n_gen).stop_at_eog(false);
         let mut samples = Vec::with_capacity(self.args.reps);
         for rep in 0..=self.args.reps {
-            ctx.clear_kv(false);
+            ctx.clear_kv();
             let mut session = Session::new();
             let start = Instant::now();
             let stats =

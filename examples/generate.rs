@@ -24,7 +24,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use llama::chat::RenderOptions;
 use llama::generate::{FinishReason, GenerateOptions, Overflow, Session};
-use llama::{ChatFormat, ChatMessage, ContextParams, Model, ModelParams, Sampler, SamplerChain};
+use llama::{AddBos, ChatFormat, ChatMessage, ContextParams, Model, ModelParams, Sampler, SamplerChain};
 
 #[derive(Parser, Debug)]
 #[command(about = "Stream a completion from a GGUF model")]
@@ -155,10 +155,9 @@ fn run(args: &Args) -> Result<(), BoxError> {
             eprintln!("note: the model has no chat template; using llama.cpp's built-in {name:?}");
         }
         let text = format.render(&messages, &RenderOptions::default().add_generation_prompt(true))?;
-        let has_bos = vocab.bos().and_then(|b| vocab.text(b).ok()).is_some_and(|bos| text.starts_with(bos));
-        vocab.tokenize_special(&text, !has_bos)?
+        vocab.tokenize_chat(&text)?
     } else {
-        vocab.tokenize(&prompt, true)?
+        vocab.tokenize(&prompt, AddBos::Yes)?
     };
 
     let mut params = ContextParams::default().n_ctx(args.ctx);
@@ -228,7 +227,7 @@ fn json_schema_grammar(path: &std::path::Path) -> Result<String, BoxError> {
 fn build_sampler<'m>(args: &Args, model: &'m Model, grammar: Option<&str>) -> llama::Result<Sampler<'m>> {
     let mut chain = SamplerChain::new().grammar_first(args.grammar_first);
     if let Some(gbnf) = grammar {
-        chain = chain.grammar(model.vocab(), gbnf, "root")?;
+        chain = chain.grammar(model.vocab(), gbnf, "root");
     }
     if args.greedy {
         return chain.greedy().build();

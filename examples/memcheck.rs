@@ -55,7 +55,7 @@
 use std::path::{Path, PathBuf};
 
 use llama::generate::{GenerateOptions, Session};
-use llama::{Batch, ContextParams, Detokenizer, Model, ModelParams, Sampler, SamplerChain};
+use llama::{AddBos, Batch, ContextParams, Detokenizer, Model, ModelParams, Output, Sampler, SamplerChain, Special};
 use llama_suite::synthetic::{TinyModelSpec, write_tiny_llama};
 
 /// A folder of this process under the system's temporary folder, removed
@@ -95,16 +95,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .n_threads_batch(n_threads);
         let mut ctx = model.new_context(&params)?;
         let vocab = model.vocab();
-        let prompt = vocab.tokenize("Hello world, the quick brown llama", true)?;
+        let prompt = vocab.tokenize("Hello world, the quick brown llama", AddBos::Yes)?;
 
         // Decode the prompt, then a few tokens one at a time, greedily.
         ctx.decode(&Batch::from_tokens(&prompt, 0))?;
         let mut greedy = Sampler::greedy();
-        let mut detokenizer = Detokenizer::new(vocab, false);
+        let mut detokenizer = Detokenizer::new(vocab, Special::Plain);
         let mut text = String::new();
         let n_prompt = prompt.len() as i32;
         for pos in n_prompt..n_prompt + 4 {
-            let token = greedy.sample(&mut ctx, -1)?;
+            let token = greedy.sample(&mut ctx, Output::Last)?;
             detokenizer.push(token, &mut text)?;
             ctx.decode(&Batch::from_tokens(&[token], pos))?;
         }
@@ -114,9 +114,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // A chain that keeps a pointer to the vocabulary (grammar) and one
         // with RNG state.
         let mut chain =
-            SamplerChain::new().grammar(vocab, r#"root ::= [a-z ]+"#, "root")?.top_k(8).temp(0.8).dist(7).build()?;
-        let token = chain.sample(&mut ctx, -1)?;
-        println!("chain: {:?}", vocab.detokenize(&[token], false, false)?);
+            SamplerChain::new().grammar(vocab, r#"root ::= [a-z ]+"#, "root").top_k(8).temp(0.8).dist(7).build()?;
+        let token = chain.sample(&mut ctx, Output::Last)?;
+        println!("chain: {:?}", vocab.detokenize(&[token], AddBos::No, Special::Plain)?);
         drop(chain);
 
         // A short generation through the high-level API, on a fresh context.
@@ -136,7 +136,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let vocab_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("vendor/llama.cpp/models/ggml-vocab-gpt-2.gguf");
     if vocab_path.exists() {
         let model = Model::load(&vocab_path, &ModelParams { vocab_only: true, ..ModelParams::default() })?;
-        let tokens = model.vocab().tokenize("Hello world", false)?;
+        let tokens = model.vocab().tokenize("Hello world", AddBos::No)?;
         println!("gpt-2 tokens: {}", tokens.len());
     }
     Ok(())

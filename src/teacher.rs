@@ -10,7 +10,7 @@
 //! another sequence's cells, or the wrong positions, fails it by far more
 //! than rounding can explain.
 
-use llama::{Batch, ContextParams, KvType, Model, Token};
+use llama::{Batch, ContextParams, KvType, Logits, Model, Output, Token};
 
 /// The result of re-scoring one stream.
 #[derive(Clone, Debug, PartialEq)]
@@ -66,7 +66,7 @@ pub fn rescore_with_kv(
     let mut all = prompt.to_vec();
     all.extend_from_slice(generated);
     for (i, &t) in all.iter().enumerate().take(total.saturating_sub(1)) {
-        batch.push(t, i as i32, &[0], i + 1 >= prompt.len())?;
+        batch.push(t, i as i32, &[0], Logits::from(i + 1 >= prompt.len()))?;
     }
     if batch.is_empty() {
         return Ok(TeacherForced { gaps: Vec::new(), margins: Vec::new() });
@@ -76,7 +76,7 @@ pub fn rescore_with_kv(
     let mut margins = Vec::with_capacity(generated.len());
     for (k, &chosen) in generated.iter().enumerate() {
         let row = (prompt.len() - 1 + k) as i32;
-        let logits = ctx.logits(row)?;
+        let logits = ctx.logits(Output::Index(row as usize))?;
         let (mut best, mut second) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
         for &l in logits {
             if l > best {

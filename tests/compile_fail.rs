@@ -14,8 +14,8 @@ use std::sync::{Arc, Mutex};
 
 use llama::generate::{GenerateOptions, Generation, Session};
 use llama::{
-    AbortHandle, Batch, Context, ContextParams, Detokenizer, Error, LoraAdapter, Model, ModelParams, Sampler,
-    SamplerChain, Vocab,
+    AbortHandle, AddBos, Batch, Context, ContextParams, Detokenizer, Error, LoraAdapter, Model, ModelParams, Output,
+    OwnedContext, Sampler, SamplerChain, Special, Vocab,
 };
 use llama_suite::synthetic::{TinyModelSpec, tiny_llama_path};
 
@@ -77,7 +77,7 @@ fn send_and_sync_promises() {
     let path = tiny_llama_path(&TinyModelSpec::default()).expect("write the tiny model");
     let model = Arc::new(Model::load(&path, &ModelParams::default()).expect("load the tiny model"));
     let params = ContextParams::default().n_ctx(256).n_batch(64).n_ubatch(64).n_threads(1);
-    let prompt = model.vocab().tokenize("Hello world", true).expect("tokenize");
+    let prompt = model.vocab().tokenize("Hello world", AddBos::Yes).expect("tokenize");
 
     let tokens: Vec<_> = (0..2)
         .map(|_| {
@@ -85,7 +85,7 @@ fn send_and_sync_promises() {
             std::thread::spawn(move || {
                 let mut ctx = model.new_context(&params).expect("context");
                 ctx.decode(&Batch::from_tokens(&prompt, 0)).expect("decode");
-                Sampler::greedy().sample(&mut ctx, -1).expect("sample")
+                Sampler::greedy().sample(&mut ctx, Output::Last).expect("sample")
             })
         })
         .map(|handle| handle.join().expect("worker thread"))
@@ -93,25 +93,21 @@ fn send_and_sync_promises() {
     assert_eq!(tokens[0], tokens[1], "same model, same prompt, greedy: same token");
 
     let mut ctx = model.new_context(&params).expect("context");
-    let mut sampler = SamplerChain::new()
-        .grammar(model.vocab(), r#"root ::= [a-z]+"#, "root")
-        .expect("grammar")
-        .greedy()
-        .build()
-        .expect("sampler");
+    let mut sampler =
+        SamplerChain::new().grammar(model.vocab(), r#"root ::= [a-z]+"#, "root").greedy().build().expect("sampler");
     let token = std::thread::scope(|s| {
         s.spawn(move || {
             ctx.decode(&Batch::from_tokens(&prompt, 0)).expect("decode");
-            sampler.sample(&mut ctx, -1).expect("sample")
+            sampler.sample(&mut ctx, Output::Last).expect("sample")
         })
         .join()
         .expect("scoped thread")
     });
-    let piece = model.vocab().token_to_piece(token, false).expect("piece");
+    let piece = model.vocab().token_to_piece(token, Special::Plain).expect("piece");
     assert!(!piece.is_empty() && piece.iter().all(u8::is_ascii_lowercase), "grammar allows [a-z]+, got {piece:?}");
 
     // A generation started on this thread and driven to its end on another.
-    let prompt = model.vocab().tokenize("Hello world", true).expect("tokenize");
+    let prompt = model.vocab().tokenize("Hello world", AddBos::Yes).expect("tokenize");
     let mut ctx = model.new_context(&params).expect("context");
     let mut greedy = Sampler::greedy();
     let mut session = Session::new();
@@ -124,4 +120,63 @@ fn send_and_sync_promises() {
     });
     assert!((1..=4).contains(&stats.generated_tokens), "tokens generated on the other thread: {stats:?}");
     assert!(session.tokens().starts_with(&prompt), "the session records the cache the other thread filled");
+}
+
+/// A service that owns its model and context in one struct, with no
+/// lifetime parameter: what `Context::new_owned` is for.
+struct Service {
+    ctx: OwnedContext,
+    sampler: Sampler<'static>,
+}
+
+impl Service {
+    fn next_token(&mut self, prompt: &[llama::Token]) -> llama::Token {
+        self.ctx.clear_kv();
+        self.ctx.eval(prompt, 0).expect("eval");
+        self.sampler.sample(&mut self.ctx, Output::Last).expect("sample")
+    }
+}
+
+fn assert_static<T: 'static>() {}
+
+#[test]
+fn an_owned_context_moves_into_a_spawned_thread() {
+    let _guard = ENV_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    assert_send::<OwnedContext>();
+    assert_static::<OwnedContext>();
+    assert_send::<Service>();
+    assert_static::<Service>();
+
+    let path = tiny_llama_path(&TinyModelSpec::default()).expect("write the tiny model");
+    let model = Arc::new(Model::load(&path, &ModelParams::default()).expect("load the tiny model"));
+    let params = ContextParams::default().n_ctx(256).n_batch(64).n_ubatch(64).n_threads(1);
+    let prompt = model.vocab().tokenize("Hello world", AddBos::Yes).expect("tokenize");
+
+    // The reference: a borrowed context on this thread.
+    let mut borrowed = model.new_context(&params).expect("context");
+    borrowed.eval(&prompt, 0).expect("eval");
+    let want = borrowed.logits(Output::Last).expect("logits").to_vec();
+    let want_token = Sampler::greedy().sample(&mut borrowed, Output::Last).expect("sample");
+    drop(borrowed);
+
+    // `std::thread::spawn` needs 'static: the owned context qualifies, and
+    // the model lives on in it after this thread drops its `Arc`.
+    let ctx = Context::new_owned(Arc::clone(&model), &params).expect("owned context");
+    let weak = Arc::downgrade(&model);
+    drop(model);
+    let mut service = Service { ctx, sampler: Sampler::greedy() };
+    let (got, token, service) = std::thread::spawn(move || {
+        service.ctx.eval(&prompt, 0).expect("eval");
+        let got = service.ctx.logits(Output::Last).expect("logits").to_vec();
+        let token = service.next_token(&prompt);
+        (got, token, service)
+    })
+    .join()
+    .expect("worker thread");
+    assert_eq!(got, want, "the owned context computes what a borrowed one does");
+    assert_eq!(token, want_token);
+    assert!(weak.upgrade().is_some(), "the context keeps the model alive");
+    assert_eq!(service.ctx.model().vocab().n_tokens(), weak.upgrade().unwrap().vocab().n_tokens());
+    drop(service);
+    assert!(weak.upgrade().is_none(), "dropping the last context frees the model");
 }

@@ -6,7 +6,7 @@
 use std::sync::OnceLock;
 
 use llama::embed::{EmbedParams, Embedder, cosine_similarity};
-use llama::{Batch, ContextParams, Error, FlashAttention, Model, ModelParams, Pooling, Token};
+use llama::{AddBos, Batch, ContextParams, Error, FlashAttention, Logits, Model, ModelParams, Pooling, Token};
 use llama_suite::model_cache::model_path;
 
 fn model() -> &'static Model {
@@ -103,13 +103,13 @@ fn last_pooling_is_the_last_tokens_embedding() {
     for (i, text) in TEXTS[..3].iter().enumerate() {
         let tokens = e.tokenize(text).unwrap();
         let mut batch = Batch::new(64, 1);
-        batch.push_sequence(&tokens, 0, 0, false).unwrap();
+        batch.push_sequence(&tokens, 0, 0, Logits::No).unwrap();
         for pos in 0..tokens.len().next_multiple_of(8) - tokens.len() {
-            batch.push(tokens[0], pos as i32, &[1], false).unwrap();
+            batch.push(tokens[0], pos as i32, &[1], Logits::No).unwrap();
         }
-        ctx.clear_kv(false);
+        ctx.clear_kv();
         ctx.decode(&batch).unwrap();
-        let want = ctx.embeddings(tokens.len() as i32 - 1).unwrap();
+        let want = ctx.embeddings(tokens.len() - 1).unwrap();
         let c = cosine_similarity(want, &got[i]);
         println!("text {i}: cosine {c:.7}, max difference {}", max_abs_diff(want, &got[i]));
         assert!(c >= 0.99999, "text {i}: cosine {c}");
@@ -164,7 +164,7 @@ fn empty_string_is_the_bos_vector() {
     let err = mean.embed_tokens(&empty).unwrap_err();
     assert!(matches!(err, Error::InvalidArgument(ref m) if m.contains("input 1 has no tokens")), "{err}");
     // Without special tokens, the empty string has no tokens at all.
-    let mut bare = embedder(&params(Pooling::Mean).add_special(false));
+    let mut bare = embedder(&params(Pooling::Mean).add_special(AddBos::No));
     assert!(matches!(bare.embed(&["fine", ""]), Err(Error::InvalidArgument(_))));
     assert_eq!(bare.embed(&["fine"]).unwrap().len(), 1);
 }

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use llama::engine::{Completion, Engine, EngineConfig, EngineStats, Event, Finish, Output, Request, SamplingParams};
 use llama::generate::{FinishReason, GenerateOptions, Session};
-use llama::{ContextParams, Error, KvType, Model, ModelParams, Sampler, Token};
+use llama::{AddBos, ContextParams, Error, KvType, Logits, Model, ModelParams, Sampler, Special, Token};
 use llama_suite::synthetic::{TINY_BOS_ID, TINY_VOCAB_SIZE, TinyModelSpec, tiny_llama_path};
 use llama_suite::teacher::rescore_with_kv;
 
@@ -509,7 +509,7 @@ fn bad_requests_are_refused_at_submit_and_the_engine_keeps_serving() {
     let vocab = engine.model().vocab();
     let out = engine.submit(sampled(SamplingParams::greedy().grammar(gbnf))).unwrap().wait();
     assert_eq!(out.finish.reason, FinishReason::Length);
-    let text = vocab.detokenize(&out.tokens, false, false).unwrap();
+    let text = vocab.detokenize(&out.tokens, AddBos::No, Special::Plain).unwrap();
     assert!(text.chars().all(|c| " the".contains(c)), "{text:?}");
 }
 
@@ -556,7 +556,7 @@ fn stop_strings_max_context_and_priorities() {
     // A stop string taken from the greedy continuation itself.
     let p = prompt(12, 77);
     let full = engine.submit(greedy(p.clone(), 24)).unwrap().wait();
-    let piece = model.vocab().detokenize(&full.tokens[5..7], false, false).unwrap();
+    let piece = model.vocab().detokenize(&full.tokens[5..7], AddBos::No, Special::Plain).unwrap();
     let stopped = engine.submit(greedy(p.clone(), 24).stop([piece.clone()])).unwrap().wait();
     assert_eq!(stopped.finish.reason, FinishReason::Stop(piece.clone()));
     let at = full.text.find(&piece).unwrap();
@@ -593,7 +593,7 @@ fn every_token_arrives_in_its_own_piece_and_the_text_is_whole() {
         text.push_str(&piece.text);
     }
     assert!(matches!(&events[12], Event::Done(f) if f.usage.completion_tokens == 12));
-    assert_eq!(text, model.vocab().detokenize(&tokens, false, false).unwrap());
+    assert_eq!(text, model.vocab().detokenize(&tokens, AddBos::No, Special::Plain).unwrap());
 }
 
 #[test]
@@ -633,12 +633,12 @@ fn reference_logprobs(model: &Model, prompt: &[Token], generated: &[Token]) -> V
     let mut batch = llama::Batch::new(total, 1);
     let all: Vec<Token> = prompt.iter().chain(generated).copied().collect();
     for (i, &t) in all.iter().enumerate().take(total - 1) {
-        batch.push(t, i as i32, &[0], i + 1 >= prompt.len()).unwrap();
+        batch.push(t, i as i32, &[0], Logits::from(i + 1 >= prompt.len())).unwrap();
     }
     ctx.decode(&batch).unwrap();
     (0..generated.len())
         .map(|k| {
-            let logits = ctx.logits((prompt.len() - 1 + k) as i32).unwrap();
+            let logits = ctx.logits(prompt.len() - 1 + k).unwrap();
             let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
             let log_z = max + logits.iter().map(|&l| (l as f64 - max).exp()).sum::<f64>().ln();
             logits.iter().map(|&l| l as f64 - log_z).collect()

@@ -11,7 +11,7 @@ use std::sync::{Arc, OnceLock};
 
 use llama::engine::{Completion, Engine, EngineConfig, Output, Request};
 use llama::generate::FinishReason;
-use llama::{Model, ModelParams, Token};
+use llama::{AddBos, Model, ModelParams, Token};
 use llama_suite::model_cache::model_path;
 use llama_suite::teacher::rescore;
 
@@ -37,7 +37,7 @@ fn config() -> EngineConfig {
 }
 
 fn tokens(text: &str) -> Vec<Token> {
-    model().vocab().tokenize(text, true).unwrap()
+    model().vocab().tokenize(text, AddBos::Yes).unwrap()
 }
 
 const SUBJECTS: [&str; 16] = [
@@ -149,7 +149,7 @@ fn preempted_streams_finish_and_pass_the_teacher_forced_check() {
 fn a_shared_thousand_token_prefix_is_reused_and_passes_the_teacher_forced_check() {
     let mut text = String::new();
     let mut i = 0;
-    while model().vocab().tokenize(&text, true).unwrap().len() < 1000 {
+    while model().vocab().tokenize(&text, AddBos::Yes).unwrap().len() < 1000 {
         text.push_str(&format!(
             "Entry {i}: the {} walked along the {} and counted {} stones. ",
             ["fox", "heron", "badger", "otter", "lynx"][i % 5],
@@ -162,7 +162,7 @@ fn a_shared_thousand_token_prefix_is_reused_and_passes_the_teacher_forced_check(
     assert!(prefix.len() >= 1000);
     let with = |question: &str| {
         let mut p = prefix.clone();
-        p.extend(model().vocab().tokenize(question, false).unwrap());
+        p.extend(model().vocab().tokenize(question, AddBos::No).unwrap());
         p
     };
     let a = with("\nQuestion: which animal walked first? Answer:");

@@ -4,7 +4,7 @@
 
 mod safe_api;
 
-use llama::{Batch, Context, Model, Pooling, Token};
+use llama::{Batch, Context, Logits, Model, Output, Pooling, Token};
 use safe_api::*;
 
 const PROMPTS: [&str; 3] = ["Hello world", "the quick brown fox jumps over the lazy dog", "你好 🦀 Rust"];
@@ -30,13 +30,13 @@ fn batched_equals_alone(kv_unified: bool) {
     let mut batch = Batch::new(64, 1);
     let mut last_index = Vec::new();
     for (seq, p) in prompts.iter().enumerate() {
-        batch.push_sequence(p, 0, seq as i32, true).unwrap();
+        batch.push_sequence(p, 0, seq as i32, Logits::Yes).unwrap();
         last_index.push(batch.len() as i32 - 1);
     }
     ctx.decode(&batch).unwrap();
     let mut next = Vec::new();
     for (seq, (first, toks, _)) in reference.iter().enumerate() {
-        let row = ctx.logits(last_index[seq]).unwrap();
+        let row = ctx.logits(Output::Index(last_index[seq] as usize)).unwrap();
         assert_same_logits(first, row, &format!("prompt {seq} (kv_unified {kv_unified})"));
         next.push(Token(argmax(row) as i32));
         assert_eq!(next[seq], toks[0]);
@@ -46,12 +46,12 @@ fn batched_equals_alone(kv_unified: bool) {
     for step in 0..STEPS {
         batch.clear();
         for seq in 0..3 {
-            batch.push(next[seq], pos[seq], &[seq as i32], true).unwrap();
+            batch.push(next[seq], pos[seq], &[seq as i32], Logits::Yes).unwrap();
             pos[seq] += 1;
         }
         ctx.decode(&batch).unwrap();
         for (seq, (_, toks, rows)) in reference.iter().enumerate() {
-            let row = ctx.logits(seq as i32).unwrap();
+            let row = ctx.logits(seq).unwrap();
             assert_same_logits(&rows[step], row, &format!("seq {seq} step {step} (kv_unified {kv_unified})"));
             next[seq] = Token(argmax(row) as i32);
             if step + 1 < STEPS {
@@ -139,7 +139,7 @@ fn a_context_shift_keeps_decoding_within_n_ctx() {
     assert_eq!(ctx.seq_pos_max(0).unwrap(), Some(n_ctx - 1));
     // The cache is full: one more token does not fit.
     let mut one = Batch::new(1, 1);
-    one.push(stream[n_ctx as usize], n_ctx, &[0], true).unwrap();
+    one.push(stream[n_ctx as usize], n_ctx, &[0], Logits::Yes).unwrap();
     assert!(matches!(ctx.decode(&one), Err(llama::Error::NoKvSlot)));
     assert_eq!(ctx.seq_pos_max(0).unwrap(), Some(n_ctx - 1), "a failed decode leaves the cache as it was");
 
@@ -157,14 +157,14 @@ fn a_context_shift_keeps_decoding_within_n_ctx() {
         assert_eq!(ctx.seq_pos_max(0).unwrap(), Some(n_past - 1), "round {round}");
         // The old next position no longer continues the sequence.
         one.clear();
-        one.push(stream[fed], n_past + n_discard, &[0], true).unwrap();
-        assert!(matches!(ctx.decode(&one), Err(llama::Error::BatchInvalid(_))));
+        one.push(stream[fed], n_past + n_discard, &[0], Logits::Yes).unwrap();
+        assert!(matches!(ctx.decode(&one), Err(llama::Error::InvalidBatch(_))));
         // Decode until the cache is full again, one token at a time.
         while n_past < n_ctx {
             one.clear();
-            one.push(stream[fed], n_past, &[0], true).unwrap();
+            one.push(stream[fed], n_past, &[0], Logits::Yes).unwrap();
             ctx.decode(&one).unwrap();
-            assert!(ctx.logits(-1).unwrap().iter().all(|x| x.is_finite()));
+            assert!(ctx.logits(Output::Last).unwrap().iter().all(|x| x.is_finite()));
             n_past += 1;
             fed += 1;
             let max = ctx.seq_pos_max(0).unwrap().unwrap();
@@ -257,9 +257,11 @@ fn pooled_embeddings_equal_the_mean_of_token_embeddings() {
 
     let mut per_token = model.new_context(&small_params().embeddings(true).pooling(Pooling::None)).unwrap();
     let mut rows_of = |p: &[Token]| {
-        per_token.clear_kv(false);
+        per_token.clear_kv();
         per_token.decode(&Batch::from_tokens(p, 0)).unwrap();
-        (0..p.len() as i32).map(|i| per_token.embeddings(i).unwrap().to_vec()).collect::<Vec<_>>()
+        (0..p.len() as i32)
+            .map(|i| per_token.embeddings(Output::Index(i as usize)).unwrap().to_vec())
+            .collect::<Vec<_>>()
     };
     let rows: Vec<Vec<Vec<f32>>> = prompts.iter().map(|p| rows_of(p)).collect();
 
@@ -284,11 +286,11 @@ fn pooled_embeddings_equal_the_mean_of_token_embeddings() {
         let mut ctx = model.new_context(&params.clone().kv_unified(true).n_ubatch(63)).unwrap();
         let mut batch = Batch::new(64, 1);
         for (seq, p) in prompts.iter().enumerate() {
-            batch.push_sequence(p, 0, seq as i32, false).unwrap();
+            batch.push_sequence(p, 0, seq as i32, Logits::No).unwrap();
         }
         let mut split = model.new_context(&params.clone().n_ubatch(63)).unwrap();
         let err = split.decode(&batch).unwrap_err();
-        assert!(matches!(err, llama::Error::BatchInvalid(ref m) if m.contains("kv_unified")), "{err:?}");
+        assert!(matches!(err, llama::Error::InvalidBatch(ref m) if m.contains("kv_unified")), "{err:?}");
         ctx.decode(&batch).unwrap();
         for (seq, want) in expected.iter().enumerate() {
             let got = ctx.sequence_embeddings(seq as i32).unwrap();
@@ -298,7 +300,7 @@ fn pooled_embeddings_equal_the_mean_of_token_embeddings() {
         }
         // With separate streams, one sequence per batch is right.
         for (seq, p) in prompts.iter().enumerate() {
-            split.clear_kv(false);
+            split.clear_kv();
             split.decode(&Batch::from_tokens(p, 0)).unwrap();
             close(&expected[seq], split.sequence_embeddings(0).unwrap(), &format!("{pooling:?} alone, {seq}"));
         }

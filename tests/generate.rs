@@ -5,7 +5,7 @@
 use std::ops::ControlFlow;
 
 use llama::generate::{FinishReason, GenerateOptions, Overflow, Session, StopMatcher, stop_holdback};
-use llama::{ContextParams, Error, Model, ModelParams, Sampler, Token};
+use llama::{ContextParams, Error, Logits, Model, ModelParams, Output, Sampler, Special, Token};
 use llama_suite::synthetic::{TINY_BOS_ID, TINY_VOCAB_SIZE, TinyModelSpec, tiny_llama_path};
 
 fn tiny_model() -> Model {
@@ -271,16 +271,16 @@ fn detokenize_run(model: &Model, prompt: &[Token], n: usize) -> Vec<u8> {
     let mut ctx = model.new_context(&params(512, 512)).unwrap();
     let mut sampler = Sampler::greedy();
     let mut batch = llama::Batch::new(512, 1);
-    batch.push_sequence(prompt, 0, 0, true).unwrap();
+    batch.push_sequence(prompt, 0, 0, Logits::Yes).unwrap();
     ctx.decode(&batch).unwrap();
     let mut bytes = Vec::new();
     let mut pos = prompt.len() as i32;
     for i in 0..n {
-        let token = sampler.sample(&mut ctx, -1).unwrap();
-        model.vocab().append_piece(token, false, &mut bytes).unwrap();
+        let token = sampler.sample(&mut ctx, Output::Last).unwrap();
+        model.vocab().append_piece(token, Special::Plain, &mut bytes).unwrap();
         if i + 1 < n {
             batch.clear();
-            batch.push(token, pos, &[0], true).unwrap();
+            batch.push(token, pos, &[0], Logits::Yes).unwrap();
             ctx.decode(&batch).unwrap();
             pos += 1;
         }
@@ -348,7 +348,7 @@ fn prefix_cache_decodes_only_the_new_tokens() {
     assert_eq!(cached_text, fresh_text);
 
     // A cache changed behind the session's back is noticed.
-    ctx.clear_kv(false);
+    ctx.clear_kv();
     let stats = run(&mut session, &mut ctx, &mut sampler, &first);
     assert_eq!(stats.prompt_evaluated, first.len());
 }

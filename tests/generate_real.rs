@@ -5,7 +5,9 @@
 use std::sync::OnceLock;
 
 use llama::generate::{FinishReason, GenerateOptions, Generation, Session};
-use llama::{Batch, Context, ContextParams, Error, Model, ModelParams, Sampler, Token};
+use llama::{
+    AddBos, Batch, Context, ContextParams, Error, Logits, Model, ModelParams, Output, Sampler, Special, Token,
+};
 use llama_suite::model_cache::model_path;
 
 fn model() -> &'static Model {
@@ -39,7 +41,7 @@ fn long_prompt(n: usize) -> Vec<Token> {
     let places = ["river", "forest", "meadow", "hill", "marsh", "valley"];
     let mut i = 0;
     loop {
-        let tokens = model().vocab().tokenize(&text, true).unwrap();
+        let tokens = model().vocab().tokenize(&text, AddBos::Yes).unwrap();
         if tokens.len() >= n {
             return tokens[..n].to_vec();
         }
@@ -59,7 +61,7 @@ fn long_prompt(n: usize) -> Vec<Token> {
 fn greedy_eiffel_tower_is_in_paris() {
     let mut ctx = context(512, 512);
     let mut sampler = Sampler::greedy();
-    let prompt = model().vocab().tokenize("The Eiffel Tower is located in the city of", true).unwrap();
+    let prompt = model().vocab().tokenize("The Eiffel Tower is located in the city of", AddBos::Yes).unwrap();
     let mut session = Session::new();
     let options = GenerateOptions::default().max_tokens(12);
     let mut generation = session.generate(&mut ctx, &mut sampler, &prompt, &options).unwrap();
@@ -102,9 +104,9 @@ fn prefix_cache_evaluates_only_what_follows_the_shared_prefix() {
     let vocab = model().vocab();
     let shared = long_prompt(1_000);
     let mut first = shared.clone();
-    first.extend(vocab.tokenize("Question: which animal walked past the river on day 3?", false).unwrap());
+    first.extend(vocab.tokenize("Question: which animal walked past the river on day 3?", AddBos::No).unwrap());
     let mut second = shared.clone();
-    second.extend(vocab.tokenize("Summary of the story in one sentence:", false).unwrap());
+    second.extend(vocab.tokenize("Summary of the story in one sentence:", AddBos::No).unwrap());
     assert_ne!(first[1_000], second[1_000], "the prompts share exactly 1,000 tokens");
     let options = GenerateOptions::default().max_tokens(4).stop_at_eog(false);
     let mut session = Session::new();
@@ -143,7 +145,7 @@ fn prefix_cache_evaluates_only_what_follows_the_shared_prefix() {
 fn stop_string_spanning_tokens_is_not_emitted() {
     let mut ctx = context(512, 512);
     let mut sampler = Sampler::greedy();
-    let prompt = model().vocab().tokenize("Here is a short story about a lighthouse keeper:", true).unwrap();
+    let prompt = model().vocab().tokenize("Here is a short story about a lighthouse keeper:", AddBos::Yes).unwrap();
     let mut session = Session::new();
     let plain = GenerateOptions::default().max_tokens(40).stop_at_eog(false);
     let mut generation = session.generate(&mut ctx, &mut sampler, &prompt, &plain).unwrap();
@@ -182,7 +184,7 @@ fn stop_string_spanning_tokens_is_not_emitted() {
 fn chinese_and_emoji_stream_as_valid_utf8() {
     let model = model();
     let vocab = model.vocab();
-    let prompt = vocab.tokenize("中文问答。\n问：你最喜欢的水果是什么？🍎🍌😀\n答：", true).unwrap();
+    let prompt = vocab.tokenize("中文问答。\n问：你最喜欢的水果是什么？🍎🍌😀\n答：", AddBos::Yes).unwrap();
     let max = 48;
 
     // Oracle: a plain greedy loop, its bytes detokenized at the end.
@@ -191,18 +193,18 @@ fn chinese_and_emoji_stream_as_valid_utf8() {
     ctx.decode(&Batch::from_tokens(&prompt, 0)).unwrap();
     let mut tokens = Vec::new();
     for i in 0..max {
-        let token = sampler.sample(&mut ctx, -1).unwrap();
+        let token = sampler.sample(&mut ctx, Output::Last).unwrap();
         if vocab.is_eog(token) {
             break;
         }
         tokens.push(token);
         let mut batch = Batch::new(1, 1);
-        batch.push(token, (prompt.len() + i) as i32, &[0], true).unwrap();
+        batch.push(token, (prompt.len() + i) as i32, &[0], Logits::Yes).unwrap();
         ctx.decode(&batch).unwrap();
     }
-    let expected = vocab.detokenize(&tokens, false, false).unwrap();
+    let expected = vocab.detokenize(&tokens, AddBos::No, Special::Plain).unwrap();
 
-    ctx.clear_kv(false);
+    ctx.clear_kv();
     let mut session = Session::new();
     let options = GenerateOptions::default().max_tokens(max);
     let mut generation = session.generate(&mut ctx, &mut sampler, &prompt, &options).unwrap();

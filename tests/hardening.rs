@@ -4,13 +4,16 @@
 
 mod safe_api;
 
-use llama::{Batch, Candidates, CustomSampler, Error, MetadataValue, Model, ModelParams, SamplerChain, Token};
+use llama::{
+    AddBos, Batch, Candidates, CustomSampler, Error, Logits, MetadataValue, Model, ModelParams, Output, SamplerChain,
+    Special, Token,
+};
 use safe_api::{isolated, layout, real_model, small_params, tiny_model, tiny_path};
 
 /// A context of `model` that decoded "Hello world": its last row has logits.
 fn hello_world_context(model: &Model) -> llama::Context<'_> {
     let mut ctx = model.new_context(&small_params()).unwrap();
-    let tokens = model.vocab().tokenize("Hello world", true).unwrap();
+    let tokens = model.vocab().tokenize("Hello world", AddBos::Yes).unwrap();
     ctx.decode(&Batch::from_tokens(&tokens, 0)).unwrap();
     ctx
 }
@@ -48,13 +51,13 @@ fn a_sampler_that_removes_every_candidate_is_an_error() {
         let mut ctx = hello_world_context(&model);
         // top_p would run softmax on zero candidates: GGML_ASSERT in llama.cpp.
         let mut sampler = SamplerChain::new().custom(BanAll).top_p(0.9, 1).dist(1).build().unwrap();
-        assert!(matches!(sampler.sample(&mut ctx, -1), Err(Error::NoCandidates)));
+        assert!(matches!(sampler.sample(&mut ctx, Output::Last), Err(Error::NoCandidates)));
         let mut sampler = SamplerChain::new().custom(BanAll).greedy().build().unwrap();
-        assert!(matches!(sampler.sample(&mut ctx, -1), Err(Error::NoCandidates)));
+        assert!(matches!(sampler.sample(&mut ctx, Output::Last), Err(Error::NoCandidates)));
         // The context still works.
-        let best = safe_api::argmax(ctx.logits(-1).unwrap()) as i32;
+        let best = safe_api::argmax(ctx.logits(Output::Last).unwrap()) as i32;
         let mut greedy = llama::Sampler::greedy();
-        assert_eq!(greedy.sample(&mut ctx, -1).unwrap(), Token(best));
+        assert_eq!(greedy.sample(&mut ctx, Output::Last).unwrap(), Token(best));
     });
 }
 
@@ -63,14 +66,14 @@ fn a_false_sorted_claim_is_refused() {
     isolated(|| {
         let model = tiny_model();
         let mut ctx = model.new_context(&small_params()).unwrap();
-        let tokens = model.vocab().tokenize("Hello world", true).unwrap();
+        let tokens = model.vocab().tokenize("Hello world", AddBos::Yes).unwrap();
         ctx.decode(&Batch::from_tokens(&tokens, 0)).unwrap();
         let claim = std::sync::Arc::new(std::sync::Mutex::new(None));
         let lying = LyingSort { accepted_claim: claim.clone() };
         let mut sampler = SamplerChain::new().custom(lying).top_k(5).greedy().build().unwrap();
         // top_k trusts `sorted` and would keep the five *worst* tokens.
-        let token = sampler.sample(&mut ctx, -1).unwrap();
-        let row = ctx.logits(-1).unwrap();
+        let token = sampler.sample(&mut ctx, Output::Last).unwrap();
+        let row = ctx.logits(Output::Last).unwrap();
         let best = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
         assert_eq!(row[token.0 as usize], best, "the chain kept the worst tokens");
         assert_eq!(*claim.lock().unwrap(), Some(false), "set_sorted accepted a false claim");
@@ -102,23 +105,21 @@ fn a_sampler_after_the_grammar_cannot_force_a_forbidden_end() {
         let mut ctx = hello_world_context(&model);
         let mut sampler = SamplerChain::new()
             .grammar(model.vocab(), r#"root ::= "ab""#, "root")
-            .unwrap()
             .custom(ForceEos)
             .greedy()
             .build()
             .unwrap();
-        assert!(matches!(sampler.sample(&mut ctx, -1), Err(Error::Grammar(_))));
+        assert!(matches!(sampler.sample(&mut ctx, Output::Last), Err(Error::Grammar(_))));
         // temp(inf) turns masked logits into NaN, which llama.cpp's greedy may pick.
         let mut sampler = SamplerChain::new()
             .grammar(model.vocab(), r#"root ::= "ab""#, "root")
-            .unwrap()
             .temp(f32::INFINITY)
             .greedy()
             .build()
             .unwrap();
         // Ok with a token the grammar allows (only "a" can start), or Err.
-        match sampler.sample(&mut ctx, -1) {
-            Ok(token) => assert_eq!(model.vocab().token_to_piece(token, false).unwrap(), b"a"),
+        match sampler.sample(&mut ctx, Output::Last) {
+            Ok(token) => assert_eq!(model.vocab().token_to_piece(token, Special::Plain).unwrap(), b"a"),
             Err(Error::Grammar(_)) => {}
             Err(other) => panic!("{other:?}"),
         }
@@ -130,17 +131,20 @@ fn mirostat_parameters_that_give_nan_are_refused() {
     isolated(|| {
         let model = tiny_model();
         let vocab = model.vocab();
-        assert!(matches!(SamplerChain::new().mirostat(vocab, 1, 5.0, 0.1, 1), Err(Error::InvalidArgument(_))));
-        assert!(matches!(SamplerChain::new().mirostat(vocab, 1, f32::NAN, 0.1, 100), Err(Error::InvalidArgument(_))));
+        assert!(matches!(SamplerChain::new().mirostat(vocab, 1, 5.0, 0.1, 1).build(), Err(Error::InvalidArgument(_))));
         assert!(matches!(
-            SamplerChain::new().mirostat(vocab, 1, 5.0, f32::INFINITY, 100),
+            SamplerChain::new().mirostat(vocab, 1, f32::NAN, 0.1, 100).build(),
+            Err(Error::InvalidArgument(_))
+        ));
+        assert!(matches!(
+            SamplerChain::new().mirostat(vocab, 1, 5.0, f32::INFINITY, 100).build(),
             Err(Error::InvalidArgument(_))
         ));
         let mut ctx = model.new_context(&small_params()).unwrap();
-        let tokens = vocab.tokenize("Hello world", true).unwrap();
+        let tokens = vocab.tokenize("Hello world", AddBos::Yes).unwrap();
         ctx.decode(&Batch::from_tokens(&tokens, 0)).unwrap();
-        let mut ok = SamplerChain::new().mirostat(vocab, 1, 5.0, 0.1, 100).unwrap().build().unwrap();
-        assert!(ok.sample(&mut ctx, -1).unwrap().0 < vocab.n_tokens() as i32);
+        let mut ok = SamplerChain::new().mirostat(vocab, 1, 5.0, 0.1, 100).build().unwrap();
+        assert!(ok.sample(&mut ctx, Output::Last).unwrap().0 < vocab.n_tokens() as i32);
     });
 }
 
@@ -153,14 +157,13 @@ fn huge_penalty_windows_are_capped_not_allocated() {
         let mut sampler = SamplerChain::new()
             .penalties(i32::MAX, 1.1, 0.0, 0.0)
             .dry(model.vocab(), 0.8, 1.75, 2, i32::MAX, &["\n"])
-            .unwrap()
             .greedy()
             .build()
             .unwrap();
         // Nothing accepted yet: the penalties change nothing and greedy picks
         // the row's best token.
-        let best = safe_api::argmax(ctx.logits(-1).unwrap()) as i32;
-        assert_eq!(sampler.sample(&mut ctx, -1).unwrap(), Token(best));
+        let best = safe_api::argmax(ctx.logits(Output::Last).unwrap()) as i32;
+        assert_eq!(sampler.sample(&mut ctx, Output::Last).unwrap(), Token(best));
     });
 }
 
@@ -174,15 +177,18 @@ fn a_model_without_a_tokenizer_cannot_tokenize_or_build_grammars() {
         };
         let model = Model::load(tiny_path(), &params).unwrap();
         let vocab = model.vocab();
-        assert!(matches!(vocab.tokenize("hi", false), Err(Error::InvalidArgument(_))));
-        assert!(matches!(vocab.tokenize_special("hi", true), Err(Error::InvalidArgument(_))));
-        assert!(matches!(vocab.token_to_piece(Token(3), false), Err(Error::InvalidArgument(_))));
-        assert!(matches!(SamplerChain::new().grammar(vocab, "root ::= <[3]>", "root"), Err(Error::InvalidArgument(_))));
+        assert!(matches!(vocab.tokenize("hi", AddBos::No), Err(Error::InvalidArgument(_))));
+        assert!(matches!(vocab.tokenize_special("hi", AddBos::Yes), Err(Error::InvalidArgument(_))));
+        assert!(matches!(vocab.token_to_piece(Token(3), Special::Plain), Err(Error::InvalidArgument(_))));
         assert!(matches!(
-            SamplerChain::new().grammar_lazy(vocab, "root ::= \"a\"", "root", &["x"], &[]),
+            SamplerChain::new().grammar(vocab, "root ::= <[3]>", "root").build(),
             Err(Error::InvalidArgument(_))
         ));
-        assert!(matches!(SamplerChain::new().infill(vocab), Err(Error::InvalidArgument(_))));
+        assert!(matches!(
+            SamplerChain::new().grammar_lazy(vocab, "root ::= \"a\"", "root", &["x"], &[]).build(),
+            Err(Error::InvalidArgument(_))
+        ));
+        assert!(matches!(SamplerChain::new().infill(vocab).build(), Err(Error::InvalidArgument(_))));
     });
 }
 
@@ -192,22 +198,22 @@ fn batches_take_memory_as_they_fill_and_reject_overflowing_positions() {
         // No up-front allocation: a huge capacity is only a limit.
         let mut batch = Batch::new(usize::MAX, 1);
         assert_eq!(batch.capacity(), i32::MAX as usize);
-        batch.push(Token(5), 0, &[0], true).unwrap();
+        batch.push(Token(5), 0, &[0], Logits::Yes).unwrap();
         assert_eq!(batch.len(), 1);
         let tokens = [Token(5), Token(6), Token(7)];
-        assert!(matches!(batch.push_sequence(&tokens, i32::MAX - 1, 0, true), Err(Error::InvalidArgument(_))));
+        assert!(matches!(batch.push_sequence(&tokens, i32::MAX - 1, 0, Logits::Yes), Err(Error::InvalidArgument(_))));
         assert_eq!(batch.len(), 1, "nothing was added");
-        batch.push_sequence(&tokens, i32::MAX - 2, 0, true).unwrap();
+        batch.push_sequence(&tokens, i32::MAX - 2, 0, Logits::Yes).unwrap();
         assert_eq!(batch.positions(), &[0, i32::MAX - 2, i32::MAX - 1, i32::MAX]);
         // Sequence ids survive the vectors growing.
         let mut multi = Batch::new(1000, 3);
         for i in 0..1000 {
-            multi.push(Token(i % 50), i, &[0, 1, 2][..(i as usize % 3) + 1], false).unwrap();
+            multi.push(Token(i % 50), i, &[0, 1, 2][..(i as usize % 3) + 1], Logits::from(false)).unwrap();
         }
         for i in 0..1000usize {
             assert_eq!(multi.seq_ids(i), &[0, 1, 2][..(i % 3) + 1]);
         }
-        assert!(matches!(multi.push(Token(1), 0, &[0], false), Err(Error::BatchFull { capacity: 1000 })));
+        assert!(matches!(multi.push(Token(1), 0, &[0], Logits::No), Err(Error::BatchFull { capacity: 1000 })));
     });
 }
 
@@ -250,12 +256,12 @@ fn saving_needs_readable_weights() {
         plain.save(&out).unwrap();
         let copy = Model::load(&out, &ModelParams::default()).unwrap();
         assert_eq!(copy.n_params(), repacked.n_params());
-        let tokens = repacked.vocab().tokenize("The capital of France is", true).unwrap();
+        let tokens = repacked.vocab().tokenize("The capital of France is", AddBos::Yes).unwrap();
         let mut rows = Vec::new();
         for model in [&repacked, &copy] {
             let mut ctx = model.new_context(&small_params().n_ctx(512).n_threads(2)).unwrap();
             ctx.decode(&Batch::from_tokens(&tokens, 0)).unwrap();
-            rows.push(ctx.logits(-1).unwrap().to_vec());
+            rows.push(ctx.logits(Output::Last).unwrap().to_vec());
         }
         // Repacked and plain kernels may round differently.
         let error = safe_api::nmse(&rows[0], &rows[1]);
@@ -308,7 +314,7 @@ fn accepting_an_id_outside_the_vocabulary_is_an_error() {
         let model = tiny_model();
         let vocab = model.vocab();
         let n_vocab = vocab.n_tokens() as i32;
-        let mut bound = SamplerChain::new().dry(vocab, 0.8, 1.75, 2, 64, &["\n"]).unwrap().dist(1).build().unwrap();
+        let mut bound = SamplerChain::new().dry(vocab, 0.8, 1.75, 2, 64, &["\n"]).dist(1).build().unwrap();
         let err = bound.accept(Token(n_vocab)).unwrap_err();
         assert!(
             matches!(err, Error::InvalidToken { token, n_vocab: n } if token == n_vocab && n == n_vocab),
@@ -327,20 +333,20 @@ fn a_custom_sampler_cannot_select_an_id_outside_the_vocabulary() {
         for bad in [-1, n_vocab, i32::MAX] {
             // Selected by the custom sampler itself...
             let mut own = SamplerChain::new().custom(SelectId(bad)).build().unwrap();
-            let err = own.sample(&mut ctx, -1).unwrap_err();
+            let err = own.sample(&mut ctx, Output::Last).unwrap_err();
             assert!(matches!(err, Error::InvalidToken { token, .. } if token == bad), "{bad}: {err:?}");
             // ...or written for a later selecting sampler to pick (adaptive-p's
             // accept would assert on -1).
             let mut later = SamplerChain::new().custom(WriteId(bad)).top_k(1).adaptive_p(0.5, 0.9, 1).build().unwrap();
-            let err = later.sample(&mut ctx, -1).unwrap_err();
+            let err = later.sample(&mut ctx, Output::Last).unwrap_err();
             assert!(matches!(err, Error::InvalidToken { token, .. } if token == bad), "{bad}: {err:?}");
             let mut dist = SamplerChain::new().custom(WriteId(bad)).dist(1).build().unwrap();
-            let err = dist.sample(&mut ctx, -1).unwrap_err();
+            let err = dist.sample(&mut ctx, Output::Last).unwrap_err();
             assert!(matches!(err, Error::InvalidToken { token, .. } if token == bad), "{bad}: {err:?}");
         }
         // A valid id goes through.
         let mut fine = SamplerChain::new().custom(SelectId(7)).build().unwrap();
-        assert_eq!(fine.sample(&mut ctx, -1).unwrap(), Token(7));
+        assert_eq!(fine.sample(&mut ctx, Output::Last).unwrap(), Token(7));
     });
 }
 
@@ -350,24 +356,23 @@ fn a_sampler_built_for_one_model_refuses_another_models_context() {
         let model_a = tiny_model();
         let model_b = tiny_model();
         let mut ctx_b = model_b.new_context(&small_params()).unwrap();
-        let tokens = model_b.vocab().tokenize("Hello world", true).unwrap();
+        let tokens = model_b.vocab().tokenize("Hello world", AddBos::Yes).unwrap();
         ctx_b.decode(&Batch::from_tokens(&tokens, 0)).unwrap();
         let mut grammar_a =
-            SamplerChain::new().grammar(model_a.vocab(), r#"root ::= "ab""#, "root").unwrap().greedy().build().unwrap();
-        assert!(matches!(grammar_a.sample(&mut ctx_b, -1), Err(Error::WrongModel(_))));
-        let mut bias_a =
-            SamplerChain::new().logit_bias(model_a.vocab(), &[(Token(3), 1.0)]).unwrap().greedy().build().unwrap();
-        assert!(matches!(bias_a.sample(&mut ctx_b, -1), Err(Error::WrongModel(_))));
+            SamplerChain::new().grammar(model_a.vocab(), r#"root ::= "ab""#, "root").greedy().build().unwrap();
+        assert!(matches!(grammar_a.sample(&mut ctx_b, Output::Last), Err(Error::WrongModel(_))));
+        let mut bias_a = SamplerChain::new().logit_bias(model_a.vocab(), &[(Token(3), 1.0)]).greedy().build().unwrap();
+        assert!(matches!(bias_a.sample(&mut ctx_b, Output::Last), Err(Error::WrongModel(_))));
         // A chain cannot mix two models' vocabularies either.
         let mixed =
-            SamplerChain::new().logit_bias(model_a.vocab(), &[]).unwrap().dry(model_b.vocab(), 0.8, 1.75, 2, 64, &[]);
+            SamplerChain::new().logit_bias(model_a.vocab(), &[]).dry(model_b.vocab(), 0.8, 1.75, 2, 64, &[]).build();
         assert!(matches!(mixed, Err(Error::WrongModel(_))));
         // The same chains work with their own model's contexts, and chains
         // without a vocabulary with any.
         let mut grammar_b =
-            SamplerChain::new().grammar(model_b.vocab(), r#"root ::= "ab""#, "root").unwrap().greedy().build().unwrap();
-        grammar_b.sample(&mut ctx_b, -1).unwrap();
-        llama::Sampler::greedy().sample(&mut ctx_b, -1).unwrap();
+            SamplerChain::new().grammar(model_b.vocab(), r#"root ::= "ab""#, "root").greedy().build().unwrap();
+        grammar_b.sample(&mut ctx_b, Output::Last).unwrap();
+        llama::Sampler::greedy().sample(&mut ctx_b, Output::Last).unwrap();
     });
 }
 
@@ -393,7 +398,7 @@ fn a_context_whose_decode_threw_refuses_to_run_again() {
     isolated(|| {
         let model = tiny_model();
         let mut ctx = model.new_context(&small_params()).unwrap();
-        let tokens = model.vocab().tokenize("Hello world", true).unwrap();
+        let tokens = model.vocab().tokenize("Hello world", AddBos::Yes).unwrap();
         let batch = Batch::from_tokens(&tokens, 0);
         // SAFETY: only sets a thread-local flag of the shim: the next guarded
         // call on this thread throws inside its try block.
@@ -416,8 +421,8 @@ fn a_session_does_not_trust_a_cache_changed_behind_its_back() {
         use llama::generate::{GenerateOptions, Session};
         let model = tiny_model();
         let vocab = model.vocab();
-        let prompt = vocab.tokenize("Hello world, the quick brown fox", true).unwrap();
-        let other = vocab.tokenize("Lorem ipsum dolor sit amet, consectetur", true).unwrap();
+        let prompt = vocab.tokenize("Hello world, the quick brown fox", AddBos::Yes).unwrap();
+        let other = vocab.tokenize("Lorem ipsum dolor sit amet, consectetur", AddBos::Yes).unwrap();
         assert!(other.len() >= prompt.len());
         let options = GenerateOptions::default().max_tokens(4);
         let run = |session: &mut Session, ctx: &mut llama::Context<'_>| {
@@ -440,7 +445,7 @@ fn a_session_does_not_trust_a_cache_changed_behind_its_back() {
         // Cleared and refilled, to the same length, with other tokens: the
         // session's record says the prompt is cached, but it is not.
         let cached = session.tokens().len();
-        ctx.clear_kv(false);
+        ctx.clear_kv();
         ctx.decode(&Batch::from_tokens(&other[..cached], 0)).unwrap();
         let (after_refill, evaluated) = run(&mut session, &mut ctx);
         assert_eq!(evaluated, prompt.len(), "the whole prompt is decoded again");
@@ -485,20 +490,22 @@ fn grammars_whose_repetitions_hang_llama_cpp_are_refused() {
         let model = tiny_model();
         let vocab = model.vocab();
         for gbnf in [r#"root ::= "a"{9,3}"#, r#"root ::= ("a" | [^a])++++++++++++++++"#, r#"root ::= "a"*?"#] {
-            let err = SamplerChain::new().grammar(vocab, gbnf, "root").unwrap_err();
+            let err = SamplerChain::new().grammar(vocab, gbnf, "root").greedy().build().unwrap_err();
             assert!(matches!(err, Error::Grammar(ref m) if m.contains("repetition")), "{gbnf}: {err:?}");
-            let err = SamplerChain::new().grammar_lazy(vocab, gbnf, "root", &[], &[Token(300)]).unwrap_err();
+            let err =
+                SamplerChain::new().grammar_lazy(vocab, gbnf, "root", &[], &[Token(300)]).greedy().build().unwrap_err();
             assert!(matches!(err, Error::Grammar(ref m) if m.contains("repetition")), "{gbnf}: {err:?}");
         }
         // A trigger pattern that repeats a repetition backtracks
         // exponentially in libstdc++'s matcher on every token.
         for pattern in [r"[\s\S]+*?(<tool>)", r"([\s\S]+)*?(<tool>)"] {
-            let err = SamplerChain::new().grammar_lazy(vocab, r#"root ::= "a""#, "root", &[pattern], &[]);
+            let err =
+                SamplerChain::new().grammar_lazy(vocab, r#"root ::= "a""#, "root", &[pattern], &[]).greedy().build();
             assert!(matches!(err, Err(Error::Grammar(ref m)) if m.contains("repeats a")), "{pattern}: {err:?}");
         }
         // The same repetitions written as llama.cpp handles them.
         for gbnf in [r#"root ::= "a"{3,9}"#, r#"root ::= ("a" | [^a])+"#, r#"root ::= "a"*"#] {
-            SamplerChain::new().grammar(vocab, gbnf, "root").unwrap().greedy().build().unwrap();
+            SamplerChain::new().grammar(vocab, gbnf, "root").greedy().build().unwrap();
         }
     });
 }

@@ -11,7 +11,7 @@
 use std::sync::OnceLock;
 
 use llama::json_schema::{json_grammar, schema_to_grammar};
-use llama::{Error, Model, ModelParams, SamplerChain, Vocab};
+use llama::{AddBos, Error, Model, ModelParams, SamplerChain, Special, Vocab};
 use llama_suite::model_cache::model_path;
 use proptest::prelude::*;
 use serde_json::{Value, json};
@@ -33,9 +33,9 @@ fn vocab() -> &'static Vocab {
 /// token is.
 fn accepts(gbnf: &str, text: &str) -> bool {
     let vocab = vocab();
-    let mut sampler = SamplerChain::new().grammar(vocab, gbnf, "root").unwrap().greedy().build().unwrap();
-    let tokens = vocab.tokenize(text, false).unwrap();
-    assert_eq!(vocab.detokenize(&tokens, false, false).unwrap(), text, "tokenization round trip");
+    let mut sampler = SamplerChain::new().grammar(vocab, gbnf, "root").greedy().build().unwrap();
+    let tokens = vocab.tokenize(text, AddBos::No).unwrap();
+    assert_eq!(vocab.detokenize(&tokens, AddBos::No, Special::Plain).unwrap(), text, "tokenization round trip");
     for &t in &tokens {
         match sampler.accept(t) {
             Ok(()) => {}
@@ -610,7 +610,7 @@ proptest! {
     fn random_schemas_convert_or_fail_cleanly(schema in root_schema()) {
         match schema_to_grammar(&schema) {
             Ok(gbnf) => {
-                let built = SamplerChain::new().grammar(vocab(), &gbnf, "root");
+                let built = SamplerChain::new().grammar(vocab(), &gbnf, "root").greedy().build();
                 prop_assert!(built.is_ok(), "{}: {:?}\n{}", schema, built.err(), gbnf);
                 // Soundness: what the grammar accepts, the schema accepts
                 // (checked where the schema is valid against the meta-schema:

@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use llama::generate::{FinishReason, GenerateOptions, Session};
 use llama::json_schema::{json_grammar, schema_to_grammar};
-use llama::{ContextParams, Model, ModelParams, Sampler, SamplerChain};
+use llama::{AddBos, ContextParams, Model, ModelParams, Sampler, SamplerChain};
 use llama_suite::model_cache::model_path;
 use serde_json::{Value, json};
 
@@ -25,7 +25,7 @@ fn model() -> &'static Model {
 /// Greedy generation behind `gbnf` (the default chain checks each pick
 /// against the grammar before masking the vocabulary with it).
 fn grammar_sampler(gbnf: &str) -> Sampler<'static> {
-    SamplerChain::new().grammar(model().vocab(), gbnf, "root").unwrap().greedy().build().unwrap()
+    SamplerChain::new().grammar(model().vocab(), gbnf, "root").greedy().build().unwrap()
 }
 
 /// At most this many tokens per document.
@@ -131,7 +131,7 @@ fn constrained_generation_always_validates() {
         let gbnf = schema_to_grammar(schema).unwrap_or_else(|e| panic!("schema {i}: {e}"));
         let validator = jsonschema::options().should_validate_formats(true).build(schema).unwrap();
         let mut sampler = grammar_sampler(&gbnf);
-        let tokens = vocab.tokenize(prompt, true).unwrap();
+        let tokens = vocab.tokenize(prompt, AddBos::Yes).unwrap();
         let mut session = Session::new();
         session.clear(&mut ctx).unwrap();
         let options = GenerateOptions::default().max_tokens(MAX_TOKENS);
@@ -175,7 +175,7 @@ fn json_object_mode_yields_an_object() {
     let vocab = model.vocab();
     let mut ctx = model.new_context(&ContextParams::default().n_ctx(512)).unwrap();
     let mut sampler = grammar_sampler(json_grammar());
-    let tokens = vocab.tokenize("{\"ok\": true}\n{\"ok\": false}\n{\"ok\": true}\n", true).unwrap();
+    let tokens = vocab.tokenize("{\"ok\": true}\n{\"ok\": false}\n{\"ok\": true}\n", AddBos::Yes).unwrap();
     let mut session = Session::new();
     let options = GenerateOptions::default().max_tokens(MAX_TOKENS);
     let mut generation = session.generate(&mut ctx, &mut sampler, &tokens, &options).unwrap();

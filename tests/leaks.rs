@@ -31,7 +31,7 @@
 
 use std::sync::Mutex;
 
-use llama::{Batch, ContextParams, Model, ModelParams};
+use llama::{AddBos, Batch, ContextParams, Model, ModelParams, Output};
 use llama_suite::synthetic::{TinyModelSpec, tiny_llama_path};
 
 /// Cycles run before the first measurement.
@@ -99,13 +99,13 @@ fn context_create_and_drop_keeps_rss_flat() {
     let path = tiny_llama_path(&TinyModelSpec::default()).expect("write the tiny model");
     let model = Model::load(&path, &ModelParams::default()).expect("load the tiny model");
     let params = ContextParams::default().n_ctx(256).n_batch(32).n_ubatch(32).n_threads(1).n_threads_batch(1);
-    let batch = Batch::from_tokens(&model.vocab().tokenize("Hello", true).expect("tokenize"), 0);
+    let batch = Batch::from_tokens(&model.vocab().tokenize("Hello", AddBos::Yes).expect("tokenize"), 0);
     assert_flat_rss("context create/decode/drop", || {
         let mut ctx = model.new_context(&params).expect("create a context");
         // One decode, so that what the first pass allocates (output
         // buffers, the scheduler's graph) is freed with the context too.
         ctx.decode(&batch).expect("decode");
-        assert!(ctx.logits(-1).is_ok());
+        assert!(ctx.logits(Output::Last).is_ok());
         drop(ctx);
     });
 }
@@ -121,8 +121,9 @@ fn an_invalid_lazy_grammar_trigger_leaks_nothing() {
     let model = Model::load(&path, &ModelParams { vocab_only: true, ..ModelParams::default() }).expect("load");
     assert_flat_rss("invalid lazy-grammar trigger pattern", || {
         for _ in 0..100 {
-            let r =
-                llama::SamplerChain::new().grammar_lazy(model.vocab(), "root ::= \"a\"", "root", &["(unclosed"], &[]);
+            let r = llama::SamplerChain::new()
+                .grammar_lazy(model.vocab(), "root ::= \"a\"", "root", &["(unclosed"], &[])
+                .build();
             assert!(matches!(r, Err(llama::Error::Grammar(_))), "{r:?}");
         }
     });

@@ -2,17 +2,17 @@
 
 mod safe_api;
 
-use llama::{Batch, Context, Error, Model, ModelParams};
+use llama::{AddBos, Batch, Context, Error, Model, ModelParams, Output};
 use llama_suite::synthetic::{
     TinyModelSpec, write_tiny_llama_lora_merged, write_tiny_lora, write_tiny_lora_with_alpha,
 };
 use safe_api::{argmax, nmse, other_tiny_model, small_params, tiny_model};
 
 fn last_logits(ctx: &mut Context<'_>, model: &Model) -> Vec<f32> {
-    let tokens = model.vocab().tokenize("Hello world, the quick brown fox", true).unwrap();
-    ctx.clear_kv(false);
+    let tokens = model.vocab().tokenize("Hello world, the quick brown fox", AddBos::Yes).unwrap();
+    ctx.clear_kv();
     ctx.decode(&Batch::from_tokens(&tokens, 0)).unwrap();
-    ctx.logits(-1).unwrap().to_vec()
+    ctx.logits(Output::Last).unwrap().to_vec()
 }
 
 #[test]

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use std::path::Path;
 
-use llama::{Batch, Model, ModelParams};
+use llama::{AddBos, Batch, Model, ModelParams};
 use llama_suite::synthetic::{TinyModelSpec, tiny_llama_path, write_tiny_lora};
 
 /// How long the paused creation waits for the load: far longer than a
@@ -117,7 +117,7 @@ fn adapter_loads_wait_for_context_creation_and_re_reserving_decodes() {
     let adapter = model.load_lora(&lora).unwrap();
     let mut ctx = model.new_context(&params).unwrap();
     ctx.set_lora_adapters(&[(&adapter, 1.0)]).unwrap();
-    let tokens = model.vocab().tokenize("Hello", true).unwrap();
+    let tokens = model.vocab().tokenize("Hello", AddBos::Yes).unwrap();
     let overlapped = load_overlaps(&model, &lora, "reserving", || {
         ctx.decode(&Batch::from_tokens(&tokens, 0)).unwrap();
     });

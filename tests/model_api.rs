@@ -7,8 +7,8 @@ mod safe_api;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use llama::{
-    ChatFormat, ChatMessage, Detokenizer, DeviceKind, Error, MetadataValue, Model, ModelParams, Token, TokenAttrs,
-    apply_chat_template, builtin_chat_templates,
+    AddBos, ChatFormat, ChatMessage, Detokenizer, DeviceKind, Error, MetadataValue, Model, ModelParams, Special, Token,
+    TokenAttrs, apply_chat_template, builtin_chat_templates,
 };
 use llama_suite::synthetic::{
     TINY_BOS_ID, TINY_CONTROL_TOKEN, TINY_CONTROL_TOKEN_ID, TINY_EOS_ID, TINY_FIRST_BYTE_ID, TINY_UNK_ID,
@@ -131,7 +131,7 @@ fn metadata_overrides_change_the_loaded_model() {
     // llama.cpp uses them ...
     assert_eq!(model.n_ctx_train(), 4096);
     assert!(!model.vocab().adds_bos());
-    assert_ne!(model.vocab().tokenize("Hello", true).unwrap()[0], Token(TINY_BOS_ID));
+    assert_ne!(model.vocab().tokenize("Hello", AddBos::Yes).unwrap()[0], Token(TINY_BOS_ID));
     // ... and metadata() reports them.
     assert_eq!(model.metadata("llama.context_length").as_deref(), Some("4096"));
     assert_eq!(model.metadata("tokenizer.ggml.add_bos_token").as_deref(), Some("false"));
@@ -231,21 +231,21 @@ fn control_tokens_are_parsed_only_on_request() {
     let model = tiny_model();
     let vocab = model.vocab();
     let text = format!("a{TINY_CONTROL_TOKEN}b");
-    let plain = vocab.tokenize(&text, false).unwrap();
+    let plain = vocab.tokenize(&text, AddBos::No).unwrap();
     assert!(!plain.contains(&Token(TINY_CONTROL_TOKEN_ID)), "{plain:?}");
-    assert_eq!(vocab.detokenize(&plain, false, false).unwrap(), text);
-    let special = vocab.tokenize_special(&text, false).unwrap();
+    assert_eq!(vocab.detokenize(&plain, AddBos::No, Special::Plain).unwrap(), text);
+    let special = vocab.tokenize_special(&text, AddBos::No).unwrap();
     assert!(special.contains(&Token(TINY_CONTROL_TOKEN_ID)), "{special:?}");
     // SentencePiece puts its space prefix on the text after a special token.
-    assert_eq!(vocab.detokenize(&special, false, false).unwrap(), "a b");
-    assert_eq!(vocab.detokenize(&special, false, true).unwrap(), format!("a{TINY_CONTROL_TOKEN} b"));
-    assert_eq!(vocab.tokenize_special(TINY_CONTROL_TOKEN, false).unwrap(), [Token(TINY_CONTROL_TOKEN_ID)]);
+    assert_eq!(vocab.detokenize(&special, AddBos::No, Special::Plain).unwrap(), "a b");
+    assert_eq!(vocab.detokenize(&special, AddBos::No, Special::Markup).unwrap(), format!("a{TINY_CONTROL_TOKEN} b"));
+    assert_eq!(vocab.tokenize_special(TINY_CONTROL_TOKEN, AddBos::No).unwrap(), [Token(TINY_CONTROL_TOKEN_ID)]);
 
     // The vocabulary's own facts.
     assert_eq!(vocab.n_tokens(), TINY_VOCAB_SIZE);
     assert_eq!((vocab.bos(), vocab.eos()), (Some(Token(TINY_BOS_ID)), Some(Token(TINY_EOS_ID))));
     assert!(vocab.adds_bos() && !vocab.adds_eos());
-    assert_eq!(vocab.tokenize("Hello", true).unwrap()[0], Token(TINY_BOS_ID));
+    assert_eq!(vocab.tokenize("Hello", AddBos::Yes).unwrap()[0], Token(TINY_BOS_ID));
     assert!(vocab.is_eog(Token(TINY_EOS_ID)) && !vocab.is_eog(Token(300)));
     let ctrl = Token(TINY_CONTROL_TOKEN_ID);
     assert!(vocab.is_control(ctrl) && vocab.attrs(ctrl).unwrap().contains(TokenAttrs::CONTROL));
@@ -254,12 +254,12 @@ fn control_tokens_are_parsed_only_on_request() {
     assert_eq!(vocab.text(Token(TINY_FIRST_BYTE_ID + 0x0a)).unwrap(), "<0x0A>");
     assert!(vocab.attrs(Token(TINY_UNK_ID)).unwrap().contains(TokenAttrs::UNKNOWN));
     assert!(vocab.score(Token(400)).unwrap() > vocab.score(Token(600)).unwrap(), "scores fall with the id");
-    assert_eq!(vocab.token_to_piece(Token(TINY_BOS_ID), false).unwrap(), b"");
-    assert_eq!(vocab.token_to_piece(Token(TINY_BOS_ID), true).unwrap(), b"<s>");
+    assert_eq!(vocab.token_to_piece(Token(TINY_BOS_ID), Special::Plain).unwrap(), b"");
+    assert_eq!(vocab.token_to_piece(Token(TINY_BOS_ID), Special::Markup).unwrap(), b"<s>");
     let mut reused = Vec::with_capacity(64);
-    vocab.tokenize_into("Hello world", false, false, &mut reused).unwrap();
+    vocab.tokenize_into("Hello world", AddBos::No, Special::Plain, &mut reused).unwrap();
     assert_eq!(reused.len(), 2);
-    assert!(vocab.tokenize("", false).unwrap().is_empty());
+    assert!(vocab.tokenize("", AddBos::No).unwrap().is_empty());
 }
 
 #[test]
@@ -268,9 +268,9 @@ fn the_detokenizer_never_splits_a_character() {
     let vocab = model.vocab();
     for text in ["你好，世界！", "🦀🎉 emoji 👩‍👩‍👧", "Ünïcödé ñ €100 — ½ 𝄞", "mixed 日本語 and ascii", "a\nb\tc"]
     {
-        let toks = vocab.tokenize(text, false).unwrap();
+        let toks = vocab.tokenize(text, AddBos::No).unwrap();
         assert!(toks.len() > text.chars().count() / 2, "byte fallback gives many tokens for {text:?}");
-        let mut d = Detokenizer::new(vocab, false);
+        let mut d = Detokenizer::new(vocab, Special::Plain);
         let mut streamed = String::new();
         let mut held_back = 0;
         for &t in &toks {
@@ -290,7 +290,7 @@ fn the_detokenizer_never_splits_a_character() {
         }
     }
     // Invalid UTF-8 becomes U+FFFD once, and the stream goes on.
-    let mut d = Detokenizer::new(vocab, false);
+    let mut d = Detokenizer::new(vocab, Special::Plain);
     let mut out = String::new();
     d.push(Token(TINY_FIRST_BYTE_ID + 0xe4), &mut out).unwrap(); // starts a 3-byte character
     assert_eq!(out, "");
@@ -345,9 +345,9 @@ fn gemma_chat_formatting() {
     assert!(out.contains("<start_of_turn>user\nWhat is 2+2?<end_of_turn>"), "{out:?}");
     // Its control tokens are parsed from the trusted template, not from user text.
     let vocab = model.vocab();
-    let special = vocab.tokenize_special(&out, true).unwrap();
-    let plain = vocab.tokenize(&out, true).unwrap();
-    let start = vocab.tokenize_special("<start_of_turn>", false).unwrap();
+    let special = vocab.tokenize_special(&out, AddBos::Yes).unwrap();
+    let plain = vocab.tokenize(&out, AddBos::Yes).unwrap();
+    let start = vocab.tokenize_special("<start_of_turn>", AddBos::No).unwrap();
     assert_eq!(start.len(), 1);
     assert!(vocab.is_control(start[0]));
     assert_eq!(special.iter().filter(|&&t| t == start[0]).count(), 2);

@@ -14,7 +14,8 @@ use std::io::{Seek, SeekFrom, Write};
 use std::path::Path;
 
 use llama::{
-    Batch, ContextParams, Detokenizer, Error, MetadataValue, Model, ModelParams, Pooling, Sampler, SamplerChain, Token,
+    AddBos, Batch, ContextParams, Detokenizer, Error, Logits, MetadataValue, Model, ModelParams, Output, Pooling,
+    Sampler, SamplerChain, Special, Token,
 };
 use llama_suite::synthetic::{TINY_BOS_ID, TINY_EOS_ID, TINY_VOCAB_SIZE};
 use safe_api::*;
@@ -32,26 +33,26 @@ fn oversized_and_empty_batches_are_rejected() {
         assert_eq!(ctx.n_batch(), 16);
         let toks: Vec<Token> = (0..17).map(|i| Token(300 + i)).collect();
         let err = ctx.decode(&Batch::from_tokens(&toks, 0)).unwrap_err();
-        assert!(matches!(err, Error::BatchInvalid(ref m) if m.contains("n_batch")), "{err:?}");
+        assert!(matches!(err, Error::InvalidBatch(ref m) if m.contains("n_batch")), "{err:?}");
         let err = ctx.decode(&Batch::new(4, 1)).unwrap_err();
-        assert!(matches!(err, Error::BatchInvalid(ref m) if m.contains("empty")), "{err:?}");
+        assert!(matches!(err, Error::InvalidBatch(ref m) if m.contains("empty")), "{err:?}");
         assert_eq!(ctx.seq_pos_max(0).unwrap(), None, "a rejected batch must not reach the cache");
 
         // Exactly n_batch is fine, and the context is unharmed.
         ctx.decode(&Batch::from_tokens(&toks[..16], 0)).unwrap();
         assert_eq!(ctx.seq_pos_max(0).unwrap(), Some(15));
-        assert_eq!(ctx.logits(-1).unwrap().len(), TINY_VOCAB_SIZE);
+        assert_eq!(ctx.logits(Output::Last).unwrap().len(), TINY_VOCAB_SIZE);
 
         // A batch refuses to grow past its capacity.
         let mut batch = Batch::new(2, 1);
-        batch.push(Token(5), 0, &[0], false).unwrap();
-        batch.push(Token(5), 1, &[0], false).unwrap();
-        assert!(matches!(batch.push(Token(5), 2, &[0], false), Err(Error::BatchFull { capacity: 2 })));
-        assert!(matches!(batch.push_sequence(&[Token(1)], 2, 0, true), Err(Error::BatchFull { .. })));
-        assert!(matches!(Batch::new(4, 1).push(Token(5), 0, &[], true), Err(Error::InvalidArgument(_))));
-        assert!(matches!(Batch::new(4, 1).push(Token(5), 0, &[0, 1], true), Err(Error::InvalidArgument(_))));
+        batch.push(Token(5), 0, &[0], Logits::No).unwrap();
+        batch.push(Token(5), 1, &[0], Logits::No).unwrap();
+        assert!(matches!(batch.push(Token(5), 2, &[0], Logits::No), Err(Error::BatchFull { capacity: 2 })));
+        assert!(matches!(batch.push_sequence(&[Token(1)], 2, 0, Logits::Yes), Err(Error::BatchFull { .. })));
+        assert!(matches!(Batch::new(4, 1).push(Token(5), 0, &[], Logits::Yes), Err(Error::InvalidArgument(_))));
+        assert!(matches!(Batch::new(4, 1).push(Token(5), 0, &[0, 1], Logits::Yes), Err(Error::InvalidArgument(_))));
         assert!(
-            matches!(Batch::new(4, 1).set_logits(0, true), Err(Error::InvalidArgument(ref m)) if m.contains("out of"))
+            matches!(Batch::new(4, 1).set_logits(0, Logits::Yes), Err(Error::InvalidArgument(ref m)) if m.contains("out of"))
         );
     });
 }
@@ -63,25 +64,25 @@ fn bad_positions_are_rejected() {
         let mut ctx = model.new_context(&small_params()).unwrap();
         for pos in [-1, -5, i32::MIN, i32::MAX] {
             let mut b = Batch::new(1, 1);
-            b.push(Token(300), pos, &[0], true).unwrap();
+            b.push(Token(300), pos, &[0], Logits::Yes).unwrap();
             let err = ctx.decode(&b).unwrap_err();
-            assert!(matches!(err, Error::BatchInvalid(ref m) if m.contains("position")), "{pos}: {err:?}");
+            assert!(matches!(err, Error::InvalidBatch(ref m) if m.contains("position")), "{pos}: {err:?}");
         }
         ctx.decode(&Batch::from_tokens(&[Token(1), Token(300)], 0)).unwrap();
         // Not continuing the sequence, or a gap inside the batch.
         let mut b = Batch::new(2, 1);
-        b.push(Token(300), 5, &[0], true).unwrap();
-        assert!(matches!(ctx.decode(&b), Err(Error::BatchInvalid(_))));
+        b.push(Token(300), 5, &[0], Logits::Yes).unwrap();
+        assert!(matches!(ctx.decode(&b), Err(Error::InvalidBatch(_))));
         let mut b = Batch::new(2, 1);
-        b.push(Token(300), 2, &[0], false).unwrap();
-        b.push(Token(300), 4, &[0], true).unwrap();
-        assert!(matches!(ctx.decode(&b), Err(Error::BatchInvalid(_))));
+        b.push(Token(300), 2, &[0], Logits::No).unwrap();
+        b.push(Token(300), 4, &[0], Logits::Yes).unwrap();
+        assert!(matches!(ctx.decode(&b), Err(Error::InvalidBatch(_))));
         assert_eq!(ctx.seq_pos_max(0).unwrap(), Some(1));
         // A far position of a fresh sequence is accepted, but a shift that
         // would overflow i32 in llama.cpp is not.
-        ctx.clear_kv(false);
+        ctx.clear_kv();
         let mut b = Batch::new(1, 1);
-        b.push(Token(300), 1 << 30, &[0], true).unwrap();
+        b.push(Token(300), 1 << 30, &[0], Logits::Yes).unwrap();
         ctx.decode(&b).unwrap();
         let err = ctx.seq_add(0, None, None, i32::MAX).unwrap_err();
         assert!(matches!(err, Error::InvalidArgument(_)), "{err:?}");
@@ -110,14 +111,14 @@ fn bad_sequence_ids_are_rejected_by_every_operation() {
                 other => panic!("{op}({seq}): {other:?}"),
             };
             let mut b = Batch::new(1, 1);
-            b.push(Token(300), 0, &[seq], true).unwrap();
+            b.push(Token(300), 0, &[seq], Logits::Yes).unwrap();
             bad(ctx.decode(&b), "decode");
             let mut b = Batch::new(1, 2);
-            b.push(Token(300), 0, &[0, seq], true).unwrap();
+            b.push(Token(300), 0, &[0, seq], Logits::Yes).unwrap();
             // Without kv_unified, two sequences per token is refused first;
             // with it, the bad id.
             let r = ctx.decode(&b);
-            assert!(matches!(r, Err(Error::BatchInvalid(ref m)) if m.contains("kv_unified")), "{seq}: {r:?}");
+            assert!(matches!(r, Err(Error::InvalidBatch(ref m)) if m.contains("kv_unified")), "{seq}: {r:?}");
             bad(unified.decode(&b), "decode with a second, bad sequence (kv_unified)");
             bad(ctx.seq_rm(Some(seq), None, None).map(drop), "seq_rm");
             bad(ctx.seq_cp(seq, 0, None, None), "seq_cp src");
@@ -139,7 +140,7 @@ fn bad_sequence_ids_are_rejected_by_every_operation() {
         assert_eq!(ctx.seq_pos_max(0).unwrap(), Some(prompt.len() as i32 - 1));
         assert_eq!(ctx.seq_pos_max(1).unwrap(), None);
         let mut b = Batch::new(1, 1);
-        b.push(Token(300), prompt.len() as i32, &[0], true).unwrap();
+        b.push(Token(300), prompt.len() as i32, &[0], Logits::Yes).unwrap();
         ctx.decode(&b).unwrap();
     });
 }
@@ -159,21 +160,21 @@ fn bad_token_ids_are_rejected_by_every_operation() {
                 other => panic!("{op}({bad}): {other:?}"),
             };
             is_bad(ctx.decode(&Batch::from_tokens(&[Token(1), t], 0)), "decode");
-            is_bad(vocab.token_to_piece(t, false).map(drop), "token_to_piece");
-            is_bad(vocab.token_to_piece(t, true).map(drop), "token_to_piece special");
+            is_bad(vocab.token_to_piece(t, Special::Plain).map(drop), "token_to_piece");
+            is_bad(vocab.token_to_piece(t, Special::Markup).map(drop), "token_to_piece special");
             let mut out = b"kept".to_vec();
-            is_bad(vocab.append_piece(t, false, &mut out), "append_piece");
+            is_bad(vocab.append_piece(t, Special::Plain, &mut out), "append_piece");
             assert_eq!(out, b"kept");
             is_bad(vocab.text(t).map(drop), "text");
             is_bad(vocab.score(t).map(drop), "score");
             is_bad(vocab.attrs(t).map(drop), "attrs");
-            is_bad(vocab.detokenize(&[Token(300), t], false, false).map(drop), "detokenize");
-            is_bad(Detokenizer::new(vocab, false).push_str(t).map(drop), "Detokenizer::push");
+            is_bad(vocab.detokenize(&[Token(300), t], AddBos::No, Special::Plain).map(drop), "detokenize");
+            is_bad(Detokenizer::new(vocab, Special::Plain).push_str(t).map(drop), "Detokenizer::push");
             is_bad(vocab.check(t).map(drop), "check");
             assert!(!vocab.is_eog(t) && !vocab.is_control(t));
-            is_bad(SamplerChain::new().logit_bias(vocab, &[(t, 1.0)]).map(drop), "logit_bias");
+            is_bad(SamplerChain::new().logit_bias(vocab, &[(t, 1.0)]).greedy().build().map(drop), "logit_bias");
             is_bad(
-                SamplerChain::new().grammar_lazy(vocab, "root ::= \"a\"", "root", &[], &[t]).map(drop),
+                SamplerChain::new().grammar_lazy(vocab, "root ::= \"a\"", "root", &[], &[t]).greedy().build().map(drop),
                 "grammar_lazy",
             );
         }
@@ -188,28 +189,30 @@ fn unrequested_outputs_are_rejected() {
         let model = tiny_model();
         let mut ctx = model.new_context(&small_params()).unwrap();
         let prompt = tokens(model.vocab(), "the quick brown fox");
-        let n = prompt.len() as i32;
+        let n = prompt.len();
         ctx.decode(&Batch::from_tokens(&prompt, 0)).unwrap();
         for i in 0..n - 1 {
-            assert!(matches!(ctx.logits(i), Err(Error::NoOutput(j)) if j == i), "logits({i})");
+            assert!(matches!(ctx.logits(i), Err(Error::NoOutput(Output::Index(j))) if j == i), "logits({i})");
         }
         let last = ctx.logits(n - 1).unwrap().to_vec();
-        assert_eq!(ctx.logits(-1).unwrap(), &last[..]);
-        for i in [n, n + 100, -2, -3, i32::MAX, i32::MIN] {
+        assert_eq!(ctx.logits(Output::Last).unwrap(), &last[..]);
+        for i in [n, n + 100, usize::MAX] {
             assert!(matches!(ctx.logits(i), Err(Error::NoOutput(_))), "logits({i})");
         }
         // Embeddings are off in this context.
-        assert!(matches!(ctx.embeddings(-1), Err(Error::NoOutput(_))));
+        assert!(matches!(ctx.embeddings(Output::Last), Err(Error::NoOutput(Output::Last))));
         assert!(matches!(ctx.embeddings(n - 1), Err(Error::NoOutput(_))));
-        assert!(matches!(ctx.sequence_embeddings(0), Err(Error::NoOutput(_))));
+        assert!(matches!(ctx.sequence_embeddings(0), Err(Error::NoSequenceOutput(0))));
         let mut greedy = Sampler::greedy();
-        assert!(matches!(greedy.sample(&mut ctx, 0), Err(Error::NoOutput(0))));
-        assert!(matches!(greedy.sample(&mut ctx, -2), Err(Error::NoOutput(-2))));
-        greedy.sample(&mut ctx, -1).unwrap();
+        assert!(matches!(greedy.sample(&mut ctx, Output::Index(0)), Err(Error::NoOutput(Output::Index(0)))));
+        greedy.sample(&mut ctx, Output::Last).unwrap();
 
         // A batch rejected before llama.cpp sees it leaves the outputs as they were.
-        assert!(matches!(ctx.decode(&Batch::from_tokens(&[Token(-7)], n)), Err(Error::InvalidToken { token: -7, .. })));
-        assert_eq!(ctx.logits(-1).unwrap(), &last[..]);
+        assert!(matches!(
+            ctx.decode(&Batch::from_tokens(&[Token(-7)], n as i32)),
+            Err(Error::InvalidToken { token: -7, .. })
+        ));
+        assert_eq!(ctx.logits(Output::Last).unwrap(), &last[..]);
 
         // Per-token embeddings: every token is an output, but only that many.
         let mut emb = model.new_context(&small_params().embeddings(true).pooling(Pooling::None)).unwrap();
@@ -217,14 +220,17 @@ fn unrequested_outputs_are_rejected() {
         for i in 0..n {
             assert_eq!(emb.embeddings(i).unwrap().len(), model.n_embd_out());
         }
-        for i in [n, -n - 1, i32::MIN, i32::MAX] {
+        for i in [n, n + 1, usize::MAX] {
             assert!(matches!(emb.embeddings(i), Err(Error::NoOutput(_))), "embeddings({i})");
         }
-        assert!(matches!(emb.sequence_embeddings(0), Err(Error::NoOutput(0))), "no pooled output without pooling");
+        assert!(
+            matches!(emb.sequence_embeddings(0), Err(Error::NoSequenceOutput(0))),
+            "no pooled output without pooling"
+        );
         // With pooling, llama.cpp extracts only the pooled embedding.
         let mut pooled = model.new_context(&small_params().embeddings(true).pooling(Pooling::Mean)).unwrap();
         pooled.decode(&Batch::from_tokens(&prompt, 0)).unwrap();
-        assert!(matches!(pooled.embeddings(0), Err(Error::NoOutput(0))));
+        assert!(matches!(pooled.embeddings(Output::Index(0)), Err(Error::NoOutput(Output::Index(0)))));
         assert_eq!(pooled.sequence_embeddings(0).unwrap().len(), model.n_embd_out());
     });
 }
@@ -296,8 +302,7 @@ fn grammar_misuse_is_an_error() {
         let (a, b) = (token_for_piece(vocab, "a"), token_for_piece(vocab, "b"));
         let eos = Token(TINY_EOS_ID);
         assert!(vocab.is_eog(eos));
-        let mut s =
-            SamplerChain::new().grammar(vocab, r#"root ::= "a" "b""#, "root").unwrap().greedy().build().unwrap();
+        let mut s = SamplerChain::new().grammar(vocab, r#"root ::= "a" "b""#, "root").greedy().build().unwrap();
         // A forbidden token, and EOG before the grammar is complete: llama.cpp
         // would throw / GGML_ABORT in llama_grammar_accept_impl.
         assert!(matches!(s.accept(b), Err(Error::Grammar(_))));
@@ -315,7 +320,7 @@ fn grammar_misuse_is_an_error() {
         let prompt = tokens(vocab, "Hello world");
         decode_seq(&mut ctx, &prompt, 0, 0);
         s.reset();
-        assert_eq!(vocab.token_to_piece(s.sample(&mut ctx, -1).unwrap(), false).unwrap(), b"a");
+        assert_eq!(vocab.token_to_piece(s.sample(&mut ctx, Output::Last).unwrap(), Special::Plain).unwrap(), b"a");
 
         // A lazy grammar whose trigger token it then rejects: llama.cpp throws
         // after emptying the grammar's stacks, and the next apply would abort
@@ -323,32 +328,30 @@ fn grammar_misuse_is_an_error() {
         let trigger = token_for_piece(vocab, "b");
         let mut lazy = SamplerChain::new()
             .grammar_lazy(vocab, r#"root ::= "a""#, "root", &[], &[trigger])
-            .unwrap()
             .greedy()
             .build()
             .unwrap();
         lazy.accept(Token(300)).unwrap(); // not a trigger: no constraint yet
         assert!(matches!(lazy.accept(trigger), Err(Error::Grammar(_))));
-        assert!(matches!(lazy.sample(&mut ctx, -1), Err(Error::Grammar(ref m)) if m.contains("reset")));
+        assert!(matches!(lazy.sample(&mut ctx, Output::Last), Err(Error::Grammar(ref m)) if m.contains("reset")));
         assert!(matches!(lazy.accept(a), Err(Error::Grammar(_))));
         let copy = lazy.try_clone().unwrap();
         let mut copy = copy;
-        assert!(matches!(copy.sample(&mut ctx, -1), Err(Error::Grammar(_))), "a copy of a failed chain fails too");
+        assert!(
+            matches!(copy.sample(&mut ctx, Output::Last), Err(Error::Grammar(_))),
+            "a copy of a failed chain fails too"
+        );
         lazy.reset();
-        lazy.sample(&mut ctx, -1).unwrap();
+        lazy.sample(&mut ctx, Output::Last).unwrap();
         // The same with a trigger pattern whose replayed text the grammar rejects.
-        let mut lazy = SamplerChain::new()
-            .grammar_lazy(vocab, r#"root ::= "a""#, "root", &["x.*"], &[])
-            .unwrap()
-            .greedy()
-            .build()
-            .unwrap();
+        let mut lazy =
+            SamplerChain::new().grammar_lazy(vocab, r#"root ::= "a""#, "root", &["x.*"], &[]).greedy().build().unwrap();
         let results: Vec<bool> =
-            vocab.tokenize("xyz", false).unwrap().into_iter().map(|t| lazy.accept(t).is_ok()).collect();
+            vocab.tokenize("xyz", AddBos::No).unwrap().into_iter().map(|t| lazy.accept(t).is_ok()).collect();
         assert!(results.contains(&false), "{results:?}");
-        assert!(matches!(lazy.sample(&mut ctx, -1), Err(Error::Grammar(ref m)) if m.contains("reset")));
+        assert!(matches!(lazy.sample(&mut ctx, Output::Last), Err(Error::Grammar(ref m)) if m.contains("reset")));
         lazy.reset();
-        lazy.sample(&mut ctx, -1).unwrap();
+        lazy.sample(&mut ctx, Output::Last).unwrap();
     });
 }
 
@@ -368,14 +371,21 @@ fn grammars_that_do_not_parse_are_rejected() {
             "root ::= (\"a\"",
             "::= \"a\"",
         ] {
-            let r = SamplerChain::new().grammar(vocab, gbnf, "root");
+            let r = SamplerChain::new().grammar(vocab, gbnf, "root").greedy().build();
             assert!(matches!(r, Err(Error::Grammar(_))), "{gbnf:?} was accepted");
         }
-        assert!(matches!(SamplerChain::new().grammar(vocab, r#"start ::= "a""#, "root"), Err(Error::Grammar(_))));
-        assert!(matches!(SamplerChain::new().grammar(vocab, "root ::= \"a\0\"", "root"), Err(Error::Nul(_))));
-        let bad_regex = SamplerChain::new().grammar_lazy(vocab, r#"root ::= "a""#, "root", &["(unclosed"], &[]);
+        assert!(matches!(
+            SamplerChain::new().grammar(vocab, r#"start ::= "a""#, "root").greedy().build(),
+            Err(Error::Grammar(_))
+        ));
+        assert!(matches!(
+            SamplerChain::new().grammar(vocab, "root ::= \"a\0\"", "root").greedy().build(),
+            Err(Error::Nul(_))
+        ));
+        let bad_regex =
+            SamplerChain::new().grammar_lazy(vocab, r#"root ::= "a""#, "root", &["(unclosed"], &[]).greedy().build();
         assert!(matches!(bad_regex, Err(Error::Grammar(_))), "invalid trigger regex");
-        assert!(SamplerChain::new().grammar(vocab, r#"root ::= "a" | "b""#, "root").is_ok());
+        assert!(SamplerChain::new().grammar(vocab, r#"root ::= "a" | "b""#, "root").greedy().build().is_ok());
     });
 }
 
@@ -572,7 +582,7 @@ fn context_parameters_llama_cpp_aborts_on_are_rejected() {
         let mut ctx = model.new_context(&mean.clone()).unwrap();
         assert!(matches!(ctx.set_embeddings(true), Err(Error::InvalidArgument(_))));
         let mut b = Batch::new(3, 1);
-        b.push_sequence(&[Token(1), Token(300)], 0, 2, true).unwrap();
+        b.push_sequence(&[Token(1), Token(300)], 0, 2, Logits::from(true)).unwrap();
         ctx.decode(&b).unwrap(); // still a working (logits) context
         let mut ok = model.new_context(&mean.n_ubatch(63).embeddings(true)).unwrap();
         ok.decode(&b).unwrap();
@@ -594,8 +604,8 @@ fn a_vocab_only_model_tokenizes_but_cannot_run() {
         let model = Model::load(tiny_path(), &ModelParams { vocab_only: true, ..Default::default() }).unwrap();
         assert!(model.is_vocab_only());
         assert_eq!(model.vocab().n_tokens(), TINY_VOCAB_SIZE);
-        let toks = model.vocab().tokenize("Hello world", false).unwrap();
-        assert_eq!(model.vocab().detokenize(&toks, false, false).unwrap(), "Hello world");
+        let toks = model.vocab().tokenize("Hello world", AddBos::No).unwrap();
+        assert_eq!(model.vocab().detokenize(&toks, AddBos::No, Special::Plain).unwrap(), "Hello world");
         // llama.cpp creates the context and aborts at its first decode.
         let err = model.new_context(&small_params()).unwrap_err();
         assert!(matches!(err, Error::ContextCreate(ref m) if m.contains("vocab_only")), "{err:?}");
@@ -608,12 +618,12 @@ fn multi_sequence_tokens_need_a_unified_cache() {
     isolated(|| {
         let model = tiny_model();
         let mut shared = Batch::new(2, 2);
-        shared.push(Token(1), 0, &[0, 1], false).unwrap();
-        shared.push(Token(300), 1, &[0, 1], true).unwrap();
+        shared.push(Token(1), 0, &[0, 1], Logits::No).unwrap();
+        shared.push(Token(300), 1, &[0, 1], Logits::Yes).unwrap();
 
         let mut split = ctx_with_seqs(&model, 2, false);
         let err = split.decode(&shared).unwrap_err();
-        assert!(matches!(err, Error::BatchInvalid(ref m) if m.contains("kv_unified")), "{err:?}");
+        assert!(matches!(err, Error::InvalidBatch(ref m) if m.contains("kv_unified")), "{err:?}");
         assert_eq!(split.seq_pos_max(0).unwrap(), None);
 
         let mut unified = ctx_with_seqs(&model, 2, true);
@@ -622,12 +632,12 @@ fn multi_sequence_tokens_need_a_unified_cache() {
         // Sequences that diverged cannot be coupled again: sequence 1 ends at
         // position 1, so a shared token at 3 does not continue it.
         let mut b = Batch::new(1, 1);
-        b.push(Token(300), 2, &[0], true).unwrap();
+        b.push(Token(300), 2, &[0], Logits::Yes).unwrap();
         unified.decode(&b).unwrap();
         let mut b = Batch::new(1, 2);
-        b.push(Token(300), 3, &[0, 1], true).unwrap();
+        b.push(Token(300), 3, &[0, 1], Logits::Yes).unwrap();
         let r = unified.decode(&b);
-        assert!(matches!(r, Err(Error::BatchInvalid(ref m)) if m.contains("sequence 1")), "{r:?}");
+        assert!(matches!(r, Err(Error::InvalidBatch(ref m)) if m.contains("sequence 1")), "{r:?}");
     });
 }
 
@@ -717,7 +727,7 @@ fn state_of_another_model_or_configuration_is_rejected() {
         // And the right state still restores after all that.
         target.load_state(&whole).unwrap();
         target.redecode_last(&prompt, 0).unwrap();
-        assert_same_logits(&logits, target.logits(-1).unwrap(), "restored after failed loads");
+        assert_same_logits(&logits, target.logits(Output::Last).unwrap(), "restored after failed loads");
     });
 }
 
@@ -753,16 +763,16 @@ fn no_single_byte_corruption_of_a_state_aborts() {
                     // Whatever was restored, the next decode returns.
                     let next = target.seq_pos_max(0).unwrap().map_or(0, |p| p + 1);
                     let mut b = Batch::new(1, 1);
-                    b.push(Token(300), next, &[0], true).unwrap();
+                    b.push(Token(300), next, &[0], Logits::Yes).unwrap();
                     match target.decode(&b) {
-                        Ok(()) | Err(Error::NoKvSlot | Error::BatchInvalid(_)) => {}
+                        Ok(()) | Err(Error::NoKvSlot | Error::InvalidBatch(_)) => {}
                         Err(other) => panic!("byte {at} ^ {mask:#x}: decode after the load: {other:?}"),
                     }
                 }
             }
         }
         assert!(failures > 0);
-        target.clear_kv(false);
+        target.clear_kv();
         target.load_state(&whole).unwrap();
     });
 }
@@ -785,8 +795,8 @@ fn encoding_with_a_decoder_only_model_is_an_error() {
             let batch = Batch::from_tokens(&[Token(1), Token(300), Token(400)], 0);
             let err = ctx.encode(&batch).unwrap_err();
             assert!(matches!(err, Error::InvalidArgument(ref m) if m.contains("decode")), "{err:?}");
-            assert!(matches!(ctx.logits(-1), Err(Error::NoOutput(-1))));
-            assert!(matches!(ctx.embeddings(-1), Err(Error::NoOutput(-1))));
+            assert!(matches!(ctx.logits(Output::Last), Err(Error::NoOutput(Output::Last))));
+            assert!(matches!(ctx.embeddings(Output::Last), Err(Error::NoOutput(Output::Last))));
             ctx.decode(&batch).unwrap();
         }
     });
@@ -805,7 +815,7 @@ fn an_aborted_decode_is_an_error_and_the_context_recovers() {
         assert!(handle.is_aborted());
         assert!(matches!(ctx.decode(&Batch::from_tokens(&prompt, 0)), Err(Error::Aborted)));
         assert_eq!(ctx.seq_pos_max(0).unwrap(), None, "the aborted micro-batch is removed");
-        assert!(matches!(ctx.logits(-1), Err(Error::NoOutput(-1))));
+        assert!(matches!(ctx.logits(Output::Last), Err(Error::NoOutput(Output::Last))));
         // Another thread can hold the handle.
         std::thread::spawn(move || handle.reset()).join().unwrap();
         let logits = decode_seq(&mut ctx, &prompt, 0, 0);
@@ -1060,48 +1070,48 @@ fn an_encoder_decoder_model_decodes_only_after_encoding() {
         ctx.encode(&Batch::from_tokens(&input, 0)).unwrap();
         // The encoder computes no logits (the rows llama.cpp would hand out
         // were never written), and embeddings are off.
-        for i in [0, 3, -1, -4, 4, -5] {
+        for i in [Output::Index(0), Output::Index(3), Output::Last, Output::Index(4)] {
             assert!(matches!(ctx.logits(i), Err(Error::NoOutput(_))), "logits({i}) after encode");
             assert!(matches!(ctx.embeddings(i), Err(Error::NoOutput(_))), "embeddings({i}) after encode");
         }
 
         ctx.decode(&first_step).unwrap();
-        let logits = ctx.logits(-1).unwrap().to_vec();
+        let logits = ctx.logits(Output::Last).unwrap().to_vec();
         assert_eq!(logits.len(), n_vocab);
         assert!(logits.iter().all(|x| x.is_finite()));
         assert!(logits.iter().any(|&x| x != logits[0]), "a real row, not a zeroed buffer");
         let next = Token(argmax(&logits) as i32);
         let mut step = Batch::new(1, 1);
-        step.push(next, 1, &[0], true).unwrap();
+        step.push(next, 1, &[0], Logits::Yes).unwrap();
         ctx.decode(&step).unwrap();
-        let second = ctx.logits(0).unwrap().to_vec();
+        let second = ctx.logits(Output::Index(0)).unwrap().to_vec();
 
         // Clearing the KV cache keeps the encoder output: decoding again gives
         // the same logits.
-        ctx.clear_kv(false);
+        ctx.clear_kv();
         ctx.decode(&first_step).unwrap();
-        assert_eq!(ctx.logits(-1).unwrap(), &logits[..]);
+        assert_eq!(ctx.logits(Output::Last).unwrap(), &logits[..]);
         ctx.decode(&step).unwrap();
-        assert_eq!(ctx.logits(0).unwrap(), &second[..]);
+        assert_eq!(ctx.logits(Output::Index(0)).unwrap(), &second[..]);
 
         // A new input: clear the decoder's cache (llama.cpp checks even the
         // encoder's positions against it), encode, and decode from the start.
-        ctx.clear_kv(false);
+        ctx.clear_kv();
         ctx.encode(&Batch::from_tokens(&[Token(265), Token(266), Token(TINY_EOS_ID)], 0)).unwrap();
         ctx.decode(&first_step).unwrap();
-        assert_ne!(ctx.logits(-1).unwrap(), &logits[..]);
+        assert_ne!(ctx.logits(Output::Last).unwrap(), &logits[..]);
 
         // With embeddings on, the encoder's per-token output can be read.
         let mut emb = model.new_context(&small_params().embeddings(true).pooling(Pooling::None)).unwrap();
         emb.encode(&Batch::from_tokens(&input, 0)).unwrap();
-        for i in 0..input.len() as i32 {
+        for i in 0..input.len() {
             let row = emb.embeddings(i).unwrap();
             assert_eq!(row.len(), model.n_embd_out());
             assert!(row.iter().all(|x| x.is_finite()));
         }
-        let first_row = emb.embeddings(0).unwrap().to_vec();
-        assert_eq!(emb.embeddings(-4).unwrap(), &first_row[..]);
-        assert!(matches!(emb.logits(0), Err(Error::NoOutput(0))));
+        let last_row = emb.embeddings(input.len() - 1).unwrap().to_vec();
+        assert_eq!(emb.embeddings(Output::Last).unwrap(), &last_row[..]);
+        assert!(matches!(emb.logits(Output::Index(0)), Err(Error::NoOutput(Output::Index(0)))));
     });
 }
 
@@ -1116,17 +1126,21 @@ fn an_encoder_only_model_needs_no_encode_first() {
         let input = [Token(260), Token(261), Token(262), Token(TINY_EOS_ID)];
         let mut ctx = model.new_context(&small_params().embeddings(true).pooling(Pooling::None)).unwrap();
         ctx.encode(&Batch::from_tokens(&input, 0)).unwrap();
-        let encoded: Vec<Vec<f32>> = (0..4).map(|i| ctx.embeddings(i).unwrap().to_vec()).collect();
+        let encoded: Vec<Vec<f32>> = (0..4usize).map(|i| ctx.embeddings(i).unwrap().to_vec()).collect();
         assert!(encoded.iter().all(|r| r.len() == model.n_embd_out() && r.iter().all(|x| x.is_finite())));
-        assert!(matches!(ctx.logits(3), Err(Error::NoOutput(3))));
+        assert!(matches!(ctx.logits(Output::Index(3)), Err(Error::NoOutput(Output::Index(3)))));
 
         // (The encoder attends both ways only in a non-causal context.)
         let params = small_params().embeddings(true).pooling(Pooling::None).attention(llama::Attention::NonCausal);
         let mut ctx = model.new_context(&params).unwrap();
         ctx.decode(&Batch::from_tokens(&input, 0)).unwrap();
-        assert!(matches!(ctx.logits(-1), Err(Error::NoOutput(_))), "the encoder graph computes no logits");
+        assert!(matches!(ctx.logits(Output::Last), Err(Error::NoOutput(_))), "the encoder graph computes no logits");
         for (i, row) in encoded.iter().enumerate() {
-            assert_same_logits(row, ctx.embeddings(i as i32).unwrap(), "decode = encode for an encoder-only model");
+            assert_same_logits(
+                row,
+                ctx.embeddings(Output::Index(i)).unwrap(),
+                "decode = encode for an encoder-only model",
+            );
         }
     });
 }
@@ -1144,12 +1158,12 @@ fn an_encoder_decoder_model_needs_a_unified_cache_for_several_sequences() {
         let mut ctx = model.new_context(&small_params().n_ctx(512).n_seq_max(2).kv_unified(true)).unwrap();
         let start = model.decoder_start_token().unwrap();
         let mut input = Batch::new(8, 1);
-        input.push_sequence(&[Token(260), Token(261), Token(TINY_EOS_ID)], 0, 0, false).unwrap();
-        input.push_sequence(&[Token(262), Token(TINY_EOS_ID)], 0, 1, false).unwrap();
+        input.push_sequence(&[Token(260), Token(261), Token(TINY_EOS_ID)], 0, 0, Logits::from(false)).unwrap();
+        input.push_sequence(&[Token(262), Token(TINY_EOS_ID)], 0, 1, Logits::from(false)).unwrap();
         ctx.encode(&input).unwrap();
         let mut both = Batch::new(2, 1);
-        both.push(start, 0, &[0], true).unwrap();
-        both.push(start, 0, &[1], true).unwrap();
+        both.push(start, 0, &[0], Logits::Yes).unwrap();
+        both.push(start, 0, &[1], Logits::Yes).unwrap();
         ctx.decode(&both).unwrap();
         let (a, b) = (ctx.logits(0).unwrap().to_vec(), ctx.logits(1).unwrap().to_vec());
         assert_ne!(a, b, "each sequence attends to its own encoder input");
@@ -1167,25 +1181,22 @@ fn a_model_without_a_cache_decodes_through_the_encoder() {
 
         let mut ctx = model.new_context(&small_params()).unwrap();
         ctx.decode(&Batch::from_tokens(&input, 0)).unwrap();
-        for i in [0, 3, -1] {
+        for i in [Output::Index(0), Output::Index(3), Output::Last] {
             assert!(matches!(ctx.logits(i), Err(Error::NoOutput(_))), "logits({i}) of an embedding model");
         }
 
         let mut emb = model.new_context(&small_params().embeddings(true).pooling(Pooling::None)).unwrap();
         // Logits asked for the last token only, yet every token is an output.
         emb.decode(&Batch::from_tokens(&input, 0)).unwrap();
-        let rows: Vec<Vec<f32>> = (0..4).map(|i| emb.embeddings(i).unwrap().to_vec()).collect();
+        let rows: Vec<Vec<f32>> = (0..4usize).map(|i| emb.embeddings(i).unwrap().to_vec()).collect();
         assert!(rows.iter().all(|r| r.len() == model.n_embd_out() && r.iter().all(|x| x.is_finite())));
         assert_ne!(rows[0], rows[1]);
-        for k in 1..=4 {
-            assert_eq!(emb.embeddings(-k).unwrap(), &rows[4 - k as usize][..], "embeddings(-{k})");
-        }
-        assert!(matches!(emb.embeddings(-5), Err(Error::NoOutput(_))));
-        assert!(matches!(emb.embeddings(4), Err(Error::NoOutput(_))));
-        assert!(matches!(emb.logits(3), Err(Error::NoOutput(3))));
+        assert_eq!(emb.embeddings(Output::Last).unwrap(), &rows[3][..]);
+        assert!(matches!(emb.embeddings(Output::Index(4)), Err(Error::NoOutput(Output::Index(4)))));
+        assert!(matches!(emb.logits(Output::Index(3)), Err(Error::NoOutput(Output::Index(3)))));
         // `encode` is the same pass.
         emb.encode(&Batch::from_tokens(&input, 0)).unwrap();
-        assert_eq!(emb.embeddings(2).unwrap(), &rows[2][..]);
+        assert_eq!(emb.embeddings(Output::Index(2)).unwrap(), &rows[2][..]);
     });
 }
 
@@ -1201,21 +1212,24 @@ fn outputs_are_those_the_last_decode_produced() {
         for pooling in [Pooling::None, Pooling::Mean] {
             let mut ctx = model.new_context(&small_params().pooling(pooling)).unwrap();
             ctx.decode(&Batch::from_tokens(&prompt, 0)).unwrap();
-            let logits = ctx.logits(-1).unwrap().to_vec();
+            let logits = ctx.logits(Output::Last).unwrap().to_vec();
             ctx.set_embeddings(true).unwrap();
             for i in [-1, 0, n - 1] {
-                assert!(matches!(ctx.embeddings(i), Err(Error::NoOutput(_))), "{pooling:?}: embeddings({i})");
+                assert!(
+                    matches!(ctx.embeddings(Output::Index(i as usize)), Err(Error::NoOutput(_))),
+                    "{pooling:?}: embeddings({i})"
+                );
             }
-            assert!(matches!(ctx.sequence_embeddings(0), Err(Error::NoOutput(0))), "{pooling:?}");
-            assert_eq!(ctx.logits(-1).unwrap(), &logits[..], "the logits are still there");
+            assert!(matches!(ctx.sequence_embeddings(0), Err(Error::NoSequenceOutput(0))), "{pooling:?}");
+            assert_eq!(ctx.logits(Output::Last).unwrap(), &logits[..], "the logits are still there");
 
             // The next decode runs with embeddings: every token is an output.
             let mut b = Batch::new(2, 1);
-            b.push_sequence(&[Token(300), Token(301)], n, 0, false).unwrap();
+            b.push_sequence(&[Token(300), Token(301)], n, 0, Logits::from(false)).unwrap();
             ctx.decode(&b).unwrap();
             if pooling == Pooling::None {
                 assert_eq!(ctx.embeddings(0).unwrap().len(), model.n_embd_out());
-                let last = ctx.embeddings(-1).unwrap().to_vec();
+                let last = ctx.embeddings(Output::Last).unwrap().to_vec();
                 // Turning embeddings off does not take back what was computed.
                 ctx.set_embeddings(false).unwrap();
                 assert_eq!(ctx.embeddings(1).unwrap(), &last[..]);
@@ -1225,8 +1239,8 @@ fn outputs_are_those_the_last_decode_produced() {
                 ctx.set_embeddings(false).unwrap();
                 assert_eq!(ctx.sequence_embeddings(0).unwrap(), &pooled[..]);
                 // A cleared cache invalidates the pooled output too.
-                ctx.clear_kv(false);
-                assert!(matches!(ctx.sequence_embeddings(0), Err(Error::NoOutput(0))));
+                ctx.clear_kv();
+                assert!(matches!(ctx.sequence_embeddings(0), Err(Error::NoSequenceOutput(0))));
             }
         }
     });
@@ -1266,7 +1280,7 @@ fn a_recurrent_sequence_state_with_several_cells_is_refused() {
         let model = tiny_mamba();
         assert!(model.is_recurrent() && !model.is_hybrid());
         let mut ctx = model.new_context(&small_params().n_seq_max(2)).unwrap();
-        let tokens = model.vocab().tokenize("Hello world, the quick brown fox", true).unwrap();
+        let tokens = model.vocab().tokenize("Hello world, the quick brown fox", AddBos::Yes).unwrap();
         ctx.decode(&Batch::from_tokens(&tokens, 0)).unwrap();
         let saved = ctx.save_seq_state(0).unwrap();
         // llama.cpp's magic, the sequence id, then one cell: the count, the
@@ -1298,7 +1312,7 @@ fn a_recurrent_sequence_state_with_several_cells_is_refused() {
         assert!(matches!(err, Error::State(ref m) if m.contains("one cell")), "{err:?}");
         // The context still works.
         let mut batch = Batch::new(1, 1);
-        batch.push(tokens[0], tokens.len() as i32, &[0], true).unwrap();
+        batch.push(tokens[0], tokens.len() as i32, &[0], Logits::Yes).unwrap();
         ctx.decode(&batch).unwrap();
     });
 }

@@ -6,7 +6,7 @@
 
 use std::alloc::{GlobalAlloc, Layout, System};
 
-use llama::{Error, Model, ModelParams, Token};
+use llama::{AddBos, Error, Model, ModelParams, Special, Token};
 use llama_suite::synthetic::{TinyModelSpec, tiny_llama_path};
 
 const LIMIT: usize = 1 << 30;
@@ -50,16 +50,16 @@ fn tokenize_and_detokenize_report_a_failed_allocation() {
     let vocab = model.vocab();
     // 300 MB of text: room for one token per byte is 1.2 GB.
     let text = "a".repeat(300 << 20);
-    let err = vocab.tokenize(&text, false).unwrap_err();
+    let err = vocab.tokenize(&text, AddBos::No).unwrap_err();
     assert!(matches!(err, Error::OutOfMemory { bytes } if bytes > LIMIT), "{err:?}");
     drop(text);
     // 150 million tokens (600 MB): the text buffer would be 1.2 GB.
     let tokens = vec![Token(5); 150 << 20];
-    let err = vocab.detokenize(&tokens, false, false).unwrap_err();
+    let err = vocab.detokenize(&tokens, AddBos::No, Special::Plain).unwrap_err();
     assert!(matches!(err, Error::OutOfMemory { bytes } if bytes > LIMIT), "{err:?}");
     // Small inputs still work under the same allocator.
-    let small = vocab.tokenize("Hello world", false).unwrap();
-    assert_eq!(vocab.detokenize(&small, false, false).unwrap(), "Hello world");
+    let small = vocab.tokenize("Hello world", AddBos::No).unwrap();
+    assert_eq!(vocab.detokenize(&small, AddBos::No, Special::Plain).unwrap(), "Hello world");
 }
 
 #[test]

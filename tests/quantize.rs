@@ -2,7 +2,7 @@
 
 mod safe_api;
 
-use llama::{Batch, Error, FileType, Model, ModelParams, QuantizeParams, quantize};
+use llama::{AddBos, Batch, Error, FileType, Model, ModelParams, Output, QuantizeParams, quantize};
 use safe_api::{argmax, nmse, small_params, tiny_model, tiny_path};
 
 #[test]
@@ -21,12 +21,12 @@ fn quantizing_to_q8_0_gives_a_working_model_with_close_logits() {
     assert!(quantized.size() < original.size() / 2, "{} vs {}", quantized.size(), original.size());
     assert_eq!(quantized.n_params(), original.n_params());
 
-    let tokens = original.vocab().tokenize("Hello world, the quick brown fox", true).unwrap();
+    let tokens = original.vocab().tokenize("Hello world, the quick brown fox", AddBos::Yes).unwrap();
     let mut rows = Vec::new();
     for model in [&original, &quantized] {
         let mut ctx = model.new_context(&small_params()).unwrap();
         ctx.decode(&Batch::from_tokens(&tokens, 0)).unwrap();
-        rows.push(ctx.logits(-1).unwrap().to_vec());
+        rows.push(ctx.logits(Output::Last).unwrap().to_vec());
     }
     let error = nmse(&rows[0], &rows[1]);
     assert!(error < 1e-3, "Q8_0 logits drift too far: nmse {error}");
@@ -47,6 +47,14 @@ fn quantizing_bad_input_is_an_error_and_leaves_no_file() {
     std::fs::write(&garbage, vec![0x5Au8; 4096]).unwrap();
     let r = quantize(&garbage, &out, &params);
     assert!(matches!(r, Err(Error::ModelLoad { .. })), "{r:?}");
+    // A quantized input is not quantized again unless asked: llama.cpp's
+    // own refusal, as Error::Quantize.
+    let q8 = dir.path().join("q8.gguf");
+    quantize(tiny_path(), &q8, &QuantizeParams { threads: 1, ..QuantizeParams::default() }).unwrap();
+    let to_q4 = QuantizeParams { file_type: FileType::Q4_0, threads: 1, ..QuantizeParams::default() };
+    let err = quantize(&q8, &out, &to_q4).unwrap_err();
+    assert!(matches!(err, Error::Quantize { ref path, ref reason } if path == &q8 && !reason.is_empty()), "{err:?}");
+    std::fs::remove_file(&q8).unwrap();
     let negative = QuantizeParams { threads: -1, ..QuantizeParams::default() };
     assert!(matches!(quantize(tiny_path(), &out, &negative), Err(Error::InvalidArgument(_))));
     let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use llama::engine::{Engine, EngineConfig, Request};
 use llama::plan::HOST;
 use llama::rpc;
-use llama::{Batch, ContextParams, Error, KvType, LoadMode, Model, ModelParams, Sampler, Token};
+use llama::{AddBos, Batch, ContextParams, Error, KvType, LoadMode, Model, ModelParams, Output, Sampler, Token};
 use llama_suite::synthetic::{TINY_BOS_ID, TinyModelSpec, tiny_llama_path};
 use llama_suite::teacher;
 
@@ -108,7 +108,7 @@ fn greedy(model: &Model, kv: KvType, prompt: &[Token], n: usize) -> Vec<Token> {
     let mut sampler = Sampler::greedy();
     let mut out = Vec::with_capacity(n);
     for pos in prompt.len()..prompt.len() + n {
-        let token = sampler.sample(&mut ctx, -1).unwrap();
+        let token = sampler.sample(&mut ctx, Output::Last).unwrap();
         out.push(token);
         ctx.decode(&Batch::from_tokens(&[token], pos as i32)).unwrap();
     }
@@ -163,11 +163,11 @@ fn the_default_model_across_workers_passes_the_teacher_forced_check() {
         ..ModelParams::default()
     };
     let model = Arc::new(Model::load(&path, &params).unwrap());
-    let prompt = model.vocab().tokenize("The Eiffel Tower is located in Paris. It was built in", true).unwrap();
+    let prompt = model.vocab().tokenize("The Eiffel Tower is located in Paris. It was built in", AddBos::Yes).unwrap();
     let generated = greedy(&model, KvType::F16, &prompt, 64);
     // The engine on the same split model: four greedy streams at once.
     let subjects = ["The river Nile flows through", "Rust is a programming language that", "Honey bees", "In 1969,"];
-    let prompts: Vec<Vec<Token>> = subjects.iter().map(|s| model.vocab().tokenize(s, true).unwrap()).collect();
+    let prompts: Vec<Vec<Token>> = subjects.iter().map(|s| model.vocab().tokenize(s, AddBos::Yes).unwrap()).collect();
     let streams: Vec<Vec<Token>> = {
         let engine = Engine::start(model.clone(), EngineConfig::default().n_ctx(2048).n_threads(2)).unwrap();
         let requests: Vec<_> = prompts
@@ -329,13 +329,13 @@ fn a_worker_dying_mid_decode_is_an_error_and_the_process_lives_on() {
     let params = ModelParams { rpc_servers: vec![worker.endpoint.clone()], n_gpu_layers: 99, ..Default::default() };
     let model = Model::load(&path, &params).unwrap();
     let mut ctx = model.new_context(&ContextParams::default().n_ctx(4096).n_threads(2)).unwrap();
-    let prompt = model.vocab().tokenize("Once upon a time", true).unwrap();
+    let prompt = model.vocab().tokenize("Once upon a time", AddBos::Yes).unwrap();
     ctx.decode(&Batch::from_tokens(&prompt, 0)).unwrap();
     let mut sampler = Sampler::greedy();
     let killer = kill_later(worker, Duration::from_millis(500));
     let mut decoded = 0;
     let err = loop {
-        let token = sampler.sample(&mut ctx, -1).unwrap();
+        let token = sampler.sample(&mut ctx, Output::Last).unwrap();
         match ctx.decode(&Batch::from_tokens(&[token], (prompt.len() + decoded) as i32)) {
             Ok(()) => decoded += 1,
             Err(e) => break e,
@@ -357,13 +357,13 @@ fn a_worker_dying_mid_decode_is_an_error_and_the_process_lives_on() {
     assert!(matches!(ctx.seq_rm(None, None, None), Err(Error::Rpc { .. })));
     // Nothing reads the last good pass's rows through the dead connection
     // (llama.cpp would wait for it for good): logits, sampling, settings.
-    assert!(matches!(ctx.logits(-1), Err(Error::Rpc { .. })));
-    assert!(matches!(sampler.sample(&mut ctx, -1), Err(Error::Rpc { .. })));
+    assert!(matches!(ctx.logits(Output::Last), Err(Error::Rpc { .. })));
+    assert!(matches!(sampler.sample(&mut ctx, Output::Last), Err(Error::Rpc { .. })));
     assert!(matches!(ctx.set_n_threads(1, 1), Err(Error::Rpc { .. })));
     assert!(matches!(ctx.memory_breakdown(), Err(Error::Rpc { .. })));
     ctx.synchronize();
     assert_eq!(ctx.perf().eval_tokens, 0);
-    ctx.clear_kv(true);
+    ctx.clear_kv_zeroed();
     assert!(matches!(model.new_context(&ContextParams::default().n_ctx(512)), Err(Error::Rpc { .. })));
     // Dropping them leaks instead of reaching the dead connection.
     drop(ctx);

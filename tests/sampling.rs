@@ -12,7 +12,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use llama::{
-    Batch, Candidates, Context, CustomSampler, Error, Model, SamplePath, Sampler, SamplerChain, Token, Vocab, sys,
+    AddBos, Batch, Candidates, Context, CustomSampler, Error, Logits, Model, Output, SamplePath, Sampler, SamplerChain,
+    Special, Token, Vocab, sys,
 };
 use llama_suite::synthetic::{TINY_EOS_ID, TinyModelSpec};
 use safe_api::*;
@@ -31,7 +32,7 @@ fn compare_with_llama_cpp(
     let (mut toks, mut paths) = (Vec::new(), Vec::new());
     let mut batch = Batch::new(1, 1);
     for step in 0..steps {
-        let (t, path) = ours.sample_with_path(ctx, -1).unwrap();
+        let (t, path) = ours.sample_with_path(ctx, Output::Last).unwrap();
         // SAFETY: both pointers are live (a chain we own, a context we
         // hold), the context's last decode produced logits for output -1,
         // and the chain ends with a selecting sampler, so
@@ -41,7 +42,7 @@ fn compare_with_llama_cpp(
         toks.push(t);
         paths.push(path);
         batch.clear();
-        batch.push(t, start + step as i32, &[0], true).unwrap();
+        batch.push(t, start + step as i32, &[0], Logits::Yes).unwrap();
         ctx.decode(&batch).unwrap();
     }
     (toks, paths)
@@ -110,13 +111,13 @@ fn shortcuts_pick_what_llama_cpp_picks_on_gemma() {
     let n = toks.len() as i32;
     let (greedy, paths) = compare_with_llama_cpp(&mut ctx, &mut Sampler::greedy(), &mut Sampler::greedy(), n, 64);
     assert!(paths.iter().all(|&p| p == SamplePath::Greedy));
-    let text = model.vocab().detokenize(&greedy, false, false).unwrap();
+    let text = model.vocab().detokenize(&greedy, AddBos::No, Special::Plain).unwrap();
     assert!(!text.trim().is_empty(), "greedy continuation: {text:?}");
 
     let chain = |seed| SamplerChain::new().top_k(40).top_p(0.9, 1).temp(0.8).dist(seed).build().unwrap();
     let mut runs = Vec::new();
     for seed in [77, 1, 2024] {
-        ctx.clear_kv(false);
+        ctx.clear_kv();
         decode_seq(&mut ctx, &toks, 0, 0);
         let (sampled, paths) = compare_with_llama_cpp(&mut ctx, &mut chain(seed), &mut chain(seed), n, 64);
         assert!(paths.iter().all(|&p| p == SamplePath::TopK), "seed {seed}: {paths:?}");
@@ -147,7 +148,7 @@ fn large_top_k_shortcut_picks_what_llama_cpp_picks_on_gemma() {
     for (k, seed) in [(200, 5), (1000, 6)] {
         for temp in [0.8, 1.5] {
             let chain = || SamplerChain::new().top_k(k).temp(temp).dist(seed).build().unwrap();
-            ctx.clear_kv(false);
+            ctx.clear_kv();
             decode_seq(&mut ctx, &toks, 0, 0);
             let (sampled, paths) = compare_with_llama_cpp(&mut ctx, &mut chain(), &mut chain(), n, 64);
             let shortcut = paths.iter().filter(|&&p| p == SamplePath::TopK).count();
@@ -161,7 +162,7 @@ fn large_top_k_shortcut_picks_what_llama_cpp_picks_on_gemma() {
         }
         // A greedy selector behind top-k: the same as the argmax.
         let chain = || SamplerChain::new().top_k(k).greedy().build().unwrap();
-        ctx.clear_kv(false);
+        ctx.clear_kv();
         let logits = decode_seq(&mut ctx, &toks, 0, 0);
         let (picked, paths) = compare_with_llama_cpp(&mut ctx, &mut chain(), &mut chain(), n, 16);
         assert_eq!(picked[0], Token(argmax(&logits) as i32));
@@ -212,12 +213,12 @@ fn large_top_k_agrees_on_huge_logits() {
         let mut batch = Batch::new(1, 1);
         let mut huge_steps = 0;
         for step in 0..40 {
-            let logits = ctx.logits(-1).unwrap().to_vec();
+            let logits = ctx.logits(Output::Last).unwrap().to_vec();
             assert_eq!(logits.len(), n_vocab);
             assert_eq!(logits[up], -logits[down]);
             let best = argmax(&logits);
             let huge = logits[best] >= 3.0e8;
-            let (t, path) = ours.sample_with_path(&mut ctx, -1).unwrap();
+            let (t, path) = ours.sample_with_path(&mut ctx, Output::Last).unwrap();
             // SAFETY: as in `compare_with_llama_cpp`.
             let reference = unsafe { sys::llama_sampler_sample(theirs.as_ptr(), ctx.as_ptr(), -1) };
             assert_eq!(t, Token(reference), "{name}, step {step}: {path:?} path picked {t}, llama.cpp {reference}");
@@ -242,7 +243,7 @@ fn large_top_k_agrees_on_huge_logits() {
                 assert_eq!(path, SamplePath::TopK, "{name}, step {step}");
             }
             batch.clear();
-            batch.push(t, n + step, &[0], true).unwrap();
+            batch.push(t, n + step, &[0], Logits::Yes).unwrap();
             ctx.decode(&batch).unwrap();
         }
         eprintln!("{name}: {huge_steps}/40 steps with a logit >= 3e8");
@@ -270,14 +271,14 @@ fn built_in_chain<'m>(
         "temp_ext" => chain.temp_ext(1.2, 0.8, 1.5).dist(seed),
         "xtc" => chain.xtc(0.7, 0.02, 1, seed.wrapping_add(1)).dist(seed),
         "top_n_sigma" => chain.top_n_sigma(0.5).dist(seed),
-        "mirostat" => chain.mirostat(vocab, seed, 3.0, 0.2, 100).unwrap(),
+        "mirostat" => chain.mirostat(vocab, seed, 3.0, 0.2, 100),
         "mirostat_v2" => chain.mirostat_v2(seed, 3.0, 0.2),
         "adaptive_p" => chain.min_p(0.01, 1).adaptive_p(0.3, 0.8, seed),
-        "dry" => chain.dry(vocab, 1.5, 1.75, 1, 64, &["\n", "."]).unwrap().dist(seed),
+        "dry" => chain.dry(vocab, 1.5, 1.75, 1, 64, &["\n", "."]).dist(seed),
         "min_p" => chain.min_p(0.2, 1).dist(seed),
         "top_p" => chain.top_p(0.5, 1).dist(seed),
         "penalties" => chain.penalties(32, 1.5, 0.5, 0.5).dist(seed),
-        "logit_bias" => chain.logit_bias(vocab, bias).unwrap().dist(seed),
+        "logit_bias" => chain.logit_bias(vocab, bias).dist(seed),
         // The baseline the filters are measured against: the selector alone.
         "none" => chain.dist(seed),
         _ => unreachable!("{name}"),
@@ -323,7 +324,7 @@ fn compare_built_ins(
     order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]));
     let bias = [(Token(order[0] as i32), -100.0), (Token(order[1] as i32), 1.0), (Token(order[4] as i32), 2.0)];
     let mut run = |name: &str, seed: u32| {
-        ctx.clear_kv(false);
+        ctx.clear_kv();
         decode_seq(&mut ctx, &prompt, 0, 0);
         let mut ours = built_in_chain(vocab, name, seed, top_k, &bias);
         let mut theirs = built_in_chain(vocab, name, seed, top_k, &bias);
@@ -435,37 +436,37 @@ impl CustomSampler for SmallestId {
 fn custom_samplers_run_in_the_chain() {
     let model = tiny_model();
     let (mut ctx, n) = prompt_ctx(&model, "Hello world");
-    let logits = ctx.logits(-1).unwrap().to_vec();
+    let logits = ctx.logits(Output::Last).unwrap().to_vec();
     let mut order: Vec<usize> = (0..logits.len()).collect();
     order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]));
     let banned = vec![Token(order[0] as i32), Token(order[1] as i32)];
     let ban = Ban { banned: banned.clone(), accepted: Arc::default(), resets: Arc::default(), clones: Arc::default() };
     let mut s = SamplerChain::new().custom(ban.clone()).greedy().build().unwrap();
-    let t = s.sample(&mut ctx, -1).unwrap();
+    let t = s.sample(&mut ctx, Output::Last).unwrap();
     assert_eq!(t, Token(order[2] as i32), "the best token that is not banned");
     assert_eq!(*ban.accepted.lock().unwrap(), [t]);
     s.reset();
     assert_eq!(ban.resets.load(Ordering::SeqCst), 1);
     let mut copy = s.try_clone().unwrap();
     assert_eq!(ban.clones.load(Ordering::SeqCst), 1);
-    assert_eq!(copy.sample(&mut ctx, -1).unwrap(), t);
+    assert_eq!(copy.sample(&mut ctx, Output::Last).unwrap(), t);
     assert_eq!(ban.accepted.lock().unwrap().len(), 2, "the copy shares the Arc");
 
     // A custom selecting sampler may end a chain.
     assert!(SamplerChain::new().custom(ban.clone()).build().is_err(), "a non-selecting custom sampler cannot");
     let mut s = SamplerChain::new().top_k(10).custom(SmallestId).build().unwrap();
-    let t = s.sample(&mut ctx, -1).unwrap();
+    let t = s.sample(&mut ctx, Output::Last).unwrap();
     assert_eq!(t.0 as usize, *order[..10].iter().min().unwrap());
     // Generating with the custom chain never yields a banned token.
     let mut s = SamplerChain::new().custom(ban).temp(2.0).dist(3).build().unwrap();
     let mut b = Batch::new(1, 1);
-    ctx.clear_kv(false);
+    ctx.clear_kv();
     decode_seq(&mut ctx, &tokens(model.vocab(), "Hello world"), 0, 0);
     for i in 0..40 {
-        let t = s.sample(&mut ctx, -1).unwrap();
+        let t = s.sample(&mut ctx, Output::Last).unwrap();
         assert!(!banned.contains(&t));
         b.clear();
-        b.push(t, n + i, &[0], true).unwrap();
+        b.push(t, n + i, &[0], Logits::Yes).unwrap();
         ctx.decode(&b).unwrap();
     }
 }
@@ -506,12 +507,13 @@ fn message(payload: Box<dyn Any + Send>) -> String {
 fn a_panic_in_a_custom_sampler_is_resumed_in_the_caller() {
     let model = tiny_model();
     let (mut ctx, _) = prompt_ctx(&model, "Hello world");
-    let expected = Sampler::greedy().sample(&mut ctx, -1).unwrap();
+    let expected = Sampler::greedy().sample(&mut ctx, Output::Last).unwrap();
     for in_apply in [true, false] {
         let armed = Arc::new(AtomicBool::new(true));
         let mut s =
             SamplerChain::new().custom(Panicky { armed: Arc::clone(&armed), in_apply }).greedy().build().unwrap();
-        let payload = catch_unwind(AssertUnwindSafe(|| s.sample(&mut ctx, -1))).expect_err("the panic must reach us");
+        let payload =
+            catch_unwind(AssertUnwindSafe(|| s.sample(&mut ctx, Output::Last))).expect_err("the panic must reach us");
         let want = if in_apply { "boom in apply".to_owned() } else { format!("boom in accept {expected}") };
         assert_eq!(message(payload), want);
         // The clone callback too.
@@ -519,8 +521,8 @@ fn a_panic_in_a_custom_sampler_is_resumed_in_the_caller() {
         assert_eq!(message(payload), "boom in clone");
         // Disarmed, the same sampler keeps working.
         armed.store(false, Ordering::SeqCst);
-        assert_eq!(s.sample(&mut ctx, -1).unwrap(), expected);
-        assert_eq!(s.try_clone().unwrap().sample(&mut ctx, -1).unwrap(), expected);
+        assert_eq!(s.sample(&mut ctx, Output::Last).unwrap(), expected);
+        assert_eq!(s.try_clone().unwrap().sample(&mut ctx, Output::Last).unwrap(), expected);
     }
 }
 
@@ -534,9 +536,9 @@ fn penalties_stop_repetition() {
         let mut b = Batch::new(1, 1);
         (0..30)
             .map(|i| {
-                let t = s.sample(&mut ctx, -1).unwrap();
+                let t = s.sample(&mut ctx, Output::Last).unwrap();
                 b.clear();
-                b.push(t, n + i, &[0], true).unwrap();
+                b.push(t, n + i, &[0], Logits::Yes).unwrap();
                 ctx.decode(&b).unwrap();
                 t
             })
@@ -558,15 +560,15 @@ fn logit_bias_moves_the_choice() {
     let model = tiny_model();
     let vocab = model.vocab();
     let (mut ctx, _) = prompt_ctx(&model, "Hello world");
-    let best = Sampler::greedy().sample(&mut ctx, -1).unwrap();
+    let best = Sampler::greedy().sample(&mut ctx, Output::Last).unwrap();
     let target = Token(333);
     assert_ne!(best, target);
-    let mut s = SamplerChain::new().logit_bias(vocab, &[(target, 1000.0)]).unwrap().greedy().build().unwrap();
-    assert_eq!(s.sample(&mut ctx, -1).unwrap(), target);
-    let mut s = SamplerChain::new().logit_bias(vocab, &[(best, f32::NEG_INFINITY)]).unwrap().greedy().build().unwrap();
-    assert_ne!(s.sample(&mut ctx, -1).unwrap(), best);
+    let mut s = SamplerChain::new().logit_bias(vocab, &[(target, 1000.0)]).greedy().build().unwrap();
+    assert_eq!(s.sample(&mut ctx, Output::Last).unwrap(), target);
+    let mut s = SamplerChain::new().logit_bias(vocab, &[(best, f32::NEG_INFINITY)]).greedy().build().unwrap();
+    assert_ne!(s.sample(&mut ctx, Output::Last).unwrap(), best);
     for bad in [Token(-1), Token(vocab.n_tokens() as i32), Token(i32::MAX)] {
-        let r = SamplerChain::new().logit_bias(vocab, &[(target, 1.0), (bad, 1.0)]);
+        let r = SamplerChain::new().logit_bias(vocab, &[(target, 1.0), (bad, 1.0)]).build();
         assert!(matches!(r, Err(Error::InvalidToken { .. })), "{bad}");
     }
 }
@@ -577,42 +579,40 @@ fn a_grammar_constrains_sampled_text() {
     let vocab = model.vocab();
     let eos = Token(TINY_EOS_ID);
     // Free sampling under `[ab]+`: every piece is made of a and b.
-    let mut s =
-        SamplerChain::new().grammar(vocab, "root ::= [ab]+", "root").unwrap().temp(3.0).dist(11).build().unwrap();
+    let mut s = SamplerChain::new().grammar(vocab, "root ::= [ab]+", "root").temp(3.0).dist(11).build().unwrap();
     let (mut ctx, n) = prompt_ctx(&model, "the quick brown fox");
     let mut text = Vec::new();
     let mut b = Batch::new(1, 1);
     for i in 0..20 {
-        let t = s.sample(&mut ctx, -1).unwrap();
+        let t = s.sample(&mut ctx, Output::Last).unwrap();
         if t == eos {
             break;
         }
-        let piece = vocab.token_to_piece(t, false).unwrap();
+        let piece = vocab.token_to_piece(t, Special::Plain).unwrap();
         assert!(!piece.is_empty() && piece.iter().all(|&c| c == b'a' || c == b'b'), "token {t} = {piece:?}");
         text.extend(piece);
         b.clear();
-        b.push(t, n + i, &[0], true).unwrap();
+        b.push(t, n + i, &[0], Logits::Yes).unwrap();
         ctx.decode(&b).unwrap();
     }
     assert!(!text.is_empty());
 
     // An exact grammar: the only text it allows, then the end.
-    let mut s =
-        SamplerChain::new().grammar(vocab, r#"root ::= "ab" ("a" | "b")"#, "root").unwrap().greedy().build().unwrap();
+    let mut s = SamplerChain::new().grammar(vocab, r#"root ::= "ab" ("a" | "b")"#, "root").greedy().build().unwrap();
     let (mut ctx, n) = prompt_ctx(&model, "Hello world");
     let mut out = Vec::new();
     for i in 0..10 {
-        let t = s.sample(&mut ctx, -1).unwrap();
+        let t = s.sample(&mut ctx, Output::Last).unwrap();
         out.push(t);
         if t == eos {
             break;
         }
         b.clear();
-        b.push(t, n + i, &[0], true).unwrap();
+        b.push(t, n + i, &[0], Logits::Yes).unwrap();
         ctx.decode(&b).unwrap();
     }
     assert_eq!(out.last(), Some(&eos), "{out:?}");
-    let text = vocab.detokenize(&out, true, false).unwrap();
+    let text = vocab.detokenize(&out, AddBos::Yes, Special::Plain).unwrap();
     assert!(text == "aba" || text == "abb", "{text:?}");
     // After the end, nothing else is allowed.
     assert!(s.accept(token_for_piece(vocab, "a")).is_err());
@@ -630,18 +630,18 @@ fn checking_the_pick_first_samples_what_masking_first_does() {
     let eos = Token(TINY_EOS_ID);
     let gbnf = r#"root ::= "{" ("\"" [a-e]{1,4} "\": " [0-9]{1,3} ", "){2,5} "}""#;
     let run = |chain: SamplerChain<'_>, n: usize| {
-        let mut s = chain.grammar(vocab, gbnf, "root").unwrap().greedy().build().unwrap();
+        let mut s = chain.grammar(vocab, gbnf, "root").greedy().build().unwrap();
         let (mut ctx, start) = prompt_ctx(&model, "a record");
         let mut b = Batch::new(1, 1);
         let mut out = Vec::new();
         for i in 0..n {
-            let t = s.sample(&mut ctx, -1).unwrap();
+            let t = s.sample(&mut ctx, Output::Last).unwrap();
             out.push(t);
             if t == eos {
                 break;
             }
             b.clear();
-            b.push(t, start + i as i32, &[0], true).unwrap();
+            b.push(t, start + i as i32, &[0], Logits::Yes).unwrap();
             ctx.decode(&b).unwrap();
         }
         out
@@ -650,21 +650,21 @@ fn checking_the_pick_first_samples_what_masking_first_does() {
     let masked = run(SamplerChain::new().grammar_first(true), 40);
     assert_eq!(checked, masked);
     assert!(checked.len() >= 10, "{checked:?}");
-    let text = vocab.detokenize(&checked, true, false).unwrap();
+    let text = vocab.detokenize(&checked, AddBos::Yes, Special::Plain).unwrap();
     assert!(text.starts_with("{\""), "{text:?}");
     // A random pick, checked first: only allowed text.
-    let mut s = SamplerChain::new().grammar(vocab, gbnf, "root").unwrap().temp(2.0).dist(5).build().unwrap();
+    let mut s = SamplerChain::new().grammar(vocab, gbnf, "root").temp(2.0).dist(5).build().unwrap();
     let (mut ctx, start) = prompt_ctx(&model, "a record");
     let mut b = Batch::new(1, 1);
     let mut text = Vec::new();
     for i in 0..30 {
-        let t = s.sample(&mut ctx, -1).unwrap();
+        let t = s.sample(&mut ctx, Output::Last).unwrap();
         if t == eos {
             break;
         }
-        text.extend(vocab.token_to_piece(t, false).unwrap());
+        text.extend(vocab.token_to_piece(t, Special::Plain).unwrap());
         b.clear();
-        b.push(t, start + i, &[0], true).unwrap();
+        b.push(t, start + i, &[0], Logits::Yes).unwrap();
         ctx.decode(&b).unwrap();
     }
     let text = String::from_utf8(text).unwrap();
@@ -681,19 +681,19 @@ fn a_clone_continues_exactly_like_the_original() {
     let mut pos = n;
     let mut step = |ctx: &mut Context<'_>, t: Token| {
         b.clear();
-        b.push(t, pos, &[0], true).unwrap();
+        b.push(t, pos, &[0], Logits::Yes).unwrap();
         ctx.decode(&b).unwrap();
         pos += 1;
     };
     for _ in 0..5 {
-        let t = s.sample(&mut ctx, -1).unwrap();
+        let t = s.sample(&mut ctx, Output::Last).unwrap();
         step(&mut ctx, t);
     }
     let mut copy = s.try_clone().unwrap();
     let mut seen = Vec::new();
     for _ in 0..30 {
-        let t = s.sample(&mut ctx, -1).unwrap();
-        assert_eq!(copy.sample(&mut ctx, -1).unwrap(), t);
+        let t = s.sample(&mut ctx, Output::Last).unwrap();
+        assert_eq!(copy.sample(&mut ctx, Output::Last).unwrap(), t);
         seen.push(t);
         step(&mut ctx, t);
     }
@@ -707,14 +707,14 @@ fn reset_starts_the_chain_over() {
     let (mut ctx, _) = prompt_ctx(&model, "Hello world");
     // The same logits sampled repeatedly: the RNG sequence restarts on reset.
     let mut s = SamplerChain::new().temp(5.0).dist(123).build().unwrap();
-    let first: Vec<Token> = (0..20).map(|_| s.sample(&mut ctx, -1).unwrap()).collect();
+    let first: Vec<Token> = (0..20).map(|_| s.sample(&mut ctx, Output::Last).unwrap()).collect();
     assert!(distinct(&first) > 3, "{first:?}");
     s.reset();
-    let again: Vec<Token> = (0..20).map(|_| s.sample(&mut ctx, -1).unwrap()).collect();
+    let again: Vec<Token> = (0..20).map(|_| s.sample(&mut ctx, Output::Last).unwrap()).collect();
     assert_eq!(first, again);
     // A grammar starts over too.
     let (a, b) = (token_for_piece(vocab, "a"), token_for_piece(vocab, "b"));
-    let mut g = SamplerChain::new().grammar(vocab, r#"root ::= "ab""#, "root").unwrap().greedy().build().unwrap();
+    let mut g = SamplerChain::new().grammar(vocab, r#"root ::= "ab""#, "root").greedy().build().unwrap();
     g.accept(a).unwrap();
     g.accept(b).unwrap();
     assert!(g.accept(a).is_err());
@@ -740,7 +740,7 @@ fn greedy_shortcut_agrees_on_nan_logits() {
     let model = Model::load(&path, &llama::ModelParams::default()).unwrap();
 
     let (mut ctx, n) = prompt_ctx(&model, "Hello world");
-    let logits = ctx.logits(-1).unwrap();
+    let logits = ctx.logits(Output::Last).unwrap();
     assert!(logits[0].is_nan() && logits[1..].iter().all(|x| x.is_finite()));
     let (toks, paths) = compare_with_llama_cpp(&mut ctx, &mut Sampler::greedy(), &mut Sampler::greedy(), n, 3);
     assert_eq!(toks[0], Token(0));
@@ -783,5 +783,5 @@ fn a_panic_in_a_custom_sampler_destructor_is_resumed() {
     // And nothing is left pending for the next, unrelated sampler.
     let model = tiny_model();
     let (mut ctx, _) = prompt_ctx(&model, "Hello world");
-    Sampler::greedy().sample(&mut ctx, -1).unwrap();
+    Sampler::greedy().sample(&mut ctx, Output::Last).unwrap();
 }

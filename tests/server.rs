@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 use llama::engine::{Engine, EngineConfig, Request};
-use llama::{Model, ModelParams};
+use llama::{AddBos, Model, ModelParams};
 use serde_json::{Value, json};
 
 struct Server {
@@ -184,7 +184,8 @@ fn every_endpoint_answers_as_openai_does() {
     assert!(parsed.iter().all(|c| c["id"] == parsed[0]["id"]));
 
     let model = Model::load(model_path(), &ModelParams { vocab_only: true, ..ModelParams::default() }).unwrap();
-    let ids: Vec<i32> = model.vocab().tokenize("The capital of France is", true).unwrap().iter().map(|t| t.0).collect();
+    let ids: Vec<i32> =
+        model.vocab().tokenize("The capital of France is", AddBos::Yes).unwrap().iter().map(|t| t.0).collect();
     let body = json!({"prompt": ids, "max_tokens": 4, "temperature": 0, "echo": true, "logprobs": 2});
     let (status, by_ids) = server.post("/v1/completions", &body);
     assert_eq!(status, 200, "{by_ids}");

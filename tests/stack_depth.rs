@@ -12,7 +12,7 @@ mod safe_api;
 
 use std::path::PathBuf;
 
-use llama::{Error, Model, ModelParams, SamplerChain, Token};
+use llama::{AddBos, Error, Model, ModelParams, SamplerChain, Special, Token};
 use safe_api::isolated_with_stack;
 
 /// Small enough that each input below overflows it without the helper
@@ -36,15 +36,15 @@ fn a_long_run_of_one_letter_tokenizes_with_a_regex_pre_tokenizer() {
         assert!(model.vocab().splits_with_regex(), "deepseek-llm's pre-tokenizer falls back to std::regex");
         // 30,000 characters: about 10 MB of recursion in std::regex.
         let text = "Z".repeat(30_000);
-        let tokens = model.vocab().tokenize(&text, false).unwrap();
+        let tokens = model.vocab().tokenize(&text, AddBos::No).unwrap();
         assert!(!tokens.is_empty() && tokens.len() < text.len());
-        assert_eq!(model.vocab().detokenize(&tokens, false, false).unwrap(), text);
+        assert_eq!(model.vocab().detokenize(&tokens, AddBos::No, Special::Plain).unwrap(), text);
         // The same text in short pieces (each tokenized on this small
         // stack) gives the same tokens: the helper changes nothing but the
         // stack.
         let short = "Z".repeat(300);
-        let piece = model.vocab().tokenize(&short, false).unwrap();
-        assert_eq!(model.vocab().detokenize(&piece, false, false).unwrap(), short);
+        let piece = model.vocab().tokenize(&short, AddBos::No).unwrap();
+        assert_eq!(model.vocab().detokenize(&piece, AddBos::No, Special::Plain).unwrap(), short);
     });
 }
 
@@ -59,7 +59,7 @@ fn hand_split_pre_tokenizers_need_no_deep_stack() {
             assert!(!model.vocab().splits_with_regex(), "{name} is split by hand");
             for ch in ["Z", "1", " ", "é", "中", "!", "\n"] {
                 let text = ch.repeat(20_000);
-                let tokens = model.vocab().tokenize(&text, false).unwrap();
+                let tokens = model.vocab().tokenize(&text, AddBos::No).unwrap();
                 assert!(!tokens.is_empty(), "{name} {ch:?}");
             }
         }
@@ -73,9 +73,9 @@ fn hand_split_pre_tokenizers_need_no_deep_stack() {
 /// Builds a sampler of `gbnf` (which allows exactly "a") and checks that
 /// it refuses "b", accepts "a", and accepts it again after a reset.
 fn assert_accepts_only_a(vocab: &llama::Vocab, gbnf: &str) {
-    let mut sampler = SamplerChain::new().grammar(vocab, gbnf, "root").unwrap().greedy().build().unwrap();
-    let a = vocab.tokenize("a", false).unwrap();
-    let b = vocab.tokenize("b", false).unwrap();
+    let mut sampler = SamplerChain::new().grammar(vocab, gbnf, "root").greedy().build().unwrap();
+    let a = vocab.tokenize("a", AddBos::No).unwrap();
+    let b = vocab.tokenize("b", AddBos::No).unwrap();
     assert_eq!(a.len(), 1);
     assert!(matches!(sampler.accept(b[0]), Err(Error::Grammar(_))), "the grammar allows only \"a\"");
     sampler.accept(a[0]).unwrap();
@@ -119,22 +119,21 @@ fn a_lazy_grammar_waits_through_long_text_and_then_triggers() {
         let pattern = r"^[\s\S]*?(<tool>)[\s\S]*$";
         let mut sampler = SamplerChain::new()
             .grammar_lazy(vocab, r#"root ::= "<tool>" [a-z]+"#, "root", &[pattern], &[])
-            .unwrap()
             .greedy()
             .build()
             .unwrap();
-        let filler: Vec<Token> = vocab.tokenize(" the", false).unwrap();
+        let filler: Vec<Token> = vocab.tokenize(" the", AddBos::No).unwrap();
         assert_eq!(filler.len(), 1);
         // 4,000 tokens of 4 bytes: 16 KB of text, megabytes of recursion
         // per accept at the end.
         for _ in 0..4_000 {
             sampler.accept(filler[0]).unwrap();
         }
-        for token in vocab.tokenize("<tool>", false).unwrap() {
+        for token in vocab.tokenize("<tool>", AddBos::No).unwrap() {
             sampler.accept(token).unwrap();
         }
         // Triggered: now the grammar constrains, and a space is not [a-z].
-        let space = vocab.tokenize(" ", false).unwrap();
+        let space = vocab.tokenize(" ", AddBos::No).unwrap();
         assert!(matches!(sampler.accept(space[0]), Err(Error::Grammar(_))));
     });
 }

@@ -8,7 +8,7 @@
 
 mod safe_api;
 
-use llama::{Batch, Context, Model, Token};
+use llama::{Batch, Context, Logits, Model, Output, Token};
 use safe_api::*;
 
 const STEPS: usize = 10;
@@ -26,10 +26,10 @@ fn uninterrupted(model: &Model, prompt: &[Token]) -> (Vec<f32>, Vec<Token>) {
 fn continue_after_restore(ctx: &mut Context<'_>, prompt: &[Token], expected: &(Vec<f32>, Vec<Token>), what: &str) {
     assert_eq!(ctx.seq_pos_max(0).unwrap(), Some(prompt.len() as i32 - 1), "{what}: restored positions");
     if what != "source itself" {
-        assert!(ctx.logits(-1).is_err(), "{what}: logits are not part of the state");
+        assert!(ctx.logits(Output::Last).is_err(), "{what}: logits are not part of the state");
     }
     ctx.redecode_last(prompt, 0).unwrap();
-    let logits = ctx.logits(-1).unwrap().to_vec();
+    let logits = ctx.logits(Output::Last).unwrap().to_vec();
     assert_same_logits(&expected.0, &logits, what);
     assert_eq!(ctx.logits(0).unwrap(), &logits[..], "{what}: the replayed token is batch index 0");
     let (toks, _) = greedy_continue(ctx, logits, prompt.len() as i32, STEPS);
@@ -101,14 +101,18 @@ fn a_sequence_restores_into_another_sequence() {
         // The data records the cache's stream layout: one stream (a
         // one-sequence or unified cache) does not load into two.
         assert_eq!(ctx.load_seq_state(&from_single, 1).is_ok(), kv_unified);
-        ctx.clear_kv(false);
+        ctx.clear_kv();
         let other = tokens(model.vocab(), "the lazy dog");
         decode_seq(&mut ctx, &other, 0, 0);
         ctx.load_seq_state(&seq, 1).unwrap();
         assert_eq!(ctx.seq_pos_max(1).unwrap(), Some(prompt.len() as i32 - 1));
         assert_eq!(ctx.seq_pos_max(0).unwrap(), Some(other.len() as i32 - 1), "sequence 0 untouched");
         ctx.redecode_last(&prompt, 1).unwrap();
-        assert_same_logits(&expected.0, ctx.logits(-1).unwrap(), &format!("restored into seq 1 ({kv_unified})"));
+        assert_same_logits(
+            &expected.0,
+            ctx.logits(Output::Last).unwrap(),
+            &format!("restored into seq 1 ({kv_unified})"),
+        );
         // Move it back to sequence 0 through bytes of sequence 1.
         let moved = ctx.save_seq_state(1).unwrap();
         ctx.load_seq_state(&moved, 0).unwrap();
@@ -138,7 +142,7 @@ fn memory_operations_do_what_they_say() {
     assert_eq!((ctx.seq_pos_min(0).unwrap(), ctx.seq_pos_max(0).unwrap()), (Some(0), Some(n - 3)));
     // The tail can be decoded again after the removal.
     let mut b = Batch::new(2, 1);
-    b.push_sequence(&text[n as usize - 2..], n - 2, 0, true).unwrap();
+    b.push_sequence(&text[n as usize - 2..], n - 2, 0, Logits::Yes).unwrap();
     ctx.decode(&b).unwrap();
     assert_eq!(ctx.seq_pos_max(0).unwrap(), Some(n - 1));
 
@@ -163,10 +167,10 @@ fn memory_operations_do_what_they_say() {
     assert_eq!(ctx.seq_pos_max(1).unwrap(), None);
     // Clearing empties everything and drops the outputs.
     decode_seq(&mut ctx, &text, 0, 0);
-    assert!(ctx.logits(-1).is_ok());
-    ctx.clear_kv(true);
+    assert!(ctx.logits(Output::Last).is_ok());
+    ctx.clear_kv_zeroed();
     assert_eq!(ctx.seq_pos_max(0).unwrap(), None);
-    assert!(ctx.logits(-1).is_err());
+    assert!(ctx.logits(Output::Last).is_err());
     // And the cache takes a fresh sequence from position 0 again.
     decode_seq(&mut ctx, &text, 0, 0);
 }

@@ -5,7 +5,7 @@ mod safe_api;
 
 use std::sync::{Arc, Barrier};
 
-use llama::{Context, Model, Sampler, SamplerChain, Token};
+use llama::{AddBos, Context, Logits, Model, Output, Sampler, SamplerChain, Special, Token};
 use safe_api::*;
 
 const PROMPTS: [&str; 4] = ["Hello world", "the quick brown fox", "你好，世界", "Rust is fast and small"];
@@ -27,16 +27,16 @@ fn run(model: &Model, prompt: &str, seed: u32) -> Run {
     let first_logits = decode_seq(&mut ctx, &toks, 0, 0);
     let (greedy, rows) = greedy_continue(&mut ctx, first_logits.clone(), toks.len() as i32, STEPS);
     // A second pass with a seeded random chain, through the safe sampler.
-    ctx.clear_kv(false);
+    ctx.clear_kv();
     decode_seq(&mut ctx, &toks, 0, 0);
     let mut sampler: Sampler<'_> = SamplerChain::new().top_k(40).temp(1.5).dist(seed).build().unwrap();
     let mut sampled = Vec::new();
     let mut batch = llama::Batch::new(1, 1);
     for i in 0..STEPS {
-        let t = sampler.sample(&mut ctx, -1).unwrap();
+        let t = sampler.sample(&mut ctx, Output::Last).unwrap();
         sampled.push(t);
         batch.clear();
-        batch.push(t, (toks.len() + i) as i32, &[0], true).unwrap();
+        batch.push(t, (toks.len() + i) as i32, &[0], Logits::Yes).unwrap();
         ctx.decode(&batch).unwrap();
     }
     Run { greedy, first_logits, last_logits: rows.last().unwrap().clone(), sampled }
@@ -105,7 +105,7 @@ fn scoped_threads_borrow_the_model_and_move_contexts() {
     let first = std::thread::scope(|s| {
         s.spawn(|| {
             decode_seq(&mut ctx, &toks, 0, 0);
-            sampler.sample(&mut ctx, -1).unwrap()
+            sampler.sample(&mut ctx, Output::Last).unwrap()
         })
         .join()
         .unwrap()
@@ -121,7 +121,7 @@ fn scoped_threads_borrow_the_model_and_move_contexts() {
                 for _ in 0..50 {
                     for (p, e) in PROMPTS.iter().zip(&expected) {
                         assert_eq!(&tokens(vocab, p), e);
-                        assert_eq!(vocab.detokenize(&e[1..], false, false).unwrap(), *p);
+                        assert_eq!(vocab.detokenize(&e[1..], AddBos::No, Special::Plain).unwrap(), *p);
                     }
                 }
             });

@@ -30,7 +30,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use llama::{Model, ModelParams, Token, Vocab};
+use llama::{AddBos, Model, ModelParams, Special, Token, Vocab};
 use llama_sys as sys;
 
 /// Upstream's separator between the texts of a `.inp` file.
@@ -218,7 +218,12 @@ fn tokenize_bytes(vocab: &Vocab, text: &[u8], add_special: bool, parse_special: 
     if let Ok(text) = std::str::from_utf8(text) {
         let mut out = Vec::new();
         vocab
-            .tokenize_into(text, add_special, parse_special, &mut out)
+            .tokenize_into(
+                text,
+                if add_special { AddBos::Yes } else { AddBos::No },
+                if parse_special { Special::Markup } else { Special::Plain },
+                &mut out,
+            )
             .unwrap_or_else(|e| panic!("tokenize {text:?}: {e}"));
         return out;
     }
@@ -414,8 +419,9 @@ fn spm_detokenize_round_trip() {
                     let mut buf = [0u8; 4];
                     for &c in part {
                         let text = c.encode_utf8(&mut buf);
-                        let tokens = vocab.tokenize_special(text, false).expect("tokenize a code point");
-                        let check = vocab.detokenize(&tokens, false, true).expect("detokenize its tokens");
+                        let tokens = vocab.tokenize_special(text, AddBos::No).expect("tokenize a code point");
+                        let check =
+                            vocab.detokenize(&tokens, AddBos::No, Special::Markup).expect("detokenize its tokens");
                         if check != *text {
                             bad.push(format!(
                                 "U+{:04X} {text:?} tokenizes to {:?}, which detokenizes to {check:?}",

@@ -9,7 +9,7 @@ use axum::http::StatusCode;
 use futures::{Stream, StreamExt};
 use llama::engine::{Completion, Engine, Event, Finish, Request, SamplingParams, TokenLogprob};
 use llama::generate::FinishReason;
-use llama::{Error, Token, Vocab};
+use llama::{Error, Special, Token, Vocab};
 
 use crate::openai::{ApiError, Sampling, Usage};
 
@@ -193,6 +193,6 @@ pub fn combined_usage(usages: impl IntoIterator<Item = Usage>, n: usize) -> Usag
 /// A token's text for logprob entries (bytes that are not UTF-8 on their
 /// own, such as part of a character, come out as U+FFFD).
 pub fn token_text(vocab: &Vocab, token: Token) -> (String, Vec<u8>) {
-    let bytes = vocab.token_to_piece(token, false).unwrap_or_default();
+    let bytes = vocab.token_to_piece(token, Special::Plain).unwrap_or_default();
     (String::from_utf8_lossy(&bytes).into_owned(), bytes)
 }

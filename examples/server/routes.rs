@@ -15,7 +15,7 @@ use base64::Engine as _;
 use futures::{Stream, StreamExt};
 use llama::chat::RenderOptions;
 use llama::engine::{Prompt, Request, TokenLogprob};
-use llama::{Token, Vocab};
+use llama::{AddBos, Special, Token, Vocab};
 use serde_json::{Value, json};
 
 use crate::generation::{self, Choice, Delta, MAX_CHOICES};
@@ -130,7 +130,7 @@ async fn completions(State(state): State<Arc<AppState>>, body: Body) -> Result<R
             .iter()
             .map(|p| match p {
                 Prompt::Text { text, .. } => Ok(text.clone()),
-                Prompt::Tokens(t) => vocab.detokenize(t, false, false).map_err(generation::engine_error),
+                Prompt::Tokens(t) => vocab.detokenize(t, AddBos::No, Special::Plain).map_err(generation::engine_error),
                 _ => Ok(String::new()),
             })
             .collect::<Result<_, _>>()?
@@ -207,7 +207,7 @@ async fn completions(State(state): State<Arc<AppState>>, body: Body) -> Result<R
 }
 
 fn text_prompt(text: String) -> Prompt {
-    Prompt::Text { text, add_bos: true, parse_special: true }
+    Prompt::Text { text, add_bos: AddBos::Yes, special: Special::Markup }
 }
 
 /// The legacy completions `logprobs` object.
@@ -270,7 +270,7 @@ fn chat_prompt(ready: &Ready, req: &ChatRequest) -> Result<(Prompt, Option<Strin
     let vocab = ready.model.vocab();
     // The template writes BOS itself when the model wants one.
     let bos = vocab.bos().and_then(|b| vocab.text(b).ok()).filter(|b| !b.is_empty());
-    let add_bos = !bos.is_some_and(|b| text.starts_with(b));
+    let add_bos = if bos.is_some_and(|b| text.starts_with(b)) { AddBos::No } else { AddBos::Yes };
     let grammar = match &req.response_format {
         None | Some(ResponseFormat::Text) => None,
         Some(ResponseFormat::JsonObject) => Some(llama::json_schema::json_grammar().to_owned()),
@@ -282,7 +282,7 @@ fn chat_prompt(ready: &Ready, req: &ChatRequest) -> Result<(Prompt, Option<Strin
             )
         }
     };
-    Ok((Prompt::Text { text, add_bos, parse_special: true }, grammar))
+    Ok((Prompt::Text { text, add_bos, special: Special::Markup }, grammar))
 }
 
 async fn chat(State(state): State<Arc<AppState>>, body: Body) -> Result<Response, ApiError> {

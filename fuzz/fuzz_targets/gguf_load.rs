@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
-use llama::{Model, ModelParams};
+use llama::{AddBos, Model, ModelParams, Special};
 
 fn scratch_path() -> &'static PathBuf {
     static PATH: OnceLock<PathBuf> = OnceLock::new();
@@ -24,10 +24,10 @@ fn exercise(model: &Model) {
     let vocab = model.vocab();
     let _ = (model.n_ctx_train(), model.n_embd(), model.n_layer(), model.description(), model.metadata_entries());
     let _ = model.chat_template(None);
-    let _ = vocab.tokenize("Hello world! 123 <s>", true);
-    let _ = vocab.tokenize_special("Hello <|ctrl|></s>", true);
+    let _ = vocab.tokenize("Hello world! 123 <s>", AddBos::Yes);
+    let _ = vocab.tokenize_special("Hello <|ctrl|></s>", AddBos::Yes);
     for id in [0, 1, 2, vocab.n_tokens() as i32 - 1] {
-        let _ = vocab.token_to_piece(llama::Token(id), true);
+        let _ = vocab.token_to_piece(llama::Token(id), Special::Markup);
     }
 }
 

@@ -19,9 +19,7 @@ fuzz_target!(|data: &[u8]| {
     let sample_text = parts.get(2).map(|p| text(p)).unwrap_or_default();
     let trigger_tokens = parts.get(3).map(|p| raw_tokens(p, 8)).unwrap_or_default();
     let vocab = tiny_model().vocab();
-    let Ok(chain) = SamplerChain::new().grammar_lazy(vocab, &gbnf, "root", &patterns, &trigger_tokens) else {
-        return;
-    };
+    let chain = SamplerChain::new().grammar_lazy(vocab, &gbnf, "root", &patterns, &trigger_tokens);
     let chain = if head & 2 != 0 { chain.top_k(8).dist(u32::from(head)) } else { chain.greedy() };
     let Ok(mut sampler) = chain.build() else { return };
     drive_sampler(&mut sampler, &sample_text, &trigger_tokens, usize::from(head >> 4));

@@ -8,7 +8,7 @@
 use std::cell::RefCell;
 
 use libfuzzer_sys::fuzz_target;
-use llama::{Batch, Context, Token};
+use llama::{Batch, Context, Logits, Output, Token};
 use llama_fuzz::{ctx_params, tiny_model};
 
 thread_local! {
@@ -39,9 +39,10 @@ fuzz_target!(|data: &[u8]| {
             _ => 0,
         };
         let mut batch = Batch::new(1, 1);
-        if batch.push(Token(i32::from(mode >> 3) + 3), next, &[seq], true).is_ok() && ctx.decode(&batch).is_ok() {
-            let _ = ctx.logits(-1);
+        if batch.push(Token(i32::from(mode >> 3) + 3), next, &[seq], Logits::Yes).is_ok() && ctx.decode(&batch).is_ok()
+        {
+            let _ = ctx.logits(Output::Last);
         }
-        ctx.clear_kv(false);
+        ctx.clear_kv();
     });
 });

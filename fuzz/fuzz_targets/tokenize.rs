@@ -5,16 +5,16 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use llama::{Detokenizer, Token};
+use llama::{AddBos, Detokenizer, Special, Token};
 use llama_fuzz::{raw_tokens, text, vocab_model};
 
 fuzz_target!(|data: &[u8]| {
     let Some((&head, rest)) = data.split_first() else { return };
     let Some(model) = vocab_model(usize::from(head & 0x1f)) else { return };
     let vocab = model.vocab();
-    let add_bos = head & 0x20 != 0;
-    let remove_special = head & 0x40 != 0;
-    let unparse = head & 0x80 != 0;
+    let add_bos = if head & 0x20 != 0 { AddBos::Yes } else { AddBos::No };
+    let remove_special = if head & 0x40 != 0 { AddBos::Yes } else { AddBos::No };
+    let unparse = if head & 0x80 != 0 { Special::Markup } else { Special::Plain };
     let s = text(rest);
 
     let plain = vocab.tokenize(&s, add_bos).unwrap_or_default();
@@ -38,7 +38,8 @@ fuzz_target!(|data: &[u8]| {
     // Ids straight from the input, mostly outside the vocab: must be Err.
     let raw: Vec<Token> = raw_tokens(rest, 16);
     let _ = vocab.detokenize(&raw, remove_special, unparse);
-    let mut de = Detokenizer::new(vocab, !unparse);
+    let flipped = if unparse == Special::Markup { Special::Plain } else { Special::Markup };
+    let mut de = Detokenizer::new(vocab, flipped);
     for &t in &raw {
         let _ = vocab.token_to_piece(t, unparse);
         let _ = de.push_str(t);

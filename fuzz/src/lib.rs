@@ -8,7 +8,7 @@
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use llama::{ContextParams, Model, ModelParams, Token};
+use llama::{AddBos, ContextParams, Model, ModelParams, Output, Token};
 
 /// The root package's synthetic GGUF writer (`src/synthetic.rs`), compiled
 /// into this crate by path.
@@ -37,7 +37,9 @@ pub fn vocab_paths() -> &'static [PathBuf] {
             .unwrap_or_else(|e| panic!("cannot list the vocab fixtures in {}: {e}", dir.display()))
             .filter_map(|e| e.ok().map(|e| e.path()))
             .filter(|p| {
-                p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("ggml-vocab-") && n.ends_with(".gguf"))
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with("ggml-vocab-") && n.ends_with(".gguf"))
             })
             .collect();
         v.sort();
@@ -103,7 +105,7 @@ thread_local! {
     static SAMPLE_CTX: std::cell::RefCell<llama::Context<'static>> = std::cell::RefCell::new({
         let model = tiny_model();
         let mut ctx = model.new_context(&ctx_params(1)).expect("tiny context");
-        let prompt = model.vocab().tokenize("Hello world", true).expect("tokenize");
+        let prompt = model.vocab().tokenize("Hello world", AddBos::Yes).expect("tokenize");
         ctx.decode(&llama::Batch::from_tokens(&prompt, 0)).expect("decode");
         ctx
     });
@@ -114,7 +116,7 @@ thread_local! {
 /// then samples up to `n_sample` tokens from the tiny context.
 pub fn drive_sampler(sampler: &mut llama::Sampler<'_>, text: &str, extra: &[Token], n_sample: usize) {
     let vocab = tiny_model().vocab();
-    let tokens = vocab.tokenize(text, false).unwrap_or_default();
+    let tokens = vocab.tokenize(text, AddBos::No).unwrap_or_default();
     for &t in tokens.iter().take(256) {
         if sampler.accept(t).is_err() {
             break;
@@ -126,7 +128,7 @@ pub fn drive_sampler(sampler: &mut llama::Sampler<'_>, text: &str, extra: &[Toke
     SAMPLE_CTX.with(|ctx| {
         let mut ctx = ctx.borrow_mut();
         for _ in 0..n_sample {
-            match sampler.sample(&mut ctx, -1) {
+            match sampler.sample(&mut ctx, Output::Last) {
                 Ok(t) if vocab.is_eog(t) => break,
                 Ok(_) => {}
                 Err(_) => {
@@ -142,4 +144,3 @@ pub fn drive_sampler(sampler: &mut llama::Sampler<'_>, text: &str, extra: &[Toke
         let _ = sampler.accept(t);
     }
 }
-

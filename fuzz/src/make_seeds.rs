@@ -5,8 +5,8 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use llama::{Batch, builtin_chat_templates};
-use llama_fuzz::{ctx_params, repo_root, synthetic, tiny_model, vocab_paths, TINY_SPEC};
+use llama::{AddBos, Batch, Logits, builtin_chat_templates};
+use llama_fuzz::{TINY_SPEC, ctx_params, repo_root, synthetic, tiny_model, vocab_paths};
 
 const TEXTS: &[&str] = &[
     "Hello world! The quick brown fox jumps over the lazy dog.",
@@ -67,7 +67,11 @@ fn main() {
         write(&dir, &format!("g{i}-dist"), &[&[0x42][..], &join(&[g.as_bytes(), t.as_bytes()])].concat());
         let patterns = format!("[\\s\\S]*?(<tool>)\n^{}", regex_escape(&t[..t.len().min(3)]));
         let text = format!("some words <tool>{t}");
-        write(&lazy, &format!("l{i}"), &[&[0x40][..], &join(&[g.as_bytes(), patterns.as_bytes(), text.as_bytes()])].concat());
+        write(
+            &lazy,
+            &format!("l{i}"),
+            &[&[0x40][..], &join(&[g.as_bytes(), patterns.as_bytes(), text.as_bytes()])].concat(),
+        );
         let tok = 300i32.to_le_bytes();
         write(&lazy, &format!("l{i}-tok"), &[&[0x42][..], &join(&[g.as_bytes(), b"", t.as_bytes(), &tok])].concat());
     }
@@ -95,15 +99,15 @@ fn main() {
     // state_load: real states of the contexts the target loads into.
     let dir = out.join("state_load");
     let model = tiny_model();
-    let prompt = model.vocab().tokenize("Hello world, the tiny model", true).unwrap();
+    let prompt = model.vocab().tokenize("Hello world, the tiny model", AddBos::Yes).unwrap();
     let mut one = model.new_context(&ctx_params(1)).unwrap();
     one.decode(&Batch::from_tokens(&prompt, 0)).unwrap();
     write(&dir, "whole-1seq", &[&[0u8][..], &one.save_state().unwrap()].concat());
     write(&dir, "seq0-1seq", &[&[2u8][..], &one.save_seq_state(0).unwrap()].concat());
     let mut two = model.new_context(&ctx_params(2)).unwrap();
     let mut batch = Batch::new(64, 1);
-    batch.push_sequence(&prompt, 0, 0, false).unwrap();
-    batch.push_sequence(&prompt[..3], 0, 1, true).unwrap();
+    batch.push_sequence(&prompt, 0, 0, Logits::No).unwrap();
+    batch.push_sequence(&prompt[..3], 0, 1, Logits::Yes).unwrap();
     two.decode(&batch).unwrap();
     write(&dir, "whole-2seq", &[&[1u8][..], &two.save_state().unwrap()].concat());
     write(&dir, "seq0-2seq", &[&[3u8][..], &two.save_seq_state(0).unwrap()].concat());

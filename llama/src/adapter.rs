@@ -5,7 +5,8 @@ use std::ptr::NonNull;
 
 use crate::context::Context;
 use crate::error::{Error, Result, check_shim};
-use crate::model::{Model, path_to_cstring, read_string};
+use crate::ffi::path_to_cstring;
+use crate::model::{Model, read_string};
 use crate::sys;
 
 /// A LoRA adapter loaded for one model.

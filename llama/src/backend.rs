@@ -1,7 +1,7 @@
 //! Process-wide setup: backend initialisation, log routing, system facts.
 
 use std::cell::RefCell;
-use std::ffi::{CStr, c_char, c_void};
+use std::ffi::{c_char, c_void};
 use std::sync::{Mutex, Once};
 
 use crate::sys;
@@ -48,13 +48,13 @@ thread_local! {
 unsafe extern "C" fn log_trampoline(level: sys::ggml_log_level::Type, text: *const c_char, _user: *mut c_void) {
     // A panic must not cross into C, and there is nobody to resume it in:
     // the log can fire on ggml worker threads. Drop it.
-    let _ = std::panic::catch_unwind(|| {
+    let _ = crate::ffi::catch(|| {
         if text.is_null() {
             return;
         }
         // SAFETY: llama.cpp passes a NUL-terminated string valid for the
         // duration of the call.
-        let message = unsafe { CStr::from_ptr(text) }.to_string_lossy();
+        let message = unsafe { crate::ffi::owned_lossy(text) };
         let message = message.trim_end_matches('\n');
         let level = match level {
             sys::ggml_log_level::GGML_LOG_LEVEL_ERROR => log::Level::Error,
@@ -107,7 +107,7 @@ fn raw_system_info() -> String {
     // SAFETY: the returned pointer is a NUL-terminated static buffer that
     // only another call rewrites, and the lock keeps other callers out until
     // the copy is made.
-    unsafe { CStr::from_ptr(sys::llama_print_system_info()) }.to_string_lossy().into_owned()
+    unsafe { crate::ffi::owned_lossy(sys::llama_print_system_info()) }
 }
 
 /// The x86-64 CPU features that matter most to llama.cpp's CPU kernels
@@ -241,15 +241,9 @@ pub fn devices() -> Vec<Device> {
 impl Device {
     /// A device from its registry handle (non-null, process lifetime).
     pub(crate) fn from_raw(raw: sys::ggml_backend_dev_t) -> Device {
-        let cstr = |p: *const c_char| {
-            if p.is_null() {
-                String::new()
-            } else {
-                // SAFETY: non-null strings from the registry are
-                // NUL-terminated and static.
-                unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
-            }
-        };
+        // SAFETY: the registry's strings are NULL or NUL-terminated and
+        // static.
+        let cstr = |p: *const c_char| unsafe { crate::ffi::owned_lossy(p) };
         let (mut free, mut total) = (0usize, 0usize);
         // SAFETY: `raw` is a valid device handle; the out-pointers are valid
         // for writes.
@@ -278,11 +272,8 @@ impl Device {
 pub fn version() -> &'static str {
     // SAFETY: returns a pointer to a static NUL-terminated string.
     let ptr = unsafe { sys::llama_version() };
-    if ptr.is_null() {
-        return "";
-    }
-    // SAFETY: non-null, static, NUL-terminated.
-    unsafe { CStr::from_ptr(ptr) }.to_str().unwrap_or("")
+    // SAFETY: NULL or static and NUL-terminated.
+    unsafe { crate::ffi::borrowed_str(ptr) }.unwrap_or("")
 }
 
 /// Microseconds since the backend was initialised.

@@ -12,6 +12,31 @@ pub type SeqId = i32;
 /// A position inside a sequence.
 pub type Pos = i32;
 
+/// Whether a batch token computes an output: its logits (or, while
+/// embeddings are on, its embedding), read afterwards through
+/// [`Output::Index`](crate::Output::Index).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Logits {
+    /// Compute this token's output row.
+    Yes,
+    /// No output row (the usual case for all but a prompt's last token).
+    #[default]
+    No,
+}
+
+impl From<bool> for Logits {
+    /// `true` is [`Logits::Yes`].
+    fn from(yes: bool) -> Logits {
+        if yes { Logits::Yes } else { Logits::No }
+    }
+}
+
+impl Logits {
+    fn flag(self) -> i8 {
+        (self == Logits::Yes) as i8
+    }
+}
+
 /// An owned, capacity-checked batch of tokens for [`Context::decode`].
 ///
 /// Each token carries its position, the sequences it belongs to and whether
@@ -74,7 +99,7 @@ impl Batch {
     pub fn from_tokens(tokens: &[Token], start: Pos) -> Batch {
         let mut batch = Batch::new(tokens.len(), 1);
         // Cannot fail: the capacity is exactly the token count.
-        let _ = batch.push_sequence(tokens, start, 0, true);
+        let _ = batch.push_sequence(tokens, start, 0, Logits::Yes);
         batch
     }
 
@@ -83,7 +108,7 @@ impl Batch {
     /// # Errors
     /// [`Error::BatchFull`] when the batch is full; [`Error::InvalidArgument`]
     /// when `seq_ids` is empty or longer than the batch allows.
-    pub fn push(&mut self, token: Token, pos: Pos, seq_ids: &[SeqId], logits: bool) -> Result<()> {
+    pub fn push(&mut self, token: Token, pos: Pos, seq_ids: &[SeqId], logits: Logits) -> Result<()> {
         if self.len() >= self.capacity {
             return Err(Error::BatchFull { capacity: self.capacity });
         }
@@ -100,8 +125,8 @@ impl Batch {
         let row_start = self.seq_ids.len();
         self.seq_ids.extend_from_slice(seq_ids);
         self.seq_ids.resize(row_start + self.max_seqs_per_token, -1);
-        self.logits.push(logits as i8);
-        self.n_outputs += logits as usize;
+        self.logits.push(logits.flag());
+        self.n_outputs += logits.flag() as usize;
         self.sync_rows();
         Ok(())
     }
@@ -122,21 +147,22 @@ impl Batch {
         }
     }
 
-    /// Appends `tokens` of one sequence at positions `start..`, requesting
-    /// logits for the last one if `logits_last`. Nothing is added on error.
+    /// Appends `tokens` of one sequence at positions `start..`; `last` says
+    /// whether the last of them computes logits (the others never do).
+    /// Nothing is added on error.
     ///
     /// # Errors
     /// [`Error::BatchFull`] if they do not all fit.
-    pub fn push_sequence(&mut self, tokens: &[Token], start: Pos, seq: SeqId, logits_last: bool) -> Result<()> {
+    pub fn push_sequence(&mut self, tokens: &[Token], start: Pos, seq: SeqId, last: Logits) -> Result<()> {
         if self.len() + tokens.len() > self.capacity {
             return Err(Error::BatchFull { capacity: self.capacity });
         }
-        let last = tokens.len().saturating_sub(1);
-        if i32::try_from(last).ok().and_then(|l| start.checked_add(l)).is_none() {
+        let n = tokens.len().saturating_sub(1);
+        if i32::try_from(n).ok().and_then(|l| start.checked_add(l)).is_none() {
             return Err(Error::InvalidArgument(format!("positions from {start} overflow for {} tokens", tokens.len())));
         }
         for (k, &t) in tokens.iter().enumerate() {
-            self.push(t, start + k as Pos, &[seq], logits_last && k == last)?;
+            self.push(t, start + k as Pos, &[seq], if k == n { last } else { Logits::No })?;
         }
         Ok(())
     }
@@ -198,13 +224,13 @@ impl Batch {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] if `i` is not a token of the batch.
-    pub fn set_logits(&mut self, i: usize, logits: bool) -> Result<()> {
+    pub fn set_logits(&mut self, i: usize, logits: Logits) -> Result<()> {
         let Some(flag) = self.logits.get_mut(i) else {
             return Err(Error::InvalidArgument(format!("batch index {i} out of 0..{}", self.tokens.len())));
         };
         let was = *flag != 0;
-        *flag = logits as i8;
-        self.n_outputs = self.n_outputs + logits as usize - was as usize;
+        *flag = logits.flag();
+        self.n_outputs = self.n_outputs + logits.flag() as usize - was as usize;
         Ok(())
     }
 

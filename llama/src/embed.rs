@@ -49,12 +49,12 @@
 //! 262,144-entry vocabulary, more than the transformer itself). Packing
 //! removes the per-pass overhead of short texts, not that cost.
 
-use crate::batch::{Batch, SeqId};
+use crate::batch::{Batch, Logits, SeqId};
 use crate::context::{Attention, Context, ContextParams, FlashAttention, KvType, Pooling};
 use crate::error::{Error, Result, try_reserve};
 use crate::model::Model;
 use crate::sys;
-use crate::vocab::Token;
+use crate::vocab::{AddBos, Token};
 
 /// Parameters of an [`Embedder`], as a builder.
 ///
@@ -68,7 +68,7 @@ pub struct EmbedParams {
     pooling: Pooling,
     normalize: bool,
     truncate: bool,
-    add_special: bool,
+    add_special: AddBos,
     n_ubatch: u32,
     n_seq_max: u32,
     align: u32,
@@ -85,7 +85,7 @@ impl Default for EmbedParams {
             pooling: Pooling::Model,
             normalize: false,
             truncate: false,
-            add_special: true,
+            add_special: AddBos::Yes,
             n_ubatch: 512,
             n_seq_max: 64,
             align: 8,
@@ -120,7 +120,7 @@ impl EmbedParams {
         /// Let the tokenizer add the model's special tokens (BOS, and EOS
         /// or SEP where the model asks for them). Applies to texts, not to
         /// [`Embedder::embed_tokens`].
-        add_special: bool => add_special;
+        add_special: AddBos => add_special;
         /// Most tokens per pass, which is also the longest text (the
         /// context's `n_ubatch`, `n_batch` and `n_ctx`: one pass must
         /// hold a whole text). With mean pooling it must be a multiple of
@@ -191,7 +191,7 @@ pub struct Embedder<'m> {
     pooling: Pooling,
     normalize: bool,
     truncate: bool,
-    add_special: bool,
+    add_special: AddBos,
     /// The longest input: one pass, `min(n_ubatch, n_ctx)` tokens.
     max_tokens: usize,
     /// Most inputs per pass.
@@ -410,10 +410,10 @@ impl<'m> Embedder<'m> {
         let mut pad_pos = 0;
         for (seq, (input, &len)) in inputs.iter().zip(lengths).enumerate() {
             let tokens = &input.as_ref()[..len];
-            self.batch.push_sequence(tokens, 0, seq as SeqId, false)?;
+            self.batch.push_sequence(tokens, 0, seq as SeqId, Logits::No)?;
             self.pad(tokens[0], &mut pad_pos)?;
         }
-        self.ctx.clear_kv(false);
+        self.ctx.clear_kv();
         self.passes += 1;
         let decoded = self.ctx.decode(&self.batch);
         let result = decoded.and_then(|()| {
@@ -431,7 +431,7 @@ impl<'m> Embedder<'m> {
         });
         // Leave nothing behind: the next call starts from an empty cache
         // either way, and the memory is free meanwhile.
-        self.ctx.clear_kv(false);
+        self.ctx.clear_kv();
         result
     }
 
@@ -443,7 +443,7 @@ impl<'m> Embedder<'m> {
         let end = self.batch.len().next_multiple_of(self.align).min(self.max_tokens);
         while self.batch.len() < end {
             // Any valid token will do: its sequence's output is not read.
-            self.batch.push(token, *pad_pos, &[seq], false)?;
+            self.batch.push(token, *pad_pos, &[seq], Logits::No)?;
             *pad_pos += 1;
         }
         Ok(())

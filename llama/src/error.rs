@@ -1,8 +1,9 @@
 //! The crate's one error type and the helpers that turn C results into it.
 
-use std::ffi::CStr;
 use std::path::PathBuf;
 
+use crate::batch::SeqId;
+use crate::context::Output;
 use crate::sys;
 
 /// Everything that can go wrong in this crate.
@@ -51,9 +52,11 @@ pub enum Error {
         /// The batch's capacity.
         capacity: usize,
     },
-    /// A batch was rejected before reaching llama.cpp.
+    /// A batch this crate refused before llama.cpp saw it (empty, larger
+    /// than `n_batch`, a position that does not continue its sequence, …):
+    /// see [`Context::decode`](crate::Context::decode).
     #[error("invalid batch: {0}")]
-    BatchInvalid(String),
+    InvalidBatch(String),
     /// `llama_decode` returned 1: no KV cache slot for the batch. The cache
     /// is unchanged; free space (`seq_rm`) or decode a smaller batch.
     #[error("no KV cache slot for the batch (llama_decode returned 1)")]
@@ -62,18 +65,27 @@ pub enum Error {
     /// that were already processed stay in the cache.
     #[error("decoding was aborted by the abort callback")]
     Aborted,
-    /// `llama_decode` returned -1: llama.cpp rejected the batch.
+    /// `llama_decode` returned -1: llama.cpp rejected a batch that passed
+    /// this crate's checks.
     #[error("llama.cpp rejected the batch (llama_decode returned -1)")]
-    InvalidBatch,
+    BatchRejected,
     /// `llama_decode` returned -2: memory or output buffer allocation failed.
     #[error("allocation failed while decoding (llama_decode returned -2)")]
     AllocationFailed,
     /// `llama_decode` returned -3 (compute failure) or another negative code.
     #[error("decoding failed (llama_decode returned {0})")]
     ComputeFailed(i32),
-    /// An output row that was not requested in the last batch.
-    #[error("batch index {0} has no output: set its logits flag when adding it")]
-    NoOutput(i32),
+    /// The last decode computed no such output: the batch token did not
+    /// ask for logits ([`Logits::Yes`](crate::Logits::Yes)), the index is
+    /// outside the batch, the pass produced none of that kind, or the
+    /// outputs were forgotten since (a failed pass, a cache clear).
+    #[error("{0} of the last decode has no output: ask for logits when adding the token")]
+    NoOutput(Output),
+    /// The last decode computed no pooled embedding of this sequence
+    /// (embeddings off, the sequence not in the batch, or the cache
+    /// cleared or loaded since).
+    #[error("sequence {0} has no pooled embedding from the last decode")]
+    NoSequenceOutput(SeqId),
     /// The KV cache of this context cannot shift positions (`llama_memory_can_shift`).
     #[error("the KV cache of this context cannot shift positions")]
     CannotShift,
@@ -83,6 +95,15 @@ pub enum Error {
     ContextFull {
         /// The context length of a sequence.
         n_ctx: u32,
+    },
+    /// `llama_model_quantize` failed (an unsupported or already quantized
+    /// input without `allow_requantize`, a tensor it cannot convert, …).
+    #[error("cannot quantize {path}: {reason}")]
+    Quantize {
+        /// The input model.
+        path: PathBuf,
+        /// Why, as far as llama.cpp said.
+        reason: String,
     },
     /// A C++ exception was thrown inside llama.cpp and caught by the shim.
     #[error("llama.cpp threw an exception in {function}: {message}")]
@@ -237,7 +258,7 @@ pub(crate) fn check_shim(code: std::os::raw::c_int, function: &'static str) -> R
     // SAFETY: the shim returns a pointer to a thread-local NUL-terminated
     // string that stays valid until the next shim call on this thread; we
     // copy it out at once.
-    let message = unsafe { CStr::from_ptr(sys::shim::llama_rs_last_exception()) }.to_string_lossy().into_owned();
+    let message = unsafe { crate::ffi::owned_lossy(sys::shim::llama_rs_last_exception()) };
     Err(Error::Exception { function, message })
 }
 
@@ -247,7 +268,7 @@ pub(crate) fn check_decode(code: i32) -> Result<()> {
         0 => Ok(()),
         1 => Err(Error::NoKvSlot),
         2 => Err(Error::Aborted),
-        -1 => Err(Error::InvalidBatch),
+        -1 => Err(Error::BatchRejected),
         -2 => Err(Error::AllocationFailed),
         other => Err(Error::ComputeFailed(other)),
     }

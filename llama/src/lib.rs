@@ -2,16 +2,29 @@
 //! local LLM inference on GGUF models.
 //!
 //! ```no_run
-//! use llama::{Batch, ContextParams, Model, ModelParams, Sampler};
+//! use llama::{CompleteOptions, Model, ModelParams};
+//!
+//! # fn main() -> Result<(), llama::Error> {
+//! let model = Model::load("gemma-3-270m-q4_k_m.gguf", &ModelParams::default())?;
+//! let done = model.complete("The capital of France is", &CompleteOptions::default().max_tokens(16))?;
+//! println!("{}", done.text);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Under the one-call path: [`Context::eval`] (a prompt of any length),
+//! [`Sampler::sample`] at [`Output::Last`], [`Vocab::decode`], streaming
+//! with [`generate::Session`], many users at once with [`engine`].
+//!
+//! ```no_run
+//! use llama::{AddBos, ContextParams, Model, ModelParams, Output, Sampler};
 //!
 //! # fn main() -> Result<(), llama::Error> {
 //! let model = Model::load("gemma-3-270m-q4_k_m.gguf", &ModelParams::default())?;
 //! let mut ctx = model.new_context(&ContextParams::default().n_ctx(2048))?;
-//! let prompt = model.vocab().tokenize("The capital of France is", true)?;
-//! ctx.decode(&Batch::from_tokens(&prompt, 0))?;
-//! let mut sampler = Sampler::greedy();
-//! let next = sampler.sample(&mut ctx, -1)?;
-//! println!("{}", String::from_utf8_lossy(&model.vocab().token_to_piece(next, false)?));
+//! ctx.eval(&model.vocab().tokenize("The capital of France is", AddBos::Yes)?, 0)?;
+//! let next = Sampler::greedy().sample(&mut ctx, Output::Last)?;
+//! println!("{}", model.vocab().decode(&[next])?);
 //! # Ok(())
 //! # }
 //! ```
@@ -61,6 +74,7 @@ mod context;
 pub mod embed;
 pub mod engine;
 mod error;
+mod ffi;
 pub mod generate;
 mod gguf;
 pub mod json_schema;
@@ -81,17 +95,19 @@ pub use backend::{
     Device, DeviceKind, devices, init, supports_gpu_offload, supports_mlock, supports_mmap, supports_rpc, system_info,
     time_us, unused_cpu_features, version,
 };
-pub use batch::{Batch, Pos, SeqId};
+pub use batch::{Batch, Logits, Pos, SeqId};
 pub use chat::{ChatFormat, ChatMessage, ChatTemplate, apply_chat_template, builtin_chat_templates};
 pub use context::{
-    AbortHandle, Attention, Context, ContextParams, FlashAttention, KvType, PerfCounters, Pooling, max_sequences,
+    AbortHandle, Attention, Context, ContextParams, FlashAttention, KvType, Output, OwnedContext, PerfCounters,
+    Pooling, max_sequences,
 };
 pub use embed::{EmbedParams, Embedder};
 pub use error::{Error, Result};
+pub use generate::{CompleteOptions, Completed};
 pub use model::{LoadMode, MetadataValue, Model, ModelParams, RopeType, SplitMode, split_path, split_prefix};
 pub use quantize::{FileType, QuantizeParams, quantize};
-pub use sampler::{Candidates, CustomSampler, SamplePath, Sampler, SamplerChain, TokenData};
-pub use vocab::{Detokenizer, Token, TokenAttrs, Vocab};
+pub use sampler::{Candidates, CustomSampler, SamplePath, Sampler, SamplerChain, SamplingParams, TokenData};
+pub use vocab::{AddBos, Detokenizer, Special, Token, TokenAttrs, Vocab};
 
 /// The README's Rust examples, compiled by `cargo test --doc`.
 #[cfg(doctest)]

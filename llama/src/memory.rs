@@ -14,10 +14,21 @@ fn bounds(p0: Option<Pos>, p1: Option<Pos>) -> (Pos, Pos) {
 }
 
 impl Context<'_> {
-    /// Empties the KV cache of every sequence. With `zero_data`, the buffers
-    /// are also zeroed.
+    /// Empties the KV cache of every sequence (its cells are marked free;
+    /// their data stays until overwritten).
     #[doc(alias = "llama_memory_clear")]
-    pub fn clear_kv(&mut self, zero_data: bool) {
+    pub fn clear_kv(&mut self) {
+        self.clear_memory(false);
+    }
+
+    /// [`Context::clear_kv`], and zeroes the cache's buffers too (for
+    /// contexts whose memory is handed to another tenant).
+    #[doc(alias = "llama_memory_clear")]
+    pub fn clear_kv_zeroed(&mut self) {
+        self.clear_memory(true);
+    }
+
+    fn clear_memory(&mut self, zero_data: bool) {
         if self.check_rpc().is_err() {
             return;
         }

@@ -3,7 +3,8 @@
 use std::path::Path;
 
 use crate::error::{Error, Result};
-use crate::model::{Model, check_gguf_file, path_to_cstring, temp_sibling};
+use crate::ffi::path_to_cstring;
+use crate::model::{Model, check_gguf_file, temp_sibling};
 use crate::sys;
 
 /// A model file type (`LLAMA_FTYPE_*`): the dominant tensor type of a
@@ -89,7 +90,7 @@ impl Default for QuantizeParams {
 ///
 /// # Errors
 /// [`Error::Io`] / [`Error::ModelLoad`] for an unreadable input,
-/// [`Error::InvalidArgument`] for negative threads, [`Error::ModelLoad`]
+/// [`Error::InvalidArgument`] for negative threads, [`Error::Quantize`]
 /// if llama.cpp fails to quantize.
 #[doc(alias = "llama_model_quantize")]
 pub fn quantize(input: impl AsRef<Path>, output: impl AsRef<Path>, params: &QuantizeParams) -> Result<()> {
@@ -114,7 +115,7 @@ pub fn quantize(input: impl AsRef<Path>, output: impl AsRef<Path>, params: &Quan
     let code = unsafe { sys::llama_model_quantize(c_in.as_ptr(), c_temp.as_ptr(), &raw) };
     if code != 0 {
         let _ = std::fs::remove_file(&temp);
-        return Err(Error::ModelLoad {
+        return Err(Error::Quantize {
             path: input.to_owned(),
             reason: crate::backend::last_error_or("llama.cpp failed to quantize the model"),
         });

@@ -7,10 +7,11 @@
 
 use std::path::Path;
 
-use crate::batch::{Batch, SeqId};
+use crate::batch::{Batch, Logits, SeqId};
 use crate::context::Context;
 use crate::error::{Error, Result, try_reserve};
-use crate::model::{path_to_cstring, temp_sibling};
+use crate::ffi::path_to_cstring;
+use crate::model::temp_sibling;
 use crate::sys;
 use crate::vocab::Token;
 
@@ -377,7 +378,7 @@ impl Context<'_> {
             ));
         }
         let mut batch = Batch::new(1, 1);
-        batch.push(last, pos, &[seq], true)?;
+        batch.push(last, pos, &[seq], Logits::Yes)?;
         self.decode(&batch)
     }
 }

@@ -8,7 +8,6 @@ fn main() {
         let model = Model::load("model.gguf", &ModelParams::default()).unwrap();
         sampler = SamplerChain::new()
             .grammar(model.vocab(), r#"root ::= "yes" | "no""#, "root")
-            .unwrap()
             .greedy()
             .build()
             .unwrap();

@@ -6,7 +6,7 @@ fn main() {
     let sampler: Sampler<'_>;
     {
         let model = Model::load("model.gguf", &ModelParams::default()).unwrap();
-        sampler = SamplerChain::new().infill(model.vocab()).unwrap().greedy().build().unwrap();
+        sampler = SamplerChain::new().infill(model.vocab()).greedy().build().unwrap();
     }
     drop(sampler);
 }

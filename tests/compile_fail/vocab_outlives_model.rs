@@ -1,5 +1,5 @@
 // The Vocab lives inside its Model: a `&Vocab` cannot outlive the Model.
-use llama::{Model, ModelParams, Vocab};
+use llama::{AddBos, Model, ModelParams, Vocab};
 
 fn main() {
     let vocab: &Vocab;
@@ -7,5 +7,5 @@ fn main() {
         let model = Model::load("model.gguf", &ModelParams::default()).unwrap();
         vocab = model.vocab();
     }
-    let _ = vocab.tokenize("hello", true);
+    let _ = vocab.tokenize("hello", AddBos::Yes);
 }

@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-use llama::{Batch, Context, ContextParams, Model, ModelParams, SeqId, Token, Vocab};
+use llama::{AddBos, Batch, Context, ContextParams, Logits, Model, ModelParams, Output, SeqId, Special, Token, Vocab};
 use llama_suite::synthetic::{TinyModelSpec, tiny_llama_path};
 
 /// The file of the default tiny synthetic model.
@@ -69,7 +69,7 @@ pub fn assert_same_logits(expected: &[f32], actual: &[f32], what: &str) {
 
 /// Tokenizes `text` with BOS.
 pub fn tokens(vocab: &Vocab, text: &str) -> Vec<Token> {
-    vocab.tokenize(text, true).expect("tokenize")
+    vocab.tokenize(text, AddBos::Yes).expect("tokenize")
 }
 
 /// Decodes `tokens` into `seq` from position `start` in batches of at most
@@ -81,11 +81,11 @@ pub fn decode_seq(ctx: &mut Context<'_>, tokens: &[Token], start: i32, seq: SeqI
     for (k, chunk) in tokens.chunks(n_batch).enumerate() {
         batch.clear();
         let last = (k + 1) * n_batch >= tokens.len();
-        batch.push_sequence(chunk, pos, seq, last).expect("fill batch");
+        batch.push_sequence(chunk, pos, seq, Logits::from(last)).expect("fill batch");
         ctx.decode(&batch).expect("decode");
         pos += chunk.len() as i32;
     }
-    ctx.logits(-1).expect("logits of the last token").to_vec()
+    ctx.logits(Output::Last).expect("logits of the last token").to_vec()
 }
 
 /// Greedily extends sequence 0, whose last decoded token is at `pos - 1` and
@@ -102,10 +102,10 @@ pub fn greedy_continue(
         let t = Token(argmax(&logits) as i32);
         out.push(t);
         batch.clear();
-        batch.push(t, pos, &[0], true).expect("push");
+        batch.push(t, pos, &[0], Logits::Yes).expect("push");
         ctx.decode(&batch).expect("decode");
         pos += 1;
-        logits = ctx.logits(-1).expect("logits").to_vec();
+        logits = ctx.logits(Output::Last).expect("logits").to_vec();
         rows.push(logits.clone());
     }
     (out, rows)
@@ -116,7 +116,7 @@ pub fn greedy_continue(
 pub fn token_for_piece(vocab: &Vocab, piece: &str) -> Token {
     (0..vocab.n_tokens() as i32)
         .map(Token)
-        .filter(|&t| vocab.token_to_piece(t, false).is_ok_and(|p| p == piece.as_bytes()))
+        .filter(|&t| vocab.token_to_piece(t, Special::Plain).is_ok_and(|p| p == piece.as_bytes()))
         .max_by_key(|&t| !vocab.attrs(t).is_ok_and(|a| a.contains(llama::TokenAttrs::BYTE)))
         .unwrap_or_else(|| panic!("no token with piece {piece:?}"))
 }

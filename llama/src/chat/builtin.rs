@@ -1,7 +1,7 @@
 //! llama.cpp's built-in chat templates: a fixed list of well-known formats
 //! matched by name or by looking at a template's text (no Jinja is run).
 
-use std::ffi::{CStr, CString, c_char};
+use std::ffi::{CString, c_char};
 
 use super::ChatMessage;
 use crate::error::{Error, Result, check_shim, try_reserve};
@@ -74,8 +74,7 @@ pub fn builtin_chat_templates() -> Vec<&'static str> {
     // SAFETY: `ptrs` has room for `n` pointers to static strings.
     unsafe { sys::llama_chat_builtin_templates(ptrs.as_mut_ptr(), n) };
     ptrs.into_iter()
-        .filter(|p| !p.is_null())
-        // SAFETY: the names are static NUL-terminated strings.
-        .filter_map(|p| unsafe { CStr::from_ptr(p) }.to_str().ok())
+        // SAFETY: the names are NULL or static NUL-terminated strings.
+        .filter_map(|p| unsafe { crate::ffi::borrowed_str(p) })
         .collect()
 }

@@ -80,159 +80,23 @@ use std::task::{Context as TaskContext, Poll};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::context::{FlashAttention, KvType, PerfCounters};
+use crate::context::PerfCounters;
 use crate::error::{Error, Result};
 use crate::generate::FinishReason;
 use crate::model::Model;
 use crate::vocab::Token;
 
+mod config;
 mod kv;
 mod metrics;
 mod request;
 mod scheduler;
 mod worker;
 
+pub use crate::sampler::{MAX_TOP_LOGPROBS, SamplingParams};
+pub use config::EngineConfig;
 pub use metrics::Latency;
-pub use request::{MAX_TOP_LOGPROBS, Prompt, Request, SamplingParams};
-
-/// How the engine is set up; a builder.
-///
-/// Defaults: a pool of 4096 KV cells, a step budget of 512 tokens
-/// (`n_batch` = `n_ubatch` = 512) of which at most 128 prefill prompts
-/// while streams are generating, up to 16 generating sequences and 16
-/// cached prefixes holding at most half the pool, 256 waiting requests, 16
-/// cells reserved per admitted request, F16 KV cache, the machine's thread
-/// count.
-#[derive(Clone, Debug)]
-pub struct EngineConfig {
-    pub(crate) n_ctx: u32,
-    pub(crate) n_batch: u32,
-    pub(crate) n_ubatch: u32,
-    pub(crate) prefill_cap: Option<u32>,
-    pub(crate) max_running: u32,
-    pub(crate) max_cached_prefixes: u32,
-    pub(crate) prefix_cache_share: f32,
-    pub(crate) max_queue: usize,
-    pub(crate) admission_reserve: usize,
-    pub(crate) n_threads: Option<i32>,
-    pub(crate) kv_type: KvType,
-    pub(crate) flash_attention: FlashAttention,
-    pub(crate) prefix_block: usize,
-    pub(crate) memory_budget: Option<u64>,
-}
-
-impl Default for EngineConfig {
-    fn default() -> Self {
-        EngineConfig {
-            n_ctx: 4096,
-            n_batch: 512,
-            n_ubatch: 512,
-            prefill_cap: None,
-            max_running: 16,
-            max_cached_prefixes: 16,
-            prefix_cache_share: 0.5,
-            max_queue: 256,
-            admission_reserve: 16,
-            n_threads: None,
-            kv_type: KvType::F16,
-            flash_attention: FlashAttention::Auto,
-            prefix_block: 16,
-            memory_budget: None,
-        }
-    }
-}
-
-impl EngineConfig {
-    setters! {
-        /// KV cells shared by all sequences (the context's `n_ctx`;
-        /// llama.cpp pads it up to a multiple of 256).
-        n_ctx: u32 => n_ctx;
-        /// Most tokens per step: the one `llama_decode` of every step
-        /// (the context's `n_batch`).
-        n_batch: u32 => n_batch;
-        /// Most tokens per compute pass (the context's `n_ubatch`).
-        n_ubatch: u32 => n_ubatch;
-        /// Most tokens of one prompt per step while any sequence is
-        /// generating, or a prompt of at most this many tokens prefills
-        /// beside a longer one (default: a quarter of `n_batch`; `n_batch`
-        /// turns the cap off). Several prompts waiting together still fill
-        /// the step.
-        /// It bounds how long running streams wait for a step during a long
-        /// prefill, and how long a short prompt arriving meanwhile waits
-        /// for its first token, at some cost in the long prefill's time
-        /// (measured in the README: with 128 of 512, a 4,000-token prompt
-        /// beside one stream took 1.25× llama-server's time, with 256
-        /// 1.12×, while short requests got their first token in 0.15× and
-        /// 0.28× of llama-server's time).
-        prefill_cap: u32 => prefill_cap (Some);
-        /// Most sequences admitted at once (generating or prefilling).
-        max_running: u32 => max_running;
-        /// Most finished sequences kept as cached prefixes (0: no prefix
-        /// cache; prompts still share the cells of running sequences).
-        max_cached_prefixes: u32 => max_cached_prefixes;
-        /// Largest share of the pool's cells cached prefixes may hold.
-        prefix_cache_share: f32 => prefix_cache_share;
-        /// Most submitted requests waiting for their first admission; more
-        /// are refused with [`Error::QueueFull`]. (Preempted requests wait
-        /// too, beyond this bound: they were admitted before.)
-        max_queue: usize => max_queue;
-        /// Free cells a request needs beyond its uncached prompt to be
-        /// admitted, so that it can generate a little before the pool
-        /// must make room.
-        admission_reserve: usize => admission_reserve;
-        /// Threads for decoding and prefill (default: the machine's).
-        n_threads: i32 => n_threads (Some);
-        /// Element type of the KV cache (K and V).
-        kv_type: KvType => kv_type;
-        /// Flash attention (a quantized V cache needs it).
-        flash_attention: FlashAttention => flash_attention;
-        /// Bytes of memory the engine may take (weights, KV pool and
-        /// compute buffers together, as llama.cpp allocates them): the pool
-        /// then gets the most cells that fit, found by
-        /// [`Planner::fit`](crate::plan::Planner::fit) on the model's file
-        /// at [`Engine::start`], instead of `n_ctx`.
-        memory_budget: u64 => memory_budget (Some);
-    }
-
-    fn check(&self) -> Result<()> {
-        let bad = |m: String| Err(Error::InvalidArgument(m));
-        if self.max_running == 0 {
-            return bad("max_running must be at least 1".into());
-        }
-        let n_seq = self.max_running as u64 + self.max_cached_prefixes as u64;
-        let most = crate::context::max_sequences() as u64;
-        if n_seq > most {
-            return bad(format!(
-                "max_running + max_cached_prefixes = {n_seq} exceeds the {most} sequences a context can have"
-            ));
-        }
-        if self.max_running > self.n_batch {
-            return bad(format!(
-                "max_running {} exceeds n_batch {}: every generating sequence needs a token of each step",
-                self.max_running, self.n_batch
-            ));
-        }
-        if !(0.0..=1.0).contains(&self.prefix_cache_share) {
-            return bad(format!("prefix_cache_share must be in [0, 1], got {}", self.prefix_cache_share));
-        }
-        if self.prefill_cap == Some(0) {
-            return bad("prefill_cap must be at least 1".into());
-        }
-        if n_seq > u64::from(self.n_batch) {
-            return bad(format!(
-                "max_running + max_cached_prefixes = {n_seq} sequences exceed n_batch {} (llama.cpp needs n_batch >= its sequences)",
-                self.n_batch
-            ));
-        }
-        if self.admission_reserve > self.n_ctx as usize {
-            return bad(format!(
-                "admission_reserve {} exceeds the pool of {} cells",
-                self.admission_reserve, self.n_ctx
-            ));
-        }
-        Ok(())
-    }
-}
+pub use request::{Prompt, Request};
 
 /// One sampled token and the text it released.
 ///

@@ -20,15 +20,19 @@
 //!   the context is full (or shifts it, see [`Overflow`]);
 //! * measures itself ([`GenerationStats`]).
 //!
+//! [`Model::complete`](crate::Model::complete) and [`Model::chat`](crate::Model::chat)
+//! run one whole generation in a context of their own and return its text
+//! ([`CompleteOptions`], [`Completed`]).
+//!
 //! ```no_run
 //! use llama::generate::{GenerateOptions, Session};
-//! use llama::{ContextParams, Model, ModelParams, Sampler};
+//! use llama::{AddBos, ContextParams, Model, ModelParams, Sampler};
 //!
 //! # fn main() -> Result<(), llama::Error> {
 //! let model = Model::load("gemma-3-270m-q4_k_m.gguf", &ModelParams::default())?;
 //! let mut ctx = model.new_context(&ContextParams::default())?;
 //! let mut sampler = Sampler::greedy();
-//! let prompt = model.vocab().tokenize("The capital of France is", true)?;
+//! let prompt = model.vocab().tokenize("The capital of France is", AddBos::Yes)?;
 //!
 //! let mut session = Session::new();
 //! let options = GenerateOptions::default().max_tokens(32).stop(["\n"]);
@@ -41,10 +45,12 @@
 //! # }
 //! ```
 
+mod complete;
 mod options;
 mod session;
 mod stop;
 
+pub use complete::{CompleteOptions, Completed, DEFAULT_MAX_TOKENS};
 pub use options::{FinishReason, GenerateOptions, GenerationStats, Overflow};
 pub(crate) use session::swa_window_present;
 pub use session::{Generation, Session};

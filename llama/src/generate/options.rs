@@ -4,6 +4,7 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::batch::SeqId;
+use crate::vocab::Special;
 
 /// What to do when the context is full and another token must be decoded.
 #[non_exhaustive]
@@ -34,7 +35,7 @@ pub struct GenerateOptions {
     pub(super) n_keep: usize,
     pub(super) overflow: Overflow,
     pub(super) seq: SeqId,
-    pub(super) special: bool,
+    pub(super) special: Special,
 }
 
 impl Default for GenerateOptions {
@@ -46,7 +47,7 @@ impl Default for GenerateOptions {
             n_keep: 0,
             overflow: Overflow::Error,
             seq: 0,
-            special: false,
+            special: Special::Plain,
         }
     }
 }
@@ -110,11 +111,11 @@ impl GenerateOptions {
         self
     }
 
-    /// Whether control tokens are rendered as their text (default: they
-    /// give no text).
+    /// Whether control tokens are rendered as their text
+    /// ([`Special::Markup`]; default [`Special::Plain`]: they give no text).
     #[must_use]
-    pub fn special(mut self, on: bool) -> Self {
-        self.special = on;
+    pub fn special(mut self, special: Special) -> Self {
+        self.special = special;
         self
     }
 }

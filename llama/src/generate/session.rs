@@ -4,8 +4,8 @@ use std::fmt;
 use std::ops::ControlFlow;
 use std::time::Instant;
 
-use crate::batch::{Batch, Pos, SeqId};
-use crate::context::{AbortHandle, Context};
+use crate::batch::{Batch, Logits, Pos, SeqId};
+use crate::context::{AbortHandle, Context, Output};
 use crate::error::{Error, Result};
 use crate::sampler::Sampler;
 use crate::vocab::{Detokenizer, Token};
@@ -128,9 +128,8 @@ impl Session {
                 prompt.len()
             )));
         }
-        let vocab = ctx.model().vocab();
         for &token in prompt {
-            vocab.check(token)?;
+            ctx.model().vocab().check(token)?;
         }
 
         // What is in the cache: the record of the last run on this
@@ -178,9 +177,11 @@ impl Session {
             prompt_evaluated: prompt.len() - n_match,
             ..GenerationStats::default()
         };
+        let abort = ctx.abort_handle();
+        let (ctx, model) = ctx.model_for();
         Ok(Generation {
-            abort: ctx.abort_handle(),
-            detokenizer: Detokenizer::new(vocab, options.special),
+            abort,
+            detokenizer: Detokenizer::new(model.vocab(), options.special),
             session: self,
             ctx,
             sampler,
@@ -237,7 +238,7 @@ pub struct Generation<'a, 'm, 's> {
     session: &'a mut Session,
     ctx: &'a mut Context<'m>,
     sampler: &'a mut Sampler<'s>,
-    detokenizer: Detokenizer<'m>,
+    detokenizer: Detokenizer<'a>,
     abort: AbortHandle,
     max_tokens: Option<usize>,
     stop_at_eog: bool,
@@ -351,6 +352,11 @@ impl Generation<'_, '_, '_> {
 
     /// Records the end of the run; the held-back text goes out next.
     fn finish(&mut self, reason: FinishReason) {
+        if reason == FinishReason::Cancelled {
+            // The abort request ended this run: it is consumed, so the
+            // next generation on the context starts un-aborted.
+            self.abort.reset();
+        }
         if self.stats.finish_reason.is_none() {
             self.stats.finish_reason = Some(reason);
         }
@@ -419,7 +425,7 @@ impl Generation<'_, '_, '_> {
             self.decode_pending(token)?;
         }
 
-        let token = self.sampler.sample(self.ctx, -1)?;
+        let token = self.sampler.sample(self.ctx, Output::Last)?;
         let now = Instant::now();
         self.stats.generated_tokens += 1;
         match self.first_token {
@@ -462,7 +468,7 @@ impl Generation<'_, '_, '_> {
             let from = self.session.n_cached;
             let to = total.min(from + batch.capacity());
             batch.clear();
-            batch.push_sequence(&self.session.tokens[from..to], from as Pos, self.seq, to == total)?;
+            batch.push_sequence(&self.session.tokens[from..to], from as Pos, self.seq, Logits::from(to == total))?;
             if let Err(e) = self.ctx.decode(batch) {
                 self.resync();
                 return Err(e);
@@ -485,7 +491,7 @@ impl Generation<'_, '_, '_> {
         }
         let batch = &mut self.session.batch;
         batch.clear();
-        batch.push(token, self.session.n_cached as Pos, &[self.seq], true)?;
+        batch.push(token, self.session.n_cached as Pos, &[self.seq], Logits::Yes)?;
         if let Err(e) = self.ctx.decode(batch) {
             self.resync();
             return Err(e);

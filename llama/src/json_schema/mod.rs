@@ -11,7 +11,7 @@
 //!     "required": ["name", "age"],
 //! });
 //! let gbnf = llama::json_schema::schema_to_grammar(&schema)?;
-//! let sampler = SamplerChain::new().grammar(model.vocab(), &gbnf, "root")?.greedy().build()?;
+//! let sampler = SamplerChain::new().grammar(model.vocab(), &gbnf, "root").greedy().build()?;
 //! # let _ = sampler;
 //! # Ok(())
 //! # }

@@ -239,8 +239,7 @@ impl ModelShape {
         for t in gguf.tensors() {
             // SAFETY: a lookup in ggml's type table; the type was
             // validated by the GGUF parser.
-            let name =
-                unsafe { std::ffi::CStr::from_ptr(sys::ggml_type_name(t.ggml_type)) }.to_string_lossy().into_owned();
+            let name = unsafe { crate::ffi::owned_lossy(sys::ggml_type_name(t.ggml_type)) };
             // SAFETY: as above.
             let (size, block) =
                 unsafe { (sys::ggml_type_size(t.ggml_type) as u64, sys::ggml_blck_size(t.ggml_type) as u64) };

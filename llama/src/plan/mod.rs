@@ -34,7 +34,6 @@
 //! and [`Planner::fit`] finds the largest context or the most sequences
 //! that fit a memory budget.
 
-use std::ffi::CStr;
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 
@@ -163,7 +162,7 @@ impl MemoryBreakdown {
                 // objects of their backends (they live as long as the
                 // process); their names are static strings.
                 unsafe {
-                    let buffer = CStr::from_ptr(sys::ggml_backend_buft_name(e.buft)).to_string_lossy().into_owned();
+                    let buffer = crate::ffi::owned_lossy(sys::ggml_backend_buft_name(e.buft));
                     let dev = sys::ggml_backend_buft_get_device(e.buft);
                     let on_cpu = !dev.is_null()
                         && sys::ggml_backend_dev_type(dev) == sys::ggml_backend_dev_type::GGML_BACKEND_DEVICE_TYPE_CPU;
@@ -174,7 +173,7 @@ impl MemoryBreakdown {
                     } else if dev.is_null() {
                         buffer.clone()
                     } else {
-                        CStr::from_ptr(sys::ggml_backend_dev_name(dev)).to_string_lossy().into_owned()
+                        crate::ffi::owned_lossy(sys::ggml_backend_dev_name(dev))
                     };
                     BufferMemory {
                         buffer,

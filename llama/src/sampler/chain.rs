@@ -32,6 +32,8 @@ pub struct SamplerChain<'m> {
     lazy_patterns: bool,
     /// Mask with the grammars before every pick (see `Sampler::select`).
     grammar_first: bool,
+    /// The first error of a fallible step, reported by `build`.
+    error: Option<Error>,
     _vocab: PhantomData<&'m Vocab>,
 }
 
@@ -99,6 +101,7 @@ impl<'m> SamplerChain<'m> {
             grammar_stack: 0,
             lazy_patterns: false,
             grammar_first: false,
+            error: None,
             _vocab: PhantomData,
         }
     }
@@ -133,13 +136,29 @@ impl<'m> SamplerChain<'m> {
     }
 
     fn push(mut self, raw: *mut sys::llama_sampler, kind: Kind) -> Self {
+        self.push_mut(raw, kind);
+        self
+    }
+
+    fn push_mut(&mut self, raw: *mut sys::llama_sampler, kind: Kind) {
         if raw.is_null() {
-            return self;
+            return;
         }
         // SAFETY: `chain` is a chain we own and `raw` a fresh sampler owned
         // by nobody; the chain takes ownership and frees it.
         unsafe { sys::llama_sampler_chain_add(self.chain.as_ptr(), raw) };
         self.kinds.push(kind);
+    }
+
+    /// Runs a step that can fail, unless an earlier one failed: the first
+    /// error is kept for [`SamplerChain::build`], so the builder chains
+    /// without a `?` after every step.
+    fn step(mut self, f: impl FnOnce(&mut Self) -> Result<()>) -> Self {
+        if self.error.is_none()
+            && let Err(e) = f(&mut self)
+        {
+            self.error = Some(e);
+        }
         self
     }
 
@@ -173,12 +192,17 @@ impl<'m> SamplerChain<'m> {
     /// Mirostat 1.0 (selects a token).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] unless `m >= 2` and `tau`, `eta` are
+    /// Reported by [`SamplerChain::build`]: [`Error::InvalidArgument`] unless `m >= 2` and `tau`, `eta` are
     /// finite (otherwise llama.cpp's estimate is NaN from the start). Put
     /// no sampler that can leave a single candidate (e.g. `top_k(1)`) in
     /// front of it: its estimate is then 0/0 as well.
     #[doc(alias = "llama_sampler_init_mirostat")]
-    pub fn mirostat(mut self, vocab: &Vocab, seed: u32, tau: f32, eta: f32, m: i32) -> Result<Self> {
+    #[must_use]
+    pub fn mirostat(self, vocab: &Vocab, seed: u32, tau: f32, eta: f32, m: i32) -> Self {
+        self.step(|chain| chain.try_mirostat(vocab, seed, tau, eta, m))
+    }
+
+    fn try_mirostat(&mut self, vocab: &Vocab, seed: u32, tau: f32, eta: f32, m: i32) -> Result<()> {
         self.bind_vocab(vocab)?;
         if m < 2 || !tau.is_finite() || !eta.is_finite() {
             return Err(Error::InvalidArgument(format!(
@@ -187,7 +211,8 @@ impl<'m> SamplerChain<'m> {
         }
         // SAFETY: copies its arguments; the vocab size is only a number.
         let raw = unsafe { sys::llama_sampler_init_mirostat(vocab.n_tokens() as i32, seed, tau, eta, m) };
-        Ok(self.push(raw, Kind::Other { selects: true }))
+        self.push_mut(raw, Kind::Other { selects: true });
+        Ok(())
     }
 
     /// Repetition penalties over the last `last_n` accepted tokens (at most
@@ -210,9 +235,14 @@ impl<'m> SamplerChain<'m> {
     /// Adds `bias` to the logit of each listed token.
     ///
     /// # Errors
-    /// [`Error::InvalidToken`] for a token outside the vocabulary.
+    /// Reported by [`SamplerChain::build`]: [`Error::InvalidToken`] for a token outside the vocabulary.
     #[doc(alias = "llama_sampler_init_logit_bias")]
-    pub fn logit_bias(mut self, vocab: &Vocab, biases: &[(Token, f32)]) -> Result<Self> {
+    #[must_use]
+    pub fn logit_bias(self, vocab: &Vocab, biases: &[(Token, f32)]) -> Self {
+        self.step(|chain| chain.try_logit_bias(vocab, biases))
+    }
+
+    fn try_logit_bias(&mut self, vocab: &Vocab, biases: &[(Token, f32)]) -> Result<()> {
         self.bind_vocab(vocab)?;
         let raw_biases = biases
             .iter()
@@ -222,22 +252,36 @@ impl<'m> SamplerChain<'m> {
         let raw = unsafe {
             sys::llama_sampler_init_logit_bias(vocab.n_tokens() as i32, raw_biases.len() as i32, raw_biases.as_ptr())
         };
-        Ok(self.push(raw, Kind::Other { selects: false }))
+        self.push_mut(raw, Kind::Other { selects: false });
+        Ok(())
     }
 
     /// DRY ("don't repeat yourself") penalty over the last `last_n` tokens
     /// (at most 2^20; 0 or negative disables it). The vocabulary is only
     /// read while building (to tokenize the sequence breakers).
     #[doc(alias = "llama_sampler_init_dry")]
+    #[must_use]
     pub fn dry(
-        mut self,
+        self,
         vocab: &Vocab,
         multiplier: f32,
         base: f32,
         allowed_length: i32,
         last_n: i32,
         sequence_breakers: &[&str],
-    ) -> Result<Self> {
+    ) -> Self {
+        self.step(|chain| chain.try_dry(vocab, multiplier, base, allowed_length, last_n, sequence_breakers))
+    }
+
+    fn try_dry(
+        &mut self,
+        vocab: &Vocab,
+        multiplier: f32,
+        base: f32,
+        allowed_length: i32,
+        last_n: i32,
+        sequence_breakers: &[&str],
+    ) -> Result<()> {
         self.bind_vocab(vocab)?;
         let breakers = sequence_breakers.iter().map(|s| CString::new(*s)).collect::<Result<Vec<_>, _>>()?;
         let mut ptrs: Vec<*const c_char> = breakers.iter().map(|s| s.as_ptr()).collect();
@@ -255,21 +299,28 @@ impl<'m> SamplerChain<'m> {
                 ptrs.len(),
             )
         };
-        Ok(self.push(raw, Kind::Other { selects: false }))
+        self.push_mut(raw, Kind::Other { selects: false });
+        Ok(())
     }
 
     /// Fill-in-the-middle post-processing. Keeps a pointer to the vocab.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for a model without a vocabulary (the
+    /// Reported by [`SamplerChain::build`]: [`Error::InvalidArgument`] for a model without a vocabulary (the
     /// sampler renders tokens as text, where llama.cpp would abort).
     #[doc(alias = "llama_sampler_init_infill")]
-    pub fn infill(mut self, vocab: &'m Vocab) -> Result<Self> {
+    #[must_use]
+    pub fn infill(self, vocab: &'m Vocab) -> Self {
+        self.step(|chain| chain.try_infill(vocab))
+    }
+
+    fn try_infill(&mut self, vocab: &'m Vocab) -> Result<()> {
         vocab.check_has_tokenizer()?;
         self.bind_vocab(vocab)?;
         // SAFETY: the vocab outlives the chain ('m).
         let raw = unsafe { sys::llama_sampler_init_infill(vocab.as_ptr()) };
-        Ok(self.push(raw, Kind::Other { selects: false }))
+        self.push_mut(raw, Kind::Other { selects: false });
+        Ok(())
     }
 
     /// Constrains output to a GBNF grammar starting at rule `root`. Keeps a
@@ -281,12 +332,17 @@ impl<'m> SamplerChain<'m> {
     /// instead of overflowing the caller's.
     ///
     /// # Errors
-    /// [`Error::Grammar`] if the grammar does not parse, or repeats in a
+    /// Reported by [`SamplerChain::build`]: [`Error::Grammar`] if the grammar does not parse, or repeats in a
     /// way llama.cpp cannot handle: `{m,n}` with `n < m` (its parser never
     /// returns), a repetition operator applied to another (`x++`: each
     /// multiplies the parse stacks kept on every token).
     #[doc(alias = "llama_sampler_init_grammar")]
-    pub fn grammar(mut self, vocab: &'m Vocab, gbnf: &str, root: &str) -> Result<Self> {
+    #[must_use]
+    pub fn grammar(self, vocab: &'m Vocab, gbnf: &str, root: &str) -> Self {
+        self.step(|chain| chain.try_grammar(vocab, gbnf, root))
+    }
+
+    fn try_grammar(&mut self, vocab: &'m Vocab, gbnf: &str, root: &str) -> Result<()> {
         vocab.check_has_tokenizer()?;
         self.bind_vocab(vocab)?;
         let (g, r) = (CString::new(gbnf)?, CString::new(root)?);
@@ -301,7 +357,8 @@ impl<'m> SamplerChain<'m> {
             }
         })?;
         self.grammar_stack = self.grammar_stack.max(stack);
-        Ok(self.push(raw, Kind::Grammar))
+        self.push_mut(raw, Kind::Grammar);
+        Ok(())
     }
 
     /// A grammar that only starts constraining once a trigger appears: a
@@ -316,20 +373,32 @@ impl<'m> SamplerChain<'m> {
     /// trigger tokens, or patterns anchored to short text.
     ///
     /// # Errors
-    /// [`Error::Grammar`] if the grammar or a pattern does not parse, the
+    /// Reported by [`SamplerChain::build`]: [`Error::Grammar`] if the grammar or a pattern does not parse, the
     /// grammar repeats as [`SamplerChain::grammar`] refuses, or a pattern
     /// applies a quantifier to a quantifier (`a+*`: exponential
     /// backtracking in libstdc++'s matcher);
     /// [`Error::InvalidToken`] for a trigger token outside the vocabulary.
     #[doc(alias = "llama_sampler_init_grammar_lazy_patterns")]
+    #[must_use]
     pub fn grammar_lazy(
-        mut self,
+        self,
         vocab: &'m Vocab,
         gbnf: &str,
         root: &str,
         trigger_patterns: &[&str],
         trigger_tokens: &[Token],
-    ) -> Result<Self> {
+    ) -> Self {
+        self.step(|chain| chain.try_grammar_lazy(vocab, gbnf, root, trigger_patterns, trigger_tokens))
+    }
+
+    fn try_grammar_lazy(
+        &mut self,
+        vocab: &'m Vocab,
+        gbnf: &str,
+        root: &str,
+        trigger_patterns: &[&str],
+        trigger_tokens: &[Token],
+    ) -> Result<()> {
         vocab.check_has_tokenizer()?;
         self.bind_vocab(vocab)?;
         for &t in trigger_tokens {
@@ -362,7 +431,8 @@ impl<'m> SamplerChain<'m> {
         })?;
         self.grammar_stack = self.grammar_stack.max(stack);
         self.lazy_patterns |= !trigger_patterns.is_empty();
-        Ok(self.push(raw, Kind::Grammar))
+        self.push_mut(raw, Kind::Grammar);
+        Ok(())
     }
 
     /// Adds a sampler written in Rust.
@@ -378,10 +448,15 @@ impl<'m> SamplerChain<'m> {
     /// Finishes the chain.
     ///
     /// # Errors
-    /// [`Error::NoSelector`] unless the last sampler selects a token
+    /// The first error of a fallible step (grammar, logit bias, DRY,
+    /// infill, mirostat: each documents its own), whose sampler was not
+    /// added; otherwise [`Error::NoSelector`] unless the last sampler selects a token
     /// (greedy, dist, mirostat, mirostat v2, adaptive-p, or a custom sampler
     /// whose `selects()` is true).
-    pub fn build(self) -> Result<Sampler<'m>> {
+    pub fn build(mut self) -> Result<Sampler<'m>> {
+        if let Some(e) = self.error.take() {
+            return Err(e);
+        }
         if !self.kinds.last().is_some_and(|k| k.selects()) {
             return Err(Error::NoSelector);
         }

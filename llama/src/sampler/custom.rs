@@ -1,11 +1,11 @@
 //! Samplers written in Rust: the candidate list they see and the C
 //! trampolines llama.cpp calls them through.
 
-use std::any::Any;
 use std::cell::RefCell;
 use std::ffi::{CString, c_char};
 
 use crate::error::{Error, Result};
+use crate::ffi;
 use crate::sys;
 use crate::vocab::Token;
 
@@ -109,25 +109,18 @@ struct CustomState {
 thread_local! {
     /// A panic caught in a custom sampler callback on this thread, resumed
     /// by the Rust code that made the C call.
-    pub(super) static PENDING_PANIC: RefCell<Option<Box<dyn Any + Send>>> = const { RefCell::new(None) };
+    pub(super) static PENDING_PANIC: RefCell<Option<ffi::Panic>> = const { RefCell::new(None) };
 }
 
 fn guard<R>(default: R, f: impl FnOnce() -> R) -> R {
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
-        Ok(r) => r,
-        Err(payload) => {
-            PENDING_PANIC.with(|p| {
-                p.borrow_mut().get_or_insert(payload);
-            });
-            default
-        }
-    }
+    ffi::catch(f).unwrap_or_else(|panic| {
+        PENDING_PANIC.with(|p| ffi::keep_first(&mut p.borrow_mut(), panic));
+        default
+    })
 }
 
 pub(super) fn resume_pending_panic() {
-    if let Some(payload) = PENDING_PANIC.with(|p| p.borrow_mut().take()) {
-        std::panic::resume_unwind(payload);
-    }
+    ffi::resume(PENDING_PANIC.with(|p| p.borrow_mut().take()));
 }
 
 /// # Safety

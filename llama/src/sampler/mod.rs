@@ -16,7 +16,7 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::ptr::NonNull;
 
-use crate::context::Context;
+use crate::context::{Context, Output};
 use crate::error::{Error, Result, check_shim};
 use crate::stack::{DeepStack, SendPtr, with_stack};
 use crate::sys;
@@ -52,11 +52,13 @@ impl Kind {
 
 mod chain;
 mod custom;
+mod params;
 
 pub use chain::SamplerChain;
 use chain::VocabId;
 pub use custom::{Candidates, CustomSampler, TokenData};
 use custom::{PENDING_PANIC, resume_pending_panic, resume_pending_panic_in_drop};
+pub use params::{MAX_TOP_LOGPROBS, SamplingParams};
 
 /// A complete sampler chain that turns logits into tokens.
 ///
@@ -253,18 +255,18 @@ impl<'m> Sampler<'m> {
         unsafe { sys::llama_sampler_get_seed(self.chain.as_ptr()) }
     }
 
-    /// Samples the next token from output `idx` of the last decode (a batch
-    /// index, or negative from the end: -1 is the last output), and accepts
-    /// it into the chain's state.
+    /// Samples the next token from an output of the last decode
+    /// ([`Output::Last`], or the batch index [`Output::Index`], which a
+    /// `usize` converts into), and accepts it into the chain's state.
     ///
     /// # Errors
-    /// [`Error::NoOutput`] if `idx` has no logits; [`Error::Grammar`] if a
+    /// [`Error::NoOutput`] if `at` has no logits; [`Error::Grammar`] if a
     /// grammar allows no candidate, or the chain failed to accept a token
     /// earlier and was not [reset](Sampler::reset) since;
     /// [`Error::Exception`] if a sampler threw.
     #[doc(alias = "llama_sampler_sample")]
-    pub fn sample(&mut self, ctx: &mut Context<'_>, idx: i32) -> Result<Token> {
-        self.sample_with_path(ctx, idx).map(|(t, _)| t)
+    pub fn sample(&mut self, ctx: &mut Context<'_>, at: impl Into<Output>) -> Result<Token> {
+        self.sample_with_path(ctx, at).map(|(t, _)| t)
     }
 
     /// [`Sampler::sample`], also telling which implementation ran: for
@@ -273,14 +275,14 @@ impl<'m> Sampler<'m> {
     /// # Errors
     /// As [`Sampler::sample`].
     #[doc(hidden)]
-    pub fn sample_with_path(&mut self, ctx: &mut Context<'_>, idx: i32) -> Result<(Token, SamplePath)> {
+    pub fn sample_with_path(&mut self, ctx: &mut Context<'_>, at: impl Into<Output>) -> Result<(Token, SamplePath)> {
         self.check_not_failed()?;
         if let Some(vocab) = self.vocab
             && vocab.ptr != ctx.model().vocab().as_ptr()
         {
             return Err(Error::WrongModel("the sampler (built with another model's vocabulary)"));
         }
-        let logits = ctx.logits(idx)?;
+        let logits = ctx.logits(at)?;
         let needed = self.stack_needed();
         let (token, path, allowed) = if needed == 0 {
             self.select(logits)?

@@ -19,7 +19,7 @@ use super::metrics::Histogram;
 use super::request::Checked;
 use super::scheduler::{self, Candidate, Load};
 use super::{EngineConfig, EngineStats, Event, Finish, Piece, Shared, Timings, TokenLogprob, Usage, lock};
-use crate::batch::{Batch, Pos, SeqId};
+use crate::batch::{Batch, Logits, Pos, SeqId};
 use crate::context::{Context, ContextParams, PerfCounters};
 use crate::error::{Error, Result};
 use crate::generate::{FinishReason, StopMatcher, swa_window_present};
@@ -334,7 +334,7 @@ impl<'m> Worker<'m> {
     /// Builds the worker-side state of a new request and queues it.
     fn accept(&mut self, s: Submission) {
         let r = s.request;
-        let sampler = match r.sampling.build(self.model) {
+        let sampler = match r.sampling.sampler(self.model) {
             Ok(sampler) => sampler,
             Err(e) => {
                 // Checked at submit; a failure here is still only this

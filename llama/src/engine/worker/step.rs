@@ -19,7 +19,7 @@ impl<'m> Worker<'m> {
                 let from = seq.n_cached;
                 let slot = seq.slot.expect("running sequences have a slot");
                 let last = from + n == seq.tokens.len();
-                self.batch.push_sequence(&seq.tokens[from..from + n], from as Pos, slot, last)?;
+                self.batch.push_sequence(&seq.tokens[from..from + n], from as Pos, slot, Logits::from(last))?;
             }
             match self.ctx.decode(&self.batch) {
                 Ok(()) => break,
@@ -55,7 +55,7 @@ impl<'m> Worker<'m> {
         ::metrics::counter!("llama_engine_steps_total").increment(1);
 
         // Record what went in, and sample where the batch asked for logits.
-        let mut row = 0i32;
+        let mut row = 0usize;
         let mut to_sample = Vec::new();
         for (i, seq) in self.running.iter_mut().enumerate() {
             let n = self.plan[i];
@@ -70,7 +70,7 @@ impl<'m> Worker<'m> {
             seq.cells.append(seq.own_run, n);
             let slot = seq.slot.expect("running sequences have a slot");
             self.index.extend(slot, &seq.tokens[..seq.n_cached]);
-            row += n as i32;
+            row += n;
             if seq.n_cached == seq.tokens.len() {
                 to_sample.push((i, row - 1));
             }
@@ -199,7 +199,7 @@ struct Sampled {
 fn sample(
     ctx: &mut Context<'_>,
     seq: &mut Seq<'_>,
-    row: i32,
+    row: usize,
     step: u64,
     outbox: &mut Vec<(async_channel::Sender<Event>, Event)>,
 ) -> Result<Sampled> {

@@ -49,17 +49,22 @@
 //! [`ModelParams::split_mode`]: crate::ModelParams::split_mode
 //! [`ModelParams::tensor_split`]: crate::ModelParams::tensor_split
 
-use std::convert::Infallible;
 use std::ffi::CString;
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream, ToSocketAddrs};
-use std::path::PathBuf;
-use std::sync::{Mutex, mpsc};
-use std::time::{Duration, Instant};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::sync::Mutex;
+use std::time::Duration;
 
 use crate::backend::{self, Device, DeviceKind};
 use crate::error::{Error, Result};
 use crate::sys;
+
+mod guard;
+mod serve;
+
+use guard::install_guard;
+pub(crate) use guard::{Runner, SendPtr, run_once};
+pub use serve::{ServerOptions, serve};
 
 /// How long [`ModelParams::rpc_servers`](crate::ModelParams::rpc_servers)
 /// waits for each server's handshake.
@@ -381,177 +386,6 @@ impl Lease {
     }
 }
 
-/// Installs the shim's RPC guard (once).
-fn install_guard() {
-    // SAFETY: sets ggml's process-wide abort callback once, keeping the
-    // previous one, which the hook calls for every other abort.
-    unsafe { sys::shim::llama_rs_rpc_guard_install() };
-}
-
-/// How often a waiting caller looks for a failure, and how long after one
-/// it waits for its own call before it treats the call as lost with it.
-const POLL: Duration = Duration::from_millis(20);
-const GRACE: Duration = Duration::from_secs(30);
-
-/// A raw pointer (or a struct of them) moved to the thread that makes a
-/// guarded call.
-pub(crate) struct SendPtr<T>(pub(crate) T);
-// SAFETY: only the guarded calls use it, each on one thread at a time,
-// while the caller waits (or, once the call is abandoned, never again).
-unsafe impl<T> Send for SendPtr<T> {}
-
-type Job = Box<dyn FnOnce() + Send>;
-
-/// The thread that makes a context's calls into llama.cpp while its model
-/// has layers on RPC workers (llama.cpp's OpenMP pool stays with one
-/// thread). When a worker dies during a call, the caller stops waiting and
-/// the thread stays blocked in llama.cpp for good, with what it holds.
-#[derive(Debug)]
-pub(crate) struct Runner {
-    jobs: Option<mpsc::Sender<Job>>,
-    /// A call was abandoned: the thread is blocked for good.
-    lost: bool,
-}
-
-impl Runner {
-    pub(crate) fn start() -> Result<Runner> {
-        let (tx, rx) = mpsc::channel::<Job>();
-        std::thread::Builder::new()
-            .name("llama-rpc-calls".into())
-            .spawn(move || {
-                for job in rx {
-                    job();
-                }
-            })
-            .map_err(|e| Error::Rpc { endpoint: String::new(), message: format!("cannot start a thread: {e}") })?;
-        Ok(Runner { jobs: Some(tx), lost: false })
-    }
-
-    /// Whether a call was abandoned (its context is unusable).
-    pub(crate) fn is_lost(&self) -> bool {
-        self.lost
-    }
-
-    /// Runs `call` on the thread, guarded (`catches`: the call has a C++
-    /// catch around llama.cpp), and waits for it unless a server of `lease`
-    /// is lost meanwhile: then [`Error::Rpc`], and the call is abandoned.
-    pub(crate) fn run<R: Send + 'static>(
-        &mut self,
-        lease: &Lease,
-        what: &str,
-        catches: bool,
-        call: impl FnOnce() -> R + Send + 'static,
-    ) -> Result<R> {
-        lease.check()?;
-        if self.lost {
-            return Err(Error::Rpc { endpoint: lease.0.join(","), message: "an earlier call was lost".into() });
-        }
-        let (tx, rx) = mpsc::sync_channel(1);
-        let jobs = self.jobs.as_ref().expect("jobs until drop");
-        jobs.send(guarded_job(catches, call, tx))
-            .map_err(|_| Error::Rpc { endpoint: lease.0.join(","), message: "the call thread is gone".into() })?;
-        let result = wait(&rx, lease, what);
-        if matches!(result, Err(Error::Rpc { .. })) {
-            self.lost = true;
-        }
-        result
-    }
-}
-
-impl Drop for Runner {
-    fn drop(&mut self) {
-        // Closing the channel ends the thread (unless it is blocked for
-        // good); it is not joined.
-        self.jobs.take();
-    }
-}
-
-/// `call` wrapped as a job: marked guarded while it runs, its result (or
-/// panic) sent back.
-fn guarded_job<R: Send + 'static>(
-    catches: bool,
-    call: impl FnOnce() -> R + Send + 'static,
-    tx: mpsc::SyncSender<std::thread::Result<R>>,
-) -> Job {
-    Box::new(move || {
-        // SAFETY: marks this thread for the shim's hook; ended below.
-        unsafe { sys::shim::llama_rs_rpc_guard_begin(catches) };
-        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(call));
-        // SAFETY: ends the guarded call begun above on this thread.
-        unsafe { sys::shim::llama_rs_rpc_guard_end() };
-        let _ = tx.send(result);
-    })
-}
-
-/// Runs `call` guarded on a thread of its own (one-off calls: loading,
-/// freeing); as [`Runner::run`].
-pub(crate) fn run_once<R: Send + 'static>(
-    lease: &Lease,
-    what: &str,
-    catches: bool,
-    call: impl FnOnce() -> R + Send + 'static,
-) -> Result<R> {
-    lease.check()?;
-    let (tx, rx) = mpsc::sync_channel(1);
-    let job = guarded_job(catches, call, tx);
-    std::thread::Builder::new()
-        .name("llama-rpc-call".into())
-        .spawn(job)
-        .map_err(|e| Error::Rpc { endpoint: lease.0.join(","), message: format!("cannot start a thread: {e}") })?;
-    wait(&rx, lease, what)
-}
-
-/// Waits for a guarded call's result. A dispatcher thread ended by the
-/// guard (the shim counts them) means some worker died: if one of `lease`'s
-/// servers no longer holds this process's connection, or the call has not
-/// finished [`GRACE`] after the failure, the call is lost with it.
-fn wait<R>(rx: &mpsc::Receiver<std::thread::Result<R>>, lease: &Lease, what: &str) -> Result<R> {
-    // SAFETY: reads an atomic counter.
-    let failures = || unsafe { sys::shim::llama_rs_rpc_failures() };
-    let mut seen = failures();
-    let mut since: Option<Instant> = None;
-    let mut next_check = Instant::now();
-    loop {
-        match rx.recv_timeout(POLL) {
-            Ok(Ok(value)) => return Ok(value),
-            Ok(Err(panic)) => std::panic::resume_unwind(panic),
-            Err(mpsc::RecvTimeoutError::Disconnected) => {
-                return Err(Error::Rpc { endpoint: lease.0.join(","), message: format!("{what} never finished") });
-            }
-            Err(mpsc::RecvTimeoutError::Timeout) => {}
-        }
-        let now = failures();
-        if now != seen {
-            seen = now;
-            since.get_or_insert_with(Instant::now);
-        }
-        let Some(failed_at) = since else { continue };
-        if Instant::now() < next_check {
-            continue;
-        }
-        next_check = Instant::now() + Duration::from_secs(1);
-        let gone = lease.gone().or_else(|| (failed_at.elapsed() > GRACE).then(|| lease.0.join(",")));
-        if let Some(endpoint) = gone {
-            // The call may still have finished meanwhile.
-            if let Ok(result) = rx.recv_timeout(Duration::from_millis(200)) {
-                return result.map_err(|p| std::panic::resume_unwind(p));
-            }
-            // SAFETY: counts out the call whose thread never ends.
-            unsafe { sys::shim::llama_rs_rpc_guard_abandon() };
-            for e in endpoint.split(',') {
-                lease.mark_lost(e);
-            }
-            return Err(Error::Rpc {
-                endpoint,
-                message: format!(
-                    "the worker stopped answering during {what}: the models on it are unusable (dropping them \
-                     leaks their memory)"
-                ),
-            });
-        }
-    }
-}
-
 /// Before a model is loaded with `servers` (and/or RPC devices among
 /// `explicit`): adds the servers, checks within `timeout` that each one no
 /// live model of this process holds a connection to answers (llama.cpp will
@@ -600,81 +434,10 @@ fn is_rpc_device(device: &Device) -> bool {
     added().iter().any(|a| a.devices.iter().any(|d| d.raw == device.raw))
 }
 
-/// What a worker serves, and how.
-#[derive(Clone, Debug, Default)]
-pub struct ServerOptions {
-    /// The local devices to serve; empty (the default) serves the CPU.
-    pub devices: Vec<Device>,
-    /// Threads for the CPU device; `None` uses every core.
-    pub threads: Option<usize>,
-    /// A folder where the worker caches large tensors by hash, so that a
-    /// client loading the same model again sends hashes instead of data.
-    pub cache_dir: Option<PathBuf>,
-}
-
-/// Serves this machine's devices to RPC clients at `endpoint` (`host:port`;
-/// use `127.0.0.1` unless the network is trusted: there is no
-/// authentication). Runs on the calling thread and does not return while
-/// the server runs: llama.cpp's server loop has no way to stop, so a server
-/// started on a thread of this process lasts as long as the process. Run
-/// the `rpc_server` example as a child process for a server that can be
-/// stopped (by ending the process).
-///
-/// Returns an error when the endpoint is invalid or its port cannot be
-/// bound, a device cannot be served, or llama.cpp's server stops.
-/// [`probe`] tells when the server accepts clients.
-#[doc(alias = "ggml_backend_rpc_start_server")]
-pub fn serve(endpoint: &str, options: &ServerOptions) -> Result<Infallible> {
-    backend::init();
-    let parsed = Endpoint::parse(endpoint)?;
-    let threads = match options.threads {
-        Some(0) => return Err(Error::InvalidArgument("a server needs at least one thread".into())),
-        Some(n) => n,
-        None => std::thread::available_parallelism().map_or(1, |n| n.get()),
-    };
-    // llama.cpp reports a port it cannot bind only on stderr: find out
-    // here, with the reason.
-    let listener = TcpListener::bind((parsed.host.as_str(), parsed.port))
-        .map_err(|e| parsed.error(format!("cannot listen there: {e}")))?;
-    drop(listener);
-    let devices = if options.devices.is_empty() {
-        backend::devices().into_iter().filter(|d| d.kind == DeviceKind::Cpu).take(1).collect()
-    } else {
-        options.devices.clone()
-    };
-    if devices.is_empty() {
-        return Err(parsed.error("no device to serve"));
-    }
-    if let Some(rpc) = devices.iter().find(|d| is_rpc_device(d)) {
-        return Err(parsed.error(format!("{} is a remote device: a worker serves local devices", rpc.name)));
-    }
-    let cache_dir = match &options.cache_dir {
-        Some(dir) => {
-            std::fs::create_dir_all(dir).map_err(|e| Error::io(dir.clone(), e))?;
-            Some(crate::model::path_to_cstring(dir)?)
-        }
-        None => None,
-    };
-    let c_endpoint = CString::new(parsed.text())?;
-    let mut raw: Vec<sys::ggml_backend_dev_t> = devices.iter().map(|d| d.raw).collect();
-    // SAFETY: NUL-terminated strings and a device list that outlive the
-    // call (which returns only when the server fails); the devices are
-    // process-lifetime registry handles.
-    unsafe {
-        sys::ggml_backend_rpc_start_server(
-            c_endpoint.as_ptr(),
-            cache_dir.as_ref().map_or(std::ptr::null(), |c| c.as_ptr()),
-            threads,
-            raw.len(),
-            raw.as_mut_ptr(),
-        );
-    }
-    Err(parsed.error("the server stopped (llama.cpp printed why on stderr)"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::net::TcpListener;
 
     #[test]
     fn endpoints_are_host_and_port() {

@@ -1,6 +1,5 @@
 //! Tokens, the vocabulary, tokenizing and detokenizing.
 
-use std::ffi::CStr;
 use std::fmt;
 use std::ptr::NonNull;
 
@@ -8,6 +7,10 @@ use crate::error::{Error, Result, check_shim, try_reserve};
 use crate::sampler::REGEX_STACK_PER_BYTE;
 use crate::stack::{SendPtr, with_stack};
 use crate::sys;
+
+mod detokenizer;
+
+pub use detokenizer::Detokenizer;
 
 /// A token id. Valid ids are `0..vocab.n_tokens()`; every call that takes a
 /// `Token` checks that before llama.cpp sees it.
@@ -43,6 +46,32 @@ impl TokenAttrs {
     pub fn contains(self, other: TokenAttrs) -> bool {
         self.0 & other.0 == other.0 && other.0 != 0
     }
+}
+
+/// Whether tokenizing adds the model's start token(s): [`AddBos::Yes`]
+/// adds BOS (and EOS or SEP where the model's vocabulary says it adds
+/// them), as llama.cpp's `add_special`; [`AddBos::No`] adds nothing (for
+/// text that continues a prompt, or a template that writes `<bos>`
+/// itself).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AddBos {
+    /// Add the start (and end) tokens the model asks for.
+    Yes,
+    /// Add no tokens.
+    No,
+}
+
+/// How special (control) tokens such as `<start_of_turn>` relate to text.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Special {
+    /// Text is only text: `<start_of_turn>` in the input is tokenized as
+    /// ordinary characters (untrusted input cannot inject control
+    /// tokens), and control tokens render as nothing.
+    #[default]
+    Plain,
+    /// Control-token text in the input becomes the control token (for
+    /// trusted templates), and control tokens render as their text.
+    Markup,
 }
 
 /// A model's vocabulary: tokenizer, detokenizer and special tokens.
@@ -198,8 +227,8 @@ impl Vocab {
     /// Tokenizes `text`. Control tokens written in the text (such as
     /// `<start_of_turn>`) are treated as plain text, so untrusted input
     /// cannot inject them; use [`Vocab::tokenize_special`] for trusted
-    /// templates. `add_bos` adds the model's start token(s) when the model
-    /// asks for them.
+    /// templates. [`AddBos::Yes`] adds the model's start token(s) when the
+    /// model asks for them.
     ///
     /// Tokenizers whose pre-tokenizer falls back to `std::regex` (BPE
     /// vocabularies other than the GPT-2, Llama 3 and Qwen 2 families, such
@@ -214,9 +243,9 @@ impl Vocab {
     /// text: tokenize it in pieces); [`Error::OutOfMemory`] if the token
     /// buffer cannot be allocated.
     #[doc(alias = "llama_tokenize")]
-    pub fn tokenize(&self, text: &str, add_bos: bool) -> Result<Vec<Token>> {
+    pub fn tokenize(&self, text: &str, add_bos: AddBos) -> Result<Vec<Token>> {
         let mut out = Vec::new();
-        self.tokenize_into(text, add_bos, false, &mut out)?;
+        self.tokenize_into(text, add_bos, Special::Plain, &mut out)?;
         Ok(out)
     }
 
@@ -225,19 +254,37 @@ impl Vocab {
     ///
     /// # Errors
     /// As [`Vocab::tokenize`].
-    pub fn tokenize_special(&self, text: &str, add_bos: bool) -> Result<Vec<Token>> {
+    pub fn tokenize_special(&self, text: &str, add_bos: AddBos) -> Result<Vec<Token>> {
         let mut out = Vec::new();
-        self.tokenize_into(text, add_bos, true, &mut out)?;
+        self.tokenize_into(text, add_bos, Special::Markup, &mut out)?;
         Ok(out)
     }
 
-    /// Tokenizes `text`, replacing the contents of `out` (its allocation is
-    /// reused).
+    /// Tokenizes a prompt rendered by a chat template
+    /// ([`ChatFormat::render`](crate::ChatFormat::render)): control-token
+    /// text becomes control tokens ([`Special::Markup`]: the template is
+    /// trusted, the messages inside it are not checked), and the model's
+    /// BOS is added unless the template already wrote it (most templates
+    /// start with `{{ bos_token }}`; tokenizing with [`AddBos::Yes`] then
+    /// would give two).
     ///
     /// # Errors
     /// As [`Vocab::tokenize`].
-    pub fn tokenize_into(&self, text: &str, add_bos: bool, parse_special: bool, out: &mut Vec<Token>) -> Result<()> {
+    pub fn tokenize_chat(&self, rendered: &str) -> Result<Vec<Token>> {
+        let bos = self.bos().and_then(|b| self.text(b).ok()).filter(|b| !b.is_empty());
+        let add_bos = if bos.is_some_and(|b| rendered.starts_with(b)) { AddBos::No } else { AddBos::Yes };
+        self.tokenize_special(rendered, add_bos)
+    }
+
+    /// Tokenizes `text`, replacing the contents of `out` (its allocation is
+    /// reused); `special` says whether control-token text becomes control
+    /// tokens ([`Special::Markup`], as [`Vocab::tokenize_special`]).
+    ///
+    /// # Errors
+    /// As [`Vocab::tokenize`].
+    pub fn tokenize_into(&self, text: &str, add_bos: AddBos, special: Special, out: &mut Vec<Token>) -> Result<()> {
         self.check_has_tokenizer()?;
+        let (add_bos, parse_special) = (add_bos == AddBos::Yes, special == Special::Markup);
         let len = i32::try_from(text.len()).map_err(|_| Error::InvalidArgument("text longer than 2 GiB".into()))?;
         out.clear();
         let stack = if self.regex_split { text.len().saturating_mul(REGEX_STACK_PER_BYTE) } else { 0 };
@@ -282,13 +329,14 @@ impl Vocab {
     }
 
     /// The bytes a token stands for. They can be part of a UTF-8 character
-    /// (byte tokens); use [`Detokenizer`] to stream text. With
-    /// `special = false`, control tokens give no bytes.
+    /// (byte tokens); use [`Vocab::decode`] for the text of whole tokens and
+    /// [`Detokenizer`] to stream it. With [`Special::Plain`], control
+    /// tokens give no bytes.
     ///
     /// # Errors
     /// [`Error::InvalidToken`] for an id outside the vocabulary.
     #[doc(alias = "llama_token_to_piece")]
-    pub fn token_to_piece(&self, token: Token, special: bool) -> Result<Vec<u8>> {
+    pub fn token_to_piece(&self, token: Token, special: Special) -> Result<Vec<u8>> {
         let mut out = Vec::new();
         self.append_piece(token, special, &mut out)?;
         Ok(out)
@@ -298,8 +346,9 @@ impl Vocab {
     ///
     /// # Errors
     /// As [`Vocab::token_to_piece`].
-    pub fn append_piece(&self, token: Token, special: bool, out: &mut Vec<u8>) -> Result<()> {
+    pub fn append_piece(&self, token: Token, special: Special, out: &mut Vec<u8>) -> Result<()> {
         self.check_with_text(token)?;
+        let special = special == Special::Markup;
         let start = out.len();
         let mut room = 32usize;
         loop {
@@ -330,14 +379,49 @@ impl Vocab {
         }
     }
 
-    /// Turns tokens back into text (invalid UTF-8 becomes U+FFFD).
-    /// `remove_special` drops BOS/EOS; `unparse_special` renders control
-    /// tokens as their text.
+    /// The text of `tokens`, as a whole text: the inverse of
+    /// [`Vocab::tokenize`] (BOS and other control tokens give nothing),
+    /// through llama.cpp's detokenizer, which also undoes what the
+    /// tokenizer adds (the space a SentencePiece vocabulary puts before the
+    /// first word; the spaces some BPE vocabularies clean up around
+    /// punctuation). Lossless for text that tokenizes losslessly; bytes
+    /// that are not valid UTF-8 (tokens that end inside a character) become
+    /// U+FFFD. To show generated text as it comes, stream it with a
+    /// [`Detokenizer`], which renders every token with its own leading
+    /// space.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), llama::Error> {
+    /// # let model = llama::Model::load("model.gguf", &llama::ModelParams::default())?;
+    /// use llama::AddBos;
+    /// let tokens = model.vocab().tokenize("Hello, world", AddBos::Yes)?;
+    /// assert_eq!(model.vocab().decode(&tokens)?, "Hello, world");
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidToken`] for an id outside the vocabulary.
+    pub fn decode(&self, tokens: &[Token]) -> Result<String> {
+        // Skip a leading BOS here: llama.cpp's own removal of it keeps the
+        // space the tokenizer added before the first word.
+        let tokens = match (tokens.first(), self.bos()) {
+            (Some(&first), Some(bos)) if first == bos => &tokens[1..],
+            _ => tokens,
+        };
+        self.detokenize(tokens, AddBos::No, Special::Plain)
+    }
+
+    /// Turns tokens back into text with llama.cpp's detokenizer, which
+    /// also applies the tokenizer's clean-up (spaces around punctuation for
+    /// some vocabularies); invalid UTF-8 becomes U+FFFD. [`AddBos::Yes`]
+    /// drops the start/end tokens a tokenization with [`AddBos::Yes`]
+    /// added; [`Special::Markup`] renders control tokens as their text.
     ///
     /// # Errors
     /// [`Error::InvalidToken`] for an id outside the vocabulary.
     #[doc(alias = "llama_detokenize")]
-    pub fn detokenize(&self, tokens: &[Token], remove_special: bool, unparse_special: bool) -> Result<String> {
+    pub fn detokenize(&self, tokens: &[Token], added: AddBos, special: Special) -> Result<String> {
+        let (remove_special, unparse_special) = (added == AddBos::Yes, special == Special::Markup);
         for &t in tokens {
             self.check_with_text(t)?;
         }
@@ -383,11 +467,8 @@ impl Vocab {
         // SAFETY: the token is in range; the shim catches exceptions.
         let code = unsafe { sys::shim::llama_rs_vocab_get_text(self.as_ptr(), token.0, &mut ptr) };
         check_shim(code, "llama_vocab_get_text")?;
-        if ptr.is_null() {
-            return Ok("");
-        }
-        // SAFETY: the string lives in the vocab, which outlives `&self`.
-        Ok(unsafe { CStr::from_ptr(ptr) }.to_str().unwrap_or(""))
+        // SAFETY: NULL, or a string in the vocab, which outlives `&self`.
+        Ok(unsafe { crate::ffi::borrowed_str(ptr) }.unwrap_or(""))
     }
 
     /// The token's score (SentencePiece log-probability).
@@ -483,85 +564,5 @@ impl Vocab {
         fim_rep => llama_vocab_fim_rep;
         /// Fill-in-the-middle: file separator.
         fim_sep => llama_vocab_fim_sep;
-    }
-}
-
-/// Turns a stream of tokens into text without ever splitting a UTF-8
-/// character: bytes of an unfinished character are held back until the
-/// token that completes it arrives.
-#[derive(Debug)]
-pub struct Detokenizer<'v> {
-    vocab: &'v Vocab,
-    pending: Vec<u8>,
-    special: bool,
-}
-
-impl<'v> Detokenizer<'v> {
-    /// A detokenizer that renders control tokens as text if `special`.
-    pub fn new(vocab: &'v Vocab, special: bool) -> Self {
-        Detokenizer { vocab, pending: Vec::with_capacity(16), special }
-    }
-
-    /// Adds a token and appends the text that is now complete to `out`.
-    /// Invalid byte sequences become U+FFFD.
-    ///
-    /// # Errors
-    /// [`Error::InvalidToken`] for an id outside the vocabulary.
-    pub fn push(&mut self, token: Token, out: &mut String) -> Result<()> {
-        self.vocab.append_piece(token, self.special, &mut self.pending)?;
-        self.drain_complete(out);
-        Ok(())
-    }
-
-    /// Adds a token and returns the text that is now complete (possibly
-    /// empty).
-    ///
-    /// # Errors
-    /// As [`Detokenizer::push`].
-    pub fn push_str(&mut self, token: Token) -> Result<String> {
-        let mut out = String::new();
-        self.push(token, &mut out)?;
-        Ok(out)
-    }
-
-    /// Bytes held back because they do not finish a character yet.
-    pub fn pending(&self) -> &[u8] {
-        &self.pending
-    }
-
-    /// Flushes what is held back, replacing an unfinished character with U+FFFD.
-    pub fn finish(&mut self) -> String {
-        let text = String::from_utf8_lossy(&self.pending).into_owned();
-        self.pending.clear();
-        text
-    }
-
-    fn drain_complete(&mut self, out: &mut String) {
-        let mut consumed = 0;
-        loop {
-            match std::str::from_utf8(&self.pending[consumed..]) {
-                Ok(s) => {
-                    out.push_str(s);
-                    consumed = self.pending.len();
-                    break;
-                }
-                Err(e) => {
-                    let valid = e.valid_up_to();
-                    // SAFETY-free: from_utf8 just said these bytes are valid.
-                    out.push_str(std::str::from_utf8(&self.pending[consumed..consumed + valid]).unwrap_or_default());
-                    consumed += valid;
-                    match e.error_len() {
-                        // An invalid sequence: replace it and go on.
-                        Some(bad) => {
-                            out.push(char::REPLACEMENT_CHARACTER);
-                            consumed += bad;
-                        }
-                        // An unfinished character at the end: keep it.
-                        None => break,
-                    }
-                }
-            }
-        }
-        self.pending.drain(..consumed);
     }
 }
