@@ -17,7 +17,7 @@ use llama::{
     AddBos, Batch, ContextParams, Detokenizer, Error, Logits, MetadataValue, Model, ModelParams, Output, Pooling,
     Sampler, SamplerChain, Special, Token,
 };
-use llama_suite::synthetic::{TINY_BOS_ID, TINY_EOS_ID, TINY_VOCAB_SIZE};
+use llama_suite::synthetic::{GgufWriter, TINY_BOS_ID, TINY_EOS_ID, TINY_VOCAB_SIZE};
 use safe_api::*;
 
 /// A context over the tiny model with `n_seq` sequences.
@@ -824,40 +824,39 @@ fn an_aborted_decode_is_an_error_and_the_context_recovers() {
     });
 }
 
-// ------------------------------------------------ hand-written tiny models
+// ------------------------------------------------ hand-made tiny models
 //
-// The synthetic generator writes llama models only. These tiny GGUF files of
-// other architectures reach llama.cpp's paths for encoder-decoder (T5),
-// memory-less (BERT) and recurrent (Mamba) models: random F32 weights, a
-// small SentencePiece vocabulary, written byte by byte (GGUF v3).
+// The synthetic generator's models are llama and Mamba networks. These tiny
+// GGUF files of other architectures reach llama.cpp's paths for
+// encoder-decoder (T5), memory-less (BERT) and recurrent (Mamba) models:
+// random F32 weights and a small SentencePiece vocabulary, written with the
+// generator's `GgufWriter` (ggml's own GGUF writer).
 
-/// A GGUF v3 file under construction: metadata and F32 tensors.
+/// A metadata value of a hand-made model.
+enum Kv {
+    Str(String),
+    U32(u32),
+    F32(f32),
+    Bool(bool),
+    Strs(Vec<String>),
+    F32s(Vec<f32>),
+    I32s(Vec<i32>),
+}
+
+/// A GGUF file under construction: metadata and F32 tensors, written at
+/// the end (the writer needs every tensor's size up front).
 struct GgufFile {
-    kv: Vec<u8>,
-    n_kv: u64,
+    kv: Vec<(String, Kv)>,
     tensors: Vec<(String, Vec<u64>, Vec<f32>)>,
     rng: u64,
     n_vocab: u64,
 }
 
-fn put_str(out: &mut Vec<u8>, s: &str) {
-    out.extend((s.len() as u64).to_le_bytes());
-    out.extend(s.as_bytes());
-}
-
 impl GgufFile {
-    // GGUF value types (gguf.h).
-    const U32: u32 = 4;
-    const I32: u32 = 5;
-    const F32: u32 = 6;
-    const BOOL: u32 = 7;
-    const STR: u32 = 8;
-    const ARR: u32 = 9;
-
     /// A file of architecture `arch` with the tiny vocabulary: `<unk>`,
     /// `<s>`, `</s>`, the 256 byte tokens, then a few words.
     fn new(arch: &str) -> GgufFile {
-        let mut f = GgufFile { kv: Vec::new(), n_kv: 0, tensors: Vec::new(), rng: 0x2545_f491_4f6c_dd1d, n_vocab: 0 };
+        let mut f = GgufFile { kv: Vec::new(), tensors: Vec::new(), rng: 0x2545_f491_4f6c_dd1d, n_vocab: 0 };
         f.str("general.architecture", arch);
         let mut texts: Vec<String> = ["<unk>", "<s>", "</s>"].map(String::from).to_vec();
         texts.extend((0..=255u8).map(|b| format!("<0x{b:02X}>")));
@@ -868,42 +867,26 @@ impl GgufFile {
         let scores: Vec<f32> = (0..texts.len()).map(|i| -(i as f32)).collect();
         f.n_vocab = texts.len() as u64;
         f.str("tokenizer.ggml.model", "llama");
-        f.array("tokenizer.ggml.tokens", Self::STR, &texts, |out, s| put_str(out, s));
-        f.array("tokenizer.ggml.scores", Self::F32, &scores, |out, x| out.extend(x.to_le_bytes()));
-        f.array("tokenizer.ggml.token_type", Self::I32, &types, |out, x| out.extend(x.to_le_bytes()));
+        f.kv.push(("tokenizer.ggml.tokens".into(), Kv::Strs(texts)));
+        f.kv.push(("tokenizer.ggml.scores".into(), Kv::F32s(scores)));
+        f.kv.push(("tokenizer.ggml.token_type".into(), Kv::I32s(types)));
         f
     }
 
-    fn key(&mut self, key: &str, ty: u32) -> &mut Vec<u8> {
-        self.n_kv += 1;
-        put_str(&mut self.kv, key);
-        self.kv.extend(ty.to_le_bytes());
-        &mut self.kv
-    }
-
     fn str(&mut self, key: &str, value: &str) {
-        put_str(self.key(key, Self::STR), value);
+        self.kv.push((key.into(), Kv::Str(value.into())));
     }
 
     fn u32(&mut self, key: &str, value: u32) {
-        self.key(key, Self::U32).extend(value.to_le_bytes());
+        self.kv.push((key.into(), Kv::U32(value)));
     }
 
     fn f32(&mut self, key: &str, value: f32) {
-        self.key(key, Self::F32).extend(value.to_le_bytes());
+        self.kv.push((key.into(), Kv::F32(value)));
     }
 
     fn bool(&mut self, key: &str, value: bool) {
-        self.key(key, Self::BOOL).push(value as u8);
-    }
-
-    fn array<T>(&mut self, key: &str, ty: u32, items: &[T], put: impl Fn(&mut Vec<u8>, &T)) {
-        let out = self.key(key, Self::ARR);
-        out.extend(ty.to_le_bytes());
-        out.extend((items.len() as u64).to_le_bytes());
-        for item in items {
-            put(out, item);
-        }
+        self.kv.push((key.into(), Kv::Bool(value)));
     }
 
     /// An F32 tensor of shape `ne` (ggml order): `center` plus uniform
@@ -932,30 +915,25 @@ impl GgufFile {
     }
 
     fn write(&self, path: &Path) {
-        const ALIGN: usize = 32; // GGUF's default alignment
-        let mut out = b"GGUF".to_vec();
-        out.extend(3u32.to_le_bytes());
-        out.extend((self.tensors.len() as u64).to_le_bytes());
-        out.extend(self.n_kv.to_le_bytes());
-        out.extend(&self.kv);
-        let mut offset = 0u64;
+        let sizes: Vec<u64> = self.tensors.iter().map(|(_, ne, _)| ne.iter().product()).collect();
+        let mut w = GgufWriter::for_tensors(&sizes).unwrap();
+        for (key, value) in &self.kv {
+            match value {
+                Kv::Str(v) => w.set_str(key, v),
+                Kv::U32(v) => w.set_u32(key, *v),
+                Kv::F32(v) => w.set_f32(key, *v),
+                Kv::Bool(v) => w.set_bool(key, *v),
+                Kv::Strs(v) => w.set_arr_str(key, v),
+                Kv::F32s(v) => w.set_arr_f32(key, v),
+                Kv::I32s(v) => w.set_arr_i32(key, v),
+            }
+            .unwrap();
+        }
         for (name, ne, data) in &self.tensors {
-            put_str(&mut out, name);
-            out.extend((ne.len() as u32).to_le_bytes());
-            for d in ne {
-                out.extend(d.to_le_bytes());
-            }
-            out.extend(0u32.to_le_bytes()); // GGML_TYPE_F32
-            out.extend(offset.to_le_bytes());
-            offset += (4 * data.len()).next_multiple_of(ALIGN) as u64;
+            let ne: Vec<u32> = ne.iter().map(|&d| u32::try_from(d).unwrap()).collect();
+            w.add_f32_tensor(name, &ne, data).unwrap();
         }
-        for (_, _, data) in &self.tensors {
-            out.resize(out.len().next_multiple_of(ALIGN), 0);
-            for x in data {
-                out.extend(x.to_le_bytes());
-            }
-        }
-        fs::write(path, out).unwrap();
+        w.write(path).unwrap();
     }
 
     fn load(&self, dir: &Path, name: &str) -> Model {

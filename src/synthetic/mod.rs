@@ -27,7 +27,6 @@
 //! are pieces too), so `"Hello world"` tokenizes to `<s> ▁Hello ▁world`;
 //! anything else falls back to byte tokens and detokenizes back exactly.
 
-use std::ffi::{CString, c_char, c_void};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
@@ -35,6 +34,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 use llama_sys as sys;
+
+mod plan;
+mod writer;
+
+use plan::*;
+pub use writer::GgufWriter;
 
 /// Id of `<unk>`.
 pub const TINY_UNK_ID: i32 = 0;
@@ -378,186 +383,6 @@ fn create_unique_temp(dir: &Path, base: &str) -> io::Result<(PathBuf, File)> {
     Err(last_err.unwrap_or_else(|| io::Error::other("no free temporary file name")))
 }
 
-fn path_to_cstring(path: &Path) -> io::Result<CString> {
-    #[cfg(unix)]
-    let bytes = {
-        use std::os::unix::ffi::OsStrExt;
-        path.as_os_str().as_bytes().to_vec()
-    };
-    #[cfg(not(unix))]
-    let bytes = path
-        .to_str()
-        .ok_or_else(|| invalid_input(format!("path is not UTF-8: {}", path.display())))?
-        .as_bytes()
-        .to_vec();
-    CString::new(bytes).map_err(|_| invalid_input(format!("NUL byte in path {}", path.display())))
-}
-
-fn cstring(s: &str) -> io::Result<CString> {
-    CString::new(s).map_err(|_| invalid_input(format!("NUL byte in {s:?}")))
-}
-
-/// 64-bit FNV-1a: small, stable across processes and Rust versions.
-struct Fnv1a(u64);
-
-impl Fnv1a {
-    fn new() -> Self {
-        Self(0xcbf2_9ce4_8422_2325)
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 ^= u64::from(b);
-            self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-    }
-
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
-
-/// SplitMix64: a tiny, well-mixed PRNG; deterministic across platforms.
-struct SplitMix64(u64);
-
-impl SplitMix64 {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in [-1, 1), exactly representable (24 random bits).
-    fn next_signed_unit(&mut self) -> f32 {
-        let bits = (self.next_u64() >> 40) as u32; // 24 bits
-        (bits as f32 / (1u32 << 23) as f32) - 1.0
-    }
-}
-
-/// How a tensor's values are drawn.
-#[derive(Clone, Copy)]
-enum Init {
-    /// All ones (norm weights).
-    Ones,
-    /// Uniform in [-a, a).
-    Uniform(f32),
-    /// Every value the same.
-    Const(f32),
-}
-
-/// One weight tensor of the model: name, ggml shape (`ne[0]` is the row
-/// length, i.e. the input size of a matrix) and initialisation.
-struct TensorDef {
-    name: String,
-    ne: Vec<u32>,
-    init: Init,
-}
-
-impl TensorDef {
-    fn n_elements(&self) -> Option<u64> {
-        self.ne.iter().try_fold(1u64, |acc, &d| acc.checked_mul(u64::from(d)))
-    }
-
-    /// The tensor's values: a PRNG stream seeded by the model seed and the
-    /// tensor name, so tensors are independent of each other and of order.
-    fn values(&self, seed: u64) -> Vec<f32> {
-        let n = self.n_elements().unwrap_or(0) as usize;
-        match self.init {
-            Init::Ones => vec![1.0; n],
-            Init::Const(c) => vec![c; n],
-            Init::Uniform(a) => {
-                let mut h = Fnv1a::new();
-                h.write(self.name.as_bytes());
-                let mut rng = SplitMix64(seed ^ h.finish());
-                (0..n).map(|_| a * rng.next_signed_unit()).collect()
-            }
-        }
-    }
-}
-
-/// Uniform bound that gives standard deviation `1/sqrt(fan_in)`.
-fn he_bound(fan_in: u32) -> f32 {
-    (3.0 / fan_in as f32).sqrt()
-}
-
-/// The token embedding, output norm and output projection every model has.
-fn embedding_and_output(n_embd: u32) -> Vec<TensorDef> {
-    let n_vocab = TINY_VOCAB_SIZE as u32;
-    let def = |name: &str, ne: &[u32], init| TensorDef { name: name.into(), ne: ne.to_vec(), init };
-    vec![
-        def("token_embd.weight", &[n_embd, n_vocab], Init::Uniform(1.0)),
-        def("output_norm.weight", &[n_embd], Init::Ones),
-        def("output.weight", &[n_embd, n_vocab], Init::Uniform(OUTPUT_GAIN * he_bound(n_embd))),
-    ]
-}
-
-/// The tensors of a llama model, in the order `convert_hf_to_gguf.py`
-/// writes them. Shapes follow `llama_model_llama::load_arch_tensors`.
-fn tensor_plan(spec: &TinyModelSpec) -> Vec<TensorDef> {
-    let n_embd = spec.n_embd;
-    let head = spec.n_embd / spec.n_head.max(1);
-    let n_embd_kv = head * spec.n_head_kv;
-    let def = |name: String, ne: &[u32], init| TensorDef { name, ne: ne.to_vec(), init };
-
-    let mut plan = embedding_and_output(n_embd);
-    for i in 0..spec.n_layer {
-        let blk = |t: &str| format!("blk.{i}.{t}.weight");
-        let wide = Init::Uniform(he_bound(n_embd));
-        plan.extend([
-            def(blk("attn_norm"), &[n_embd], Init::Ones),
-            def(blk("attn_q"), &[n_embd, n_embd], wide),
-            def(blk("attn_k"), &[n_embd, n_embd_kv], wide),
-            def(blk("attn_v"), &[n_embd, n_embd_kv], wide),
-            def(blk("attn_output"), &[n_embd, n_embd], wide),
-            def(blk("ffn_norm"), &[n_embd], Init::Ones),
-            def(blk("ffn_gate"), &[n_embd, spec.n_ff], wide),
-            def(blk("ffn_down"), &[spec.n_ff, n_embd], Init::Uniform(he_bound(spec.n_ff))),
-            def(blk("ffn_up"), &[n_embd, spec.n_ff], wide),
-        ]);
-    }
-    plan
-}
-
-/// Mamba's state-space sizes (see [`write_tiny_mamba`]).
-const MAMBA_D_CONV: u32 = 4;
-const MAMBA_D_STATE: u32 = 8;
-const MAMBA_DT_RANK: u32 = 4;
-
-/// The tensors of a Mamba model; shapes follow
-/// `llama_model_mamba::load_arch_tensors`.
-fn mamba_tensor_plan(spec: &TinyModelSpec) -> Vec<TensorDef> {
-    let n_embd = spec.n_embd;
-    let d_inner = 2 * n_embd;
-    let def = |name: String, ne: &[u32], init| TensorDef { name, ne: ne.to_vec(), init };
-    let mut plan = embedding_and_output(n_embd);
-    for i in 0..spec.n_layer {
-        let blk = |t: &str| format!("blk.{i}.{t}");
-        plan.extend([
-            def(blk("attn_norm.weight"), &[n_embd], Init::Ones),
-            def(blk("ssm_in.weight"), &[n_embd, 2 * d_inner], Init::Uniform(he_bound(n_embd))),
-            def(blk("ssm_conv1d.weight"), &[MAMBA_D_CONV, d_inner], Init::Uniform(he_bound(MAMBA_D_CONV))),
-            def(blk("ssm_conv1d.bias"), &[d_inner], Init::Uniform(0.1)),
-            def(blk("ssm_x.weight"), &[d_inner, MAMBA_DT_RANK + 2 * MAMBA_D_STATE], Init::Uniform(he_bound(d_inner))),
-            def(blk("ssm_dt.weight"), &[MAMBA_DT_RANK, d_inner], Init::Uniform(he_bound(MAMBA_DT_RANK))),
-            def(blk("ssm_dt.bias"), &[d_inner], Init::Uniform(0.1)),
-            // A = -exp(A_log) < 0 keeps the recurrence stable.
-            def(blk("ssm_a"), &[MAMBA_D_STATE, d_inner], Init::Const(-1.0)),
-            def(blk("ssm_d"), &[d_inner], Init::Ones),
-            def(blk("ssm_out.weight"), &[d_inner, n_embd], Init::Uniform(he_bound(d_inner))),
-        ]);
-    }
-    plan
-}
-
-/// The full vocabulary: texts, scores and `llama_token_type`s.
-struct Vocab {
-    texts: Vec<String>,
-    scores: Vec<f32>,
-    types: Vec<i32>,
-}
-
 fn tiny_vocab() -> Vocab {
     use sys::llama_token_type::*;
 
@@ -584,221 +409,6 @@ fn tiny_vocab() -> Vocab {
     v
 }
 
-/// Owns a `ggml_context` that allocates tensor data in its own pool.
-struct GgmlContext {
-    ctx: *mut sys::ggml_context,
-    /// Bytes of the pool not yet promised to a tensor.
-    left: usize,
-}
-
-impl GgmlContext {
-    fn new(mem_size: usize) -> io::Result<Self> {
-        let params = sys::ggml_init_params { mem_size, mem_buffer: std::ptr::null_mut(), no_alloc: false };
-        // SAFETY: `params` is a valid by-value struct; a null `mem_buffer`
-        // makes ggml allocate (and later free) the pool itself.
-        let ctx = unsafe { sys::ggml_init(params) };
-        if ctx.is_null() {
-            return Err(io::Error::other("ggml_init failed"));
-        }
-        Ok(Self { ctx, left: mem_size })
-    }
-}
-
-impl Drop for GgmlContext {
-    fn drop(&mut self) {
-        // SAFETY: `ctx` came from `ggml_init`, is non-null and is freed only
-        // here; the `GgufContext` that copied its tensors is dropped first
-        // (field order of `ModelWriter`).
-        unsafe { sys::ggml_free(self.ctx) };
-    }
-}
-
-/// Owns a `gguf_context` being filled for writing.
-struct GgufContext(*mut sys::gguf_context);
-
-impl Drop for GgufContext {
-    fn drop(&mut self) {
-        // SAFETY: the pointer came from `gguf_init_empty`, is non-null and is
-        // freed only here.
-        unsafe { sys::gguf_free(self.0) };
-    }
-}
-
-/// A GGUF file under construction. Field order matters: `gguf` holds copies
-/// of tensor headers whose data live in `ggml`'s pool, so it drops first.
-struct ModelWriter {
-    gguf: GgufContext,
-    ggml: GgmlContext,
-    /// Bytes of tensor data, each tensor padded to the GGUF alignment.
-    data_size: usize,
-}
-
-impl ModelWriter {
-    fn new(mem_size: usize) -> io::Result<Self> {
-        // SAFETY: no preconditions; the result is checked for null.
-        let gguf = unsafe { sys::gguf_init_empty() };
-        if gguf.is_null() {
-            return Err(io::Error::other("gguf_init_empty failed"));
-        }
-        let gguf = GgufContext(gguf);
-        Ok(Self { gguf, ggml: GgmlContext::new(mem_size)?, data_size: 0 })
-    }
-
-    fn set_str(&mut self, key: &str, val: &str) -> io::Result<()> {
-        let (key, val) = (cstring(key)?, cstring(val)?);
-        // SAFETY: the context is live; both are NUL-terminated strings that
-        // outlive the call (gguf copies them).
-        unsafe { sys::gguf_set_val_str(self.gguf.0, key.as_ptr(), val.as_ptr()) };
-        Ok(())
-    }
-
-    fn set_u32(&mut self, key: &str, val: u32) -> io::Result<()> {
-        let key = cstring(key)?;
-        // SAFETY: the context is live; `key` is NUL-terminated (gguf copies it).
-        unsafe { sys::gguf_set_val_u32(self.gguf.0, key.as_ptr(), val) };
-        Ok(())
-    }
-
-    fn set_f32(&mut self, key: &str, val: f32) -> io::Result<()> {
-        let key = cstring(key)?;
-        // SAFETY: the context is live; `key` is NUL-terminated (gguf copies it).
-        unsafe { sys::gguf_set_val_f32(self.gguf.0, key.as_ptr(), val) };
-        Ok(())
-    }
-
-    fn set_bool(&mut self, key: &str, val: bool) -> io::Result<()> {
-        let key = cstring(key)?;
-        // SAFETY: the context is live; `key` is NUL-terminated (gguf copies it).
-        unsafe { sys::gguf_set_val_bool(self.gguf.0, key.as_ptr(), val) };
-        Ok(())
-    }
-
-    fn set_arr_str(&mut self, key: &str, vals: &[String]) -> io::Result<()> {
-        let key = cstring(key)?;
-        let owned = vals.iter().map(|s| cstring(s)).collect::<io::Result<Vec<_>>>()?;
-        let mut ptrs: Vec<*const c_char> = owned.iter().map(|s| s.as_ptr()).collect();
-        // SAFETY: the context is live; `ptrs` holds `ptrs.len()` pointers to
-        // NUL-terminated strings owned by `owned`, alive across the call
-        // (gguf copies them); gguf only reads through the array.
-        unsafe { sys::gguf_set_arr_str(self.gguf.0, key.as_ptr(), ptrs.as_mut_ptr(), ptrs.len()) };
-        Ok(())
-    }
-
-    fn set_arr_f32(&mut self, key: &str, vals: &[f32]) -> io::Result<()> {
-        let key = cstring(key)?;
-        // SAFETY: the context is live; `vals` is `vals.len()` f32s, matching
-        // GGUF_TYPE_FLOAT32 (4 bytes each); gguf copies them.
-        unsafe {
-            sys::gguf_set_arr_data(
-                self.gguf.0,
-                key.as_ptr(),
-                sys::gguf_type::GGUF_TYPE_FLOAT32,
-                vals.as_ptr().cast::<c_void>(),
-                vals.len(),
-            )
-        };
-        Ok(())
-    }
-
-    fn set_arr_i32(&mut self, key: &str, vals: &[i32]) -> io::Result<()> {
-        let key = cstring(key)?;
-        // SAFETY: the context is live; `vals` is `vals.len()` i32s, matching
-        // GGUF_TYPE_INT32 (4 bytes each); gguf copies them.
-        unsafe {
-            sys::gguf_set_arr_data(
-                self.gguf.0,
-                key.as_ptr(),
-                sys::gguf_type::GGUF_TYPE_INT32,
-                vals.as_ptr().cast::<c_void>(),
-                vals.len(),
-            )
-        };
-        Ok(())
-    }
-
-    /// Bytes of ggml pool a tensor of `n_bytes` data needs.
-    fn pool_bytes(n_bytes: usize) -> usize {
-        // SAFETY: no preconditions; returns a constant.
-        let overhead = unsafe { sys::ggml_tensor_overhead() };
-        // ggml pads each object to GGML_MEM_ALIGN (at most 16).
-        overhead + n_bytes + 16
-    }
-
-    /// Declares an F32 tensor in the ggml pool, fills it and adds it to the
-    /// GGUF context.
-    fn add_f32_tensor(&mut self, def: &TensorDef, values: &[f32]) -> io::Result<()> {
-        let name = cstring(&def.name)?;
-        if name.as_bytes().len() >= sys::GGML_MAX_NAME as usize {
-            return Err(invalid_input(format!("tensor name too long: {}", def.name)));
-        }
-        let n_bytes = std::mem::size_of_val(values);
-        let need = Self::pool_bytes(n_bytes);
-        if need > self.ggml.left {
-            // ggml would abort the process instead of failing.
-            return Err(io::Error::other("ggml pool too small for the model"));
-        }
-        self.ggml.left -= need;
-        let ne: Vec<i64> = def.ne.iter().map(|&d| i64::from(d)).collect();
-
-        // SAFETY: the ggml context is live and (checked above) has room for
-        // the tensor and its data, so ggml_new_tensor neither aborts nor
-        // returns an unusable tensor; `ne` holds `ne.len()` (1 or 2, within
-        // GGML_MAX_DIMS) positive dimensions.
-        let tensor =
-            unsafe { sys::ggml_new_tensor(self.ggml.ctx, sys::ggml_type::GGML_TYPE_F32, ne.len() as i32, ne.as_ptr()) };
-        if tensor.is_null() {
-            return Err(io::Error::other("ggml_new_tensor failed"));
-        }
-        // SAFETY: `tensor` is a live tensor of the context; `name` is
-        // NUL-terminated and shorter than GGML_MAX_NAME (checked above).
-        unsafe { sys::ggml_set_name(tensor, name.as_ptr()) };
-        // SAFETY: `tensor` is a live tensor of the context.
-        let (data, nbytes) = unsafe { (sys::ggml_get_data(tensor), sys::ggml_nbytes(tensor)) };
-        if data.is_null() || nbytes != n_bytes {
-            return Err(io::Error::other(format!(
-                "tensor {} has {nbytes} bytes of data, expected {n_bytes}",
-                def.name
-            )));
-        }
-        // SAFETY: `data` points to `nbytes` == `n_bytes` writable bytes in the
-        // ggml pool (no_alloc = false), which cannot overlap `values` (a Rust
-        // allocation); a byte copy needs no alignment.
-        unsafe { std::ptr::copy_nonoverlapping(values.as_ptr().cast::<u8>(), data.cast::<u8>(), n_bytes) };
-        // SAFETY: both contexts are live; the tensor's name is unique in this
-        // model (tensor_plan), so gguf_add_tensor does not abort; gguf copies
-        // the header, whose data pointer stays valid until `ggml` drops, after
-        // `gguf` (field order).
-        unsafe { sys::gguf_add_tensor(self.gguf.0, tensor) };
-
-        // SAFETY: the context is live.
-        let alignment = unsafe { sys::gguf_get_alignment(self.gguf.0) };
-        self.data_size += n_bytes.div_ceil(alignment) * alignment;
-        Ok(())
-    }
-
-    /// Writes the GGUF file and checks that all of it reached the file.
-    fn write(&self, path: &Path) -> io::Result<()> {
-        let c_path = path_to_cstring(path)?;
-        // SAFETY: the context is live.
-        let meta_size = unsafe { sys::gguf_get_meta_size(self.gguf.0) };
-        // SAFETY: the context is live and every tensor added to it has its
-        // data in the live ggml pool; `c_path` is NUL-terminated.
-        let ok = unsafe { sys::gguf_write_to_file(self.gguf.0, c_path.as_ptr(), false) };
-        if !ok {
-            return Err(io::Error::other(format!("gguf_write_to_file failed for {}", path.display())));
-        }
-        // gguf ignores the result of fclose, so check what landed on disk.
-        let file = OpenOptions::new().write(true).open(path)?;
-        file.sync_all()?;
-        let len = file.metadata()?.len();
-        let expected = (meta_size + self.data_size) as u64;
-        if len != expected {
-            return Err(io::Error::other(format!("{} has {len} bytes, expected {expected}", path.display())));
-        }
-        Ok(())
-    }
-}
-
 /// Builds the model for `spec` and writes it to `path` (not atomically).
 fn write_gguf(path: &Path, spec: &TinyModelSpec, arch: Arch, merge: Option<LoraMerge>) -> io::Result<()> {
     let plan = match arch {
@@ -807,10 +417,10 @@ fn write_gguf(path: &Path, spec: &TinyModelSpec, arch: Arch, merge: Option<LoraM
     };
     let mem_size = plan.iter().try_fold(0usize, |acc, t| {
         let bytes = usize::try_from(t.n_elements()?).ok()?.checked_mul(4)?;
-        acc.checked_add(ModelWriter::pool_bytes(bytes))
+        acc.checked_add(GgufWriter::pool_bytes(bytes))
     });
     let mem_size = mem_size.ok_or_else(|| invalid_input("tiny model too large"))?;
-    let mut w = ModelWriter::new(mem_size)?;
+    let mut w = GgufWriter::new(mem_size)?;
 
     let name = arch.name();
     let key = |k: &str| format!("{name}.{k}");
@@ -859,7 +469,7 @@ fn write_gguf(path: &Path, spec: &TinyModelSpec, arch: Arch, merge: Option<LoraM
             Some((target, values)) if def.name == *target => values.clone(),
             _ => def.values(spec.seed),
         };
-        w.add_f32_tensor(def, &values)?;
+        w.add_f32_tensor(&def.name, &def.ne, &values)?;
     }
     w.write(path)
 }
@@ -933,13 +543,13 @@ pub fn write_tiny_lora_with_alpha(path: &Path, spec: &TinyModelSpec, rank: u32, 
         return Err(invalid_input(format!("LoRA alpha {alpha} is not finite")));
     }
     let bytes = (spec.n_embd as usize) * (rank as usize) * 4;
-    let mut w = ModelWriter::new(2 * ModelWriter::pool_bytes(bytes))?;
+    let mut w = GgufWriter::new(2 * GgufWriter::pool_bytes(bytes))?;
     w.set_str("general.architecture", "llama")?;
     w.set_str("general.type", "adapter")?;
     w.set_str("adapter.type", "lora")?;
     w.set_f32("adapter.lora.alpha", alpha)?;
     for def in &plan {
-        w.add_f32_tensor(def, &def.values(lora_seed(spec)))?;
+        w.add_f32_tensor(&def.name, &def.ne, &def.values(lora_seed(spec)))?;
     }
     w.write(path)
 }

@@ -1,0 +1,306 @@
+//! A safe wrapper of ggml's GGUF writer, for synthetic models.
+
+use std::ffi::{CString, c_char, c_void};
+use std::fs::OpenOptions;
+use std::io;
+use std::path::Path;
+
+use llama_sys as sys;
+
+use super::invalid_input;
+
+/// Owns a `ggml_context` that allocates tensor data in its own pool.
+struct GgmlContext {
+    ctx: *mut sys::ggml_context,
+    /// Bytes of the pool not yet promised to a tensor.
+    left: usize,
+}
+
+impl GgmlContext {
+    pub(super) fn new(mem_size: usize) -> io::Result<Self> {
+        let params = sys::ggml_init_params { mem_size, mem_buffer: std::ptr::null_mut(), no_alloc: false };
+        // SAFETY: `params` is a valid by-value struct; a null `mem_buffer`
+        // makes ggml allocate (and later free) the pool itself.
+        let ctx = unsafe { sys::ggml_init(params) };
+        if ctx.is_null() {
+            return Err(io::Error::other("ggml_init failed"));
+        }
+        Ok(Self { ctx, left: mem_size })
+    }
+}
+
+impl Drop for GgmlContext {
+    fn drop(&mut self) {
+        // SAFETY: `ctx` came from `ggml_init`, is non-null and is freed only
+        // here; the `GgufContext` that copied its tensors is dropped first
+        // (field order of `ModelWriter`).
+        unsafe { sys::ggml_free(self.ctx) };
+    }
+}
+
+/// Owns a `gguf_context` being filled for writing.
+struct GgufContext(*mut sys::gguf_context);
+
+impl Drop for GgufContext {
+    fn drop(&mut self) {
+        // SAFETY: the pointer came from `gguf_init_empty`, is non-null and is
+        // freed only here.
+        unsafe { sys::gguf_free(self.0) };
+    }
+}
+
+/// A GGUF file under construction, written with ggml's own GGUF writer:
+/// metadata and F32 tensors. For tests that need a model of an
+/// architecture the tiny models do not cover (`tests/never_abort.rs`
+/// writes T5, BERT and Mamba files with it).
+///
+/// Field order matters: `gguf` holds copies of tensor headers whose data
+/// live in `ggml`'s pool, so it drops first.
+pub struct GgufWriter {
+    gguf: GgufContext,
+    ggml: GgmlContext,
+    /// Bytes of tensor data, each tensor padded to the GGUF alignment.
+    data_size: usize,
+}
+
+impl std::fmt::Debug for GgufWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GgufWriter").field("data_size", &self.data_size).finish_non_exhaustive()
+    }
+}
+
+impl GgufWriter {
+    /// A writer with room for F32 tensors of these element counts.
+    ///
+    /// # Errors
+    /// When the sizes overflow or ggml cannot allocate its pool.
+    pub fn for_tensors(element_counts: &[u64]) -> io::Result<Self> {
+        let mem_size = element_counts.iter().try_fold(0usize, |acc, &n| {
+            let bytes = usize::try_from(n).ok()?.checked_mul(4)?;
+            acc.checked_add(Self::pool_bytes(bytes))
+        });
+        Self::new(mem_size.ok_or_else(|| invalid_input("tensors too large"))?)
+    }
+
+    pub(super) fn new(mem_size: usize) -> io::Result<Self> {
+        // SAFETY: no preconditions; the result is checked for null.
+        let gguf = unsafe { sys::gguf_init_empty() };
+        if gguf.is_null() {
+            return Err(io::Error::other("gguf_init_empty failed"));
+        }
+        let gguf = GgufContext(gguf);
+        Ok(Self { gguf, ggml: GgmlContext::new(mem_size)?, data_size: 0 })
+    }
+
+    /// Sets the metadata value `key` (`gguf_set_val_str`).
+    ///
+    /// # Errors
+    /// For a NUL byte in a string.
+    pub fn set_str(&mut self, key: &str, val: &str) -> io::Result<()> {
+        let (key, val) = (cstring(key)?, cstring(val)?);
+        // SAFETY: the context is live; both are NUL-terminated strings that
+        // outlive the call (gguf copies them).
+        unsafe { sys::gguf_set_val_str(self.gguf.0, key.as_ptr(), val.as_ptr()) };
+        Ok(())
+    }
+
+    /// Sets the metadata value `key` (`gguf_set_val_u32`).
+    ///
+    /// # Errors
+    /// For a NUL byte in a string.
+    pub fn set_u32(&mut self, key: &str, val: u32) -> io::Result<()> {
+        let key = cstring(key)?;
+        // SAFETY: the context is live; `key` is NUL-terminated (gguf copies it).
+        unsafe { sys::gguf_set_val_u32(self.gguf.0, key.as_ptr(), val) };
+        Ok(())
+    }
+
+    /// Sets the metadata value `key` (`gguf_set_val_f32`).
+    ///
+    /// # Errors
+    /// For a NUL byte in a string.
+    pub fn set_f32(&mut self, key: &str, val: f32) -> io::Result<()> {
+        let key = cstring(key)?;
+        // SAFETY: the context is live; `key` is NUL-terminated (gguf copies it).
+        unsafe { sys::gguf_set_val_f32(self.gguf.0, key.as_ptr(), val) };
+        Ok(())
+    }
+
+    /// Sets the metadata value `key` (`gguf_set_val_bool`).
+    ///
+    /// # Errors
+    /// For a NUL byte in a string.
+    pub fn set_bool(&mut self, key: &str, val: bool) -> io::Result<()> {
+        let key = cstring(key)?;
+        // SAFETY: the context is live; `key` is NUL-terminated (gguf copies it).
+        unsafe { sys::gguf_set_val_bool(self.gguf.0, key.as_ptr(), val) };
+        Ok(())
+    }
+
+    /// Sets the metadata value `key` (`gguf_set_arr_str`).
+    ///
+    /// # Errors
+    /// For a NUL byte in a string.
+    pub fn set_arr_str(&mut self, key: &str, vals: &[String]) -> io::Result<()> {
+        let key = cstring(key)?;
+        let owned = vals.iter().map(|s| cstring(s)).collect::<io::Result<Vec<_>>>()?;
+        let mut ptrs: Vec<*const c_char> = owned.iter().map(|s| s.as_ptr()).collect();
+        // SAFETY: the context is live; `ptrs` holds `ptrs.len()` pointers to
+        // NUL-terminated strings owned by `owned`, alive across the call
+        // (gguf copies them); gguf only reads through the array.
+        unsafe { sys::gguf_set_arr_str(self.gguf.0, key.as_ptr(), ptrs.as_mut_ptr(), ptrs.len()) };
+        Ok(())
+    }
+
+    /// Sets the metadata value `key` (`gguf_set_arr_f32`).
+    ///
+    /// # Errors
+    /// For a NUL byte in a string.
+    pub fn set_arr_f32(&mut self, key: &str, vals: &[f32]) -> io::Result<()> {
+        let key = cstring(key)?;
+        // SAFETY: the context is live; `vals` is `vals.len()` f32s, matching
+        // GGUF_TYPE_FLOAT32 (4 bytes each); gguf copies them.
+        unsafe {
+            sys::gguf_set_arr_data(
+                self.gguf.0,
+                key.as_ptr(),
+                sys::gguf_type::GGUF_TYPE_FLOAT32,
+                vals.as_ptr().cast::<c_void>(),
+                vals.len(),
+            )
+        };
+        Ok(())
+    }
+
+    /// Sets the metadata value `key` (`gguf_set_arr_i32`).
+    ///
+    /// # Errors
+    /// For a NUL byte in a string.
+    pub fn set_arr_i32(&mut self, key: &str, vals: &[i32]) -> io::Result<()> {
+        let key = cstring(key)?;
+        // SAFETY: the context is live; `vals` is `vals.len()` i32s, matching
+        // GGUF_TYPE_INT32 (4 bytes each); gguf copies them.
+        unsafe {
+            sys::gguf_set_arr_data(
+                self.gguf.0,
+                key.as_ptr(),
+                sys::gguf_type::GGUF_TYPE_INT32,
+                vals.as_ptr().cast::<c_void>(),
+                vals.len(),
+            )
+        };
+        Ok(())
+    }
+
+    /// Bytes of ggml pool a tensor of `n_bytes` data needs.
+    pub(super) fn pool_bytes(n_bytes: usize) -> usize {
+        // SAFETY: no preconditions; returns a constant.
+        let overhead = unsafe { sys::ggml_tensor_overhead() };
+        // ggml pads each object to GGML_MEM_ALIGN (at most 16).
+        overhead + n_bytes + 16
+    }
+
+    /// Declares an F32 tensor of ggml shape `ne` (`ne[0]` is the row
+    /// length) in the ggml pool, fills it with `values` and adds it to
+    /// the GGUF file. Names must be unique.
+    ///
+    /// # Errors
+    /// For a name that is too long or has a NUL byte, a shape other than
+    /// 1 to 4 positive dimensions, values that do not fill it, or a pool
+    /// too small (see [`GgufWriter::for_tensors`]).
+    pub fn add_f32_tensor(&mut self, name: &str, ne: &[u32], values: &[f32]) -> io::Result<()> {
+        let display = name;
+        let name = cstring(name)?;
+        if name.as_bytes().len() >= sys::GGML_MAX_NAME as usize {
+            return Err(invalid_input(format!("tensor name too long: {display}")));
+        }
+        let n_elements = ne.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d as usize));
+        if ne.is_empty() || ne.len() > 4 || ne.contains(&0) || n_elements != Some(values.len()) {
+            return Err(invalid_input(format!("tensor {display}: shape {ne:?} does not hold {} values", values.len())));
+        }
+        let n_bytes = std::mem::size_of_val(values);
+        let need = Self::pool_bytes(n_bytes);
+        if need > self.ggml.left {
+            // ggml would abort the process instead of failing.
+            return Err(io::Error::other("ggml pool too small for the model"));
+        }
+        self.ggml.left -= need;
+        let ne: Vec<i64> = ne.iter().map(|&d| i64::from(d)).collect();
+
+        // SAFETY: the ggml context is live and (checked above) has room for
+        // the tensor and its data, so ggml_new_tensor neither aborts nor
+        // returns an unusable tensor; `ne` holds `ne.len()` (1 to 4, within
+        // GGML_MAX_DIMS, checked above) positive dimensions.
+        let tensor =
+            unsafe { sys::ggml_new_tensor(self.ggml.ctx, sys::ggml_type::GGML_TYPE_F32, ne.len() as i32, ne.as_ptr()) };
+        if tensor.is_null() {
+            return Err(io::Error::other("ggml_new_tensor failed"));
+        }
+        // SAFETY: `tensor` is a live tensor of the context; `name` is
+        // NUL-terminated and shorter than GGML_MAX_NAME (checked above).
+        unsafe { sys::ggml_set_name(tensor, name.as_ptr()) };
+        // SAFETY: `tensor` is a live tensor of the context.
+        let (data, nbytes) = unsafe { (sys::ggml_get_data(tensor), sys::ggml_nbytes(tensor)) };
+        if data.is_null() || nbytes != n_bytes {
+            return Err(io::Error::other(format!("tensor {} has {nbytes} bytes of data, expected {n_bytes}", display)));
+        }
+        // SAFETY: `data` points to `nbytes` == `n_bytes` writable bytes in the
+        // ggml pool (no_alloc = false), which cannot overlap `values` (a Rust
+        // allocation); a byte copy needs no alignment.
+        unsafe { std::ptr::copy_nonoverlapping(values.as_ptr().cast::<u8>(), data.cast::<u8>(), n_bytes) };
+        // SAFETY: both contexts are live; the tensor's name is unique in this
+        // model (tensor_plan), so gguf_add_tensor does not abort; gguf copies
+        // the header, whose data pointer stays valid until `ggml` drops, after
+        // `gguf` (field order).
+        unsafe { sys::gguf_add_tensor(self.gguf.0, tensor) };
+
+        // SAFETY: the context is live.
+        let alignment = unsafe { sys::gguf_get_alignment(self.gguf.0) };
+        self.data_size += n_bytes.div_ceil(alignment) * alignment;
+        Ok(())
+    }
+
+    /// Writes the GGUF file and checks that all of it reached the file.
+    ///
+    /// # Errors
+    /// When ggml cannot write it, or the file is shorter than expected.
+    pub fn write(&self, path: &Path) -> io::Result<()> {
+        let c_path = path_to_cstring(path)?;
+        // SAFETY: the context is live.
+        let meta_size = unsafe { sys::gguf_get_meta_size(self.gguf.0) };
+        // SAFETY: the context is live and every tensor added to it has its
+        // data in the live ggml pool; `c_path` is NUL-terminated.
+        let ok = unsafe { sys::gguf_write_to_file(self.gguf.0, c_path.as_ptr(), false) };
+        if !ok {
+            return Err(io::Error::other(format!("gguf_write_to_file failed for {}", path.display())));
+        }
+        // gguf ignores the result of fclose, so check what landed on disk.
+        let file = OpenOptions::new().write(true).open(path)?;
+        file.sync_all()?;
+        let len = file.metadata()?.len();
+        let expected = (meta_size + self.data_size) as u64;
+        if len != expected {
+            return Err(io::Error::other(format!("{} has {len} bytes, expected {expected}", path.display())));
+        }
+        Ok(())
+    }
+}
+
+pub(super) fn path_to_cstring(path: &Path) -> io::Result<CString> {
+    #[cfg(unix)]
+    let bytes = {
+        use std::os::unix::ffi::OsStrExt;
+        path.as_os_str().as_bytes().to_vec()
+    };
+    #[cfg(not(unix))]
+    let bytes = path
+        .to_str()
+        .ok_or_else(|| invalid_input(format!("path is not UTF-8: {}", path.display())))?
+        .as_bytes()
+        .to_vec();
+    CString::new(bytes).map_err(|_| invalid_input(format!("NUL byte in path {}", path.display())))
+}
+
+pub(super) fn cstring(s: &str) -> io::Result<CString> {
+    CString::new(s).map_err(|_| invalid_input(format!("NUL byte in {s:?}")))
+}
