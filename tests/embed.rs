@@ -275,9 +275,18 @@ fn bad_input_is_an_error() {
     // Gemma defines no pooling of its own.
     let err = Embedder::new(m, &params(Pooling::Model)).unwrap_err();
     assert!(matches!(err, Error::InvalidArgument(ref s) if s.contains("no pooling")), "{err}");
-    assert!(matches!(Embedder::new(m, &params(Pooling::Mean).n_ubatch(0)), Err(Error::InvalidArgument(_))));
-    assert!(matches!(Embedder::new(m, &params(Pooling::Mean).n_seq_max(0)), Err(Error::InvalidArgument(_))));
-    assert!(matches!(Embedder::new(m, &params(Pooling::Mean).n_seq_max(300)), Err(Error::InvalidArgument(_))));
+    assert!(matches!(
+        Embedder::new(m, &params(Pooling::Mean).n_ubatch(0)),
+        Err(Error::InvalidParameter { name: "n_ubatch", .. })
+    ));
+    assert!(matches!(
+        Embedder::new(m, &params(Pooling::Mean).n_seq_max(0)),
+        Err(Error::InvalidParameter { name: "n_seq_max", .. })
+    ));
+    assert!(matches!(
+        Embedder::new(m, &params(Pooling::Mean).n_seq_max(300)),
+        Err(Error::InvalidParameter { name: "n_seq_max", .. })
+    ));
     // Mean pooling needs n_ubatch a multiple of n_seq_max (llama.cpp aborts otherwise).
     let err = Embedder::new(m, &params(Pooling::Mean).n_ubatch(100).n_seq_max(8)).unwrap_err();
     assert!(matches!(err, Error::InvalidArgument(ref s) if s.contains("multiple")), "{err}");

@@ -466,39 +466,55 @@ fn async_streams_on_one_thread_all_finish_with_the_blocking_outputs() {
 fn bad_requests_are_refused_at_submit_and_the_engine_keeps_serving() {
     let engine = Engine::start(model(), config().n_ctx(512)).unwrap();
     let bad = |r: Request| engine.submit(r).expect_err("refused");
-    assert!(matches!(bad(Request::tokens(vec![])), Error::InvalidArgument(_)));
+    assert!(matches!(bad(Request::tokens(vec![])), Error::EmptyPrompt));
     assert!(matches!(bad(Request::tokens(vec![Token(1), Token(-5)])), Error::InvalidToken { token: -5, .. }));
     assert!(matches!(bad(Request::tokens(vec![Token(1), Token(1 << 20)])), Error::InvalidToken { .. }));
-    assert!(matches!(bad(greedy(prompt(600, 1), 4)), Error::InvalidArgument(m) if m.contains("600 tokens")));
-    assert!(matches!(bad(greedy(prompt(60, 1), 4).max_context(50)), Error::InvalidArgument(_)));
-    assert!(matches!(bad(greedy(prompt(6, 1), 4).max_context(100_000)), Error::InvalidArgument(_)));
-    assert!(matches!(bad(greedy(prompt(6, 1), 0)), Error::InvalidArgument(_)));
+    assert!(matches!(bad(greedy(prompt(600, 1), 4)), Error::PromptTooLong { tokens: 600, limit: 512 }));
+    assert!(matches!(bad(greedy(prompt(60, 1), 4).max_context(50)), Error::PromptTooLong { tokens: 60, limit: 50 }));
+    assert!(matches!(
+        bad(greedy(prompt(6, 1), 4).max_context(100_000)),
+        Error::InvalidParameter { name: "max_context", .. }
+    ));
+    assert!(matches!(bad(greedy(prompt(6, 1), 0)), Error::InvalidParameter { name: "max_tokens", .. }));
     let sampled = |s: SamplingParams| greedy(prompt(6, 1), 4).sampling(s);
-    assert!(matches!(bad(sampled(SamplingParams::greedy().temperature(f32::NAN))), Error::InvalidArgument(_)));
-    assert!(matches!(bad(sampled(SamplingParams::greedy().temperature(-1.0))), Error::InvalidArgument(_)));
-    assert!(matches!(bad(sampled(SamplingParams::greedy().top_p(0.0))), Error::InvalidArgument(_)));
-    assert!(matches!(bad(sampled(SamplingParams::greedy().min_p(2.0))), Error::InvalidArgument(_)));
-    assert!(matches!(bad(sampled(SamplingParams::greedy().top_k(-1))), Error::InvalidArgument(_)));
-    assert!(matches!(bad(sampled(SamplingParams::greedy().penalties(64, 0.0, 0.0, 0.0))), Error::InvalidArgument(_)));
-    assert!(matches!(bad(sampled(SamplingParams::greedy().penalties(64, 1.0, 5.0, 0.0))), Error::InvalidArgument(_)));
+    assert!(matches!(
+        bad(sampled(SamplingParams::greedy().temperature(f32::NAN))),
+        Error::InvalidParameter { name: "temperature", .. }
+    ));
+    assert!(matches!(
+        bad(sampled(SamplingParams::greedy().temperature(-1.0))),
+        Error::InvalidParameter { name: "temperature", .. }
+    ));
+    assert!(matches!(bad(sampled(SamplingParams::greedy().top_p(0.0))), Error::InvalidParameter { name: "top_p", .. }));
+    assert!(matches!(bad(sampled(SamplingParams::greedy().min_p(2.0))), Error::InvalidParameter { name: "min_p", .. }));
+    assert!(matches!(bad(sampled(SamplingParams::greedy().top_k(-1))), Error::InvalidParameter { name: "top_k", .. }));
+    assert!(matches!(
+        bad(sampled(SamplingParams::greedy().penalties(64, 0.0, 0.0, 0.0))),
+        Error::InvalidParameter { name: "repeat_penalty", .. }
+    ));
+    assert!(matches!(
+        bad(sampled(SamplingParams::greedy().penalties(64, 1.0, 5.0, 0.0))),
+        Error::InvalidParameter { name: "frequency_penalty", .. }
+    ));
     assert!(matches!(
         bad(sampled(SamplingParams::greedy().logit_bias(vec![(Token(99_999), 1.0)]))),
         Error::InvalidToken { .. }
     ));
     assert!(matches!(
         bad(sampled(SamplingParams::greedy().logit_bias(vec![(Token(300), f32::NAN)]))),
-        Error::InvalidArgument(_)
+        Error::InvalidParameter { name: "logit_bias", .. }
     ));
     assert!(matches!(bad(sampled(SamplingParams::greedy().grammar("root ::= ("))), Error::Grammar(_)));
     assert!(matches!(bad(sampled(SamplingParams::greedy().grammar("start ::= \"a\""))), Error::Grammar(_)));
     // Bad engine settings.
-    for config in [
-        config().max_running(0),
-        config().max_running(200).max_cached_prefixes(100),
-        config().n_batch(8).max_running(16),
-        config().prefix_cache_share(1.5),
+    for (config, setting) in [
+        (config().max_running(0), "max_running"),
+        (config().max_running(200).max_cached_prefixes(100), "max_cached_prefixes"),
+        (config().n_batch(8).max_running(16), "max_running"),
+        (config().prefix_cache_share(1.5), "prefix_cache_share"),
     ] {
-        assert!(matches!(Engine::start(model(), config), Err(Error::InvalidArgument(_))));
+        let err = Engine::start(model(), config).unwrap_err();
+        assert!(matches!(err, Error::InvalidParameter { name, .. } if name == setting), "{setting}: {err:?}");
     }
     // And a good request still runs.
     let out = engine.submit(greedy(prompt(6, 1), 4)).unwrap().wait();
@@ -709,6 +725,6 @@ fn log_probabilities_are_the_models_and_rank_the_top_tokens() {
     }
     assert!(matches!(
         engine.submit(greedy(prompt(6, 1), 2).sampling(SamplingParams::greedy().logprobs(21))),
-        Err(Error::InvalidArgument(_))
+        Err(Error::InvalidParameter { name: "logprobs", .. })
     ));
 }

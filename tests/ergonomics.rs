@@ -160,6 +160,14 @@ fn eval_refuses_what_does_not_fit_before_decoding_anything() {
     let model = tiny_model();
     let mut ctx = model.new_context(&small_params()).unwrap();
     assert!(matches!(ctx.eval(&[], 0), Err(Error::InvalidBatch(_))));
+    // A prompt longer than a sequence holds, to a generation: typed.
+    let mut session = Session::new();
+    let mut greedy = Sampler::greedy();
+    let long = vec![Token(300); ctx.n_ctx_seq() as usize + 1];
+    let err = session.generate(&mut ctx, &mut greedy, &long, &GenerateOptions::default()).unwrap_err();
+    assert!(matches!(err, Error::PromptTooLong { tokens, limit } if tokens == long.len() && limit == long.len() - 1));
+    let err = session.generate(&mut ctx, &mut greedy, &[], &GenerateOptions::default()).unwrap_err();
+    assert!(matches!(err, Error::EmptyPrompt));
     assert!(matches!(ctx.eval(&[Token(300)], 1), Err(Error::InvalidSeqId { seq: 1, .. })));
     let n_ctx = ctx.n_ctx_seq() as usize;
     let too_many = vec![Token(300); n_ctx + 1];
@@ -284,9 +292,10 @@ fn sampling_params_build_the_usual_chain_and_refuse_bad_values() {
         (SamplingParams::greedy().top_p(0.0), "top_p"),
         (SamplingParams::greedy().min_p(1.5), "min_p"),
         (SamplingParams::greedy().penalties(64, 0.0, 0.0, 0.0), "repeat_penalty"),
+        (SamplingParams::greedy().logprobs(21), "logprobs"),
     ] {
         let err = bad.sampler(&model).unwrap_err();
-        assert!(matches!(err, Error::InvalidArgument(ref m) if m.contains(what)), "{what}: {err:?}");
+        assert!(matches!(err, Error::InvalidParameter { name, .. } if name == what), "{what}: {err:?}");
     }
     let err = SamplingParams::greedy().logit_bias(vec![(Token(-1), 1.0)]).sampler(&model).unwrap_err();
     assert!(matches!(err, Error::InvalidToken { token: -1, .. }));

@@ -198,12 +198,9 @@ fn prompt_must_fit_and_be_valid() {
     let too_long = prompt(n_ctx + 1, 0);
     assert!(matches!(
         session.generate(&mut ctx, &mut sampler, &too_long, &options).map(|_| ()),
-        Err(Error::InvalidArgument(_))
+        Err(Error::PromptTooLong { tokens, limit }) if tokens == n_ctx + 1 && limit == n_ctx
     ));
-    assert!(matches!(
-        session.generate(&mut ctx, &mut sampler, &[], &options).map(|_| ()),
-        Err(Error::InvalidArgument(_))
-    ));
+    assert!(matches!(session.generate(&mut ctx, &mut sampler, &[], &options).map(|_| ()), Err(Error::EmptyPrompt)));
     assert!(matches!(
         session.generate(&mut ctx, &mut sampler, &[Token(1), Token(1_000_000)], &options).map(|_| ()),
         Err(Error::InvalidToken { .. })

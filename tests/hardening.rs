@@ -131,15 +131,10 @@ fn mirostat_parameters_that_give_nan_are_refused() {
     isolated(|| {
         let model = tiny_model();
         let vocab = model.vocab();
-        assert!(matches!(SamplerChain::new().mirostat(vocab, 1, 5.0, 0.1, 1).build(), Err(Error::InvalidArgument(_))));
-        assert!(matches!(
-            SamplerChain::new().mirostat(vocab, 1, f32::NAN, 0.1, 100).build(),
-            Err(Error::InvalidArgument(_))
-        ));
-        assert!(matches!(
-            SamplerChain::new().mirostat(vocab, 1, 5.0, f32::INFINITY, 100).build(),
-            Err(Error::InvalidArgument(_))
-        ));
+        let mirostat = |err| matches!(err, Err(Error::InvalidParameter { name: "mirostat", .. }));
+        assert!(mirostat(SamplerChain::new().mirostat(vocab, 1, 5.0, 0.1, 1).build()));
+        assert!(mirostat(SamplerChain::new().mirostat(vocab, 1, f32::NAN, 0.1, 100).build()));
+        assert!(mirostat(SamplerChain::new().mirostat(vocab, 1, 5.0, f32::INFINITY, 100).build()));
         let mut ctx = model.new_context(&small_params()).unwrap();
         let tokens = vocab.tokenize("Hello world", AddBos::Yes).unwrap();
         ctx.decode(&Batch::from_tokens(&tokens, 0)).unwrap();
@@ -388,7 +383,10 @@ fn context_sizes_llama_cpp_cannot_represent_are_refused() {
             small_params().n_ubatch(u32::MAX),
         ] {
             let err = model.new_context(&params).unwrap_err();
-            assert!(matches!(err, Error::InvalidArgument(ref m) if m.contains("at most")), "{params:?}: {err:?}");
+            assert!(
+                matches!(err, Error::InvalidParameter { name: "n_ctx" | "n_batch" | "n_ubatch", ref message } if message.contains("at most")),
+                "{params:?}: {err:?}"
+            );
         }
     });
 }

@@ -219,7 +219,8 @@ fn rpc_servers_and_tensor_split_are_checked() {
     }
     for split in [vec![-1.0], vec![0.0, 0.0], vec![f32::NAN], vec![1.0; 4096]] {
         let params = ModelParams { tensor_split: split.clone(), ..Default::default() };
-        assert!(matches!(Model::load(tiny_path(), &params), Err(Error::InvalidArgument(_))), "{split:?}");
+        let err = Model::load(tiny_path(), &params).unwrap_err();
+        assert!(matches!(err, Error::InvalidParameter { name: "tensor_split", .. }), "{split:?}: {err:?}");
     }
     // A valid split of the CPU-only model changes nothing.
     let params = ModelParams { tensor_split: vec![1.0, 3.0], ..Default::default() };

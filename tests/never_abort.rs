@@ -51,9 +51,10 @@ fn oversized_and_empty_batches_are_rejected() {
         assert!(matches!(batch.push_sequence(&[Token(1)], 2, 0, Logits::Yes), Err(Error::BatchFull { .. })));
         assert!(matches!(Batch::new(4, 1).push(Token(5), 0, &[], Logits::Yes), Err(Error::InvalidArgument(_))));
         assert!(matches!(Batch::new(4, 1).push(Token(5), 0, &[0, 1], Logits::Yes), Err(Error::InvalidArgument(_))));
-        assert!(
-            matches!(Batch::new(4, 1).set_logits(0, Logits::Yes), Err(Error::InvalidArgument(ref m)) if m.contains("out of"))
-        );
+        assert!(matches!(
+            Batch::new(4, 1).set_logits(0, Logits::Yes),
+            Err(Error::OutOfRange { what: "batch", index: 0, len: 0 })
+        ));
     });
 }
 
@@ -244,7 +245,8 @@ fn shifts_the_cache_cannot_do_are_rejected() {
         assert!(ctx.can_shift());
         decode_seq(&mut ctx, &tokens(model.vocab(), "Hello world again"), 0, 0);
         for d in [0, -1, i32::MIN] {
-            assert!(matches!(ctx.seq_div(0, None, None, d), Err(Error::InvalidArgument(_))), "seq_div by {d}");
+            let err = ctx.seq_div(0, None, None, d);
+            assert!(matches!(err, Err(Error::InvalidParameter { name: "divisor", .. })), "seq_div by {d}");
         }
         ctx.seq_div(0, None, None, 1).unwrap();
 
@@ -262,7 +264,7 @@ fn shifts_the_cache_cannot_do_are_rejected() {
         assert!(matches!(ctx.seq_add(0, Some(2), None, -1), Err(Error::CannotShift)));
         assert!(matches!(ctx.seq_add(0, None, None, 5), Err(Error::CannotShift)));
         assert!(matches!(ctx.seq_div(0, None, None, 2), Err(Error::CannotShift)));
-        assert!(matches!(ctx.seq_div(0, None, None, 0), Err(Error::InvalidArgument(_))));
+        assert!(matches!(ctx.seq_div(0, None, None, 0), Err(Error::InvalidParameter { name: "divisor", .. })));
         assert_eq!(ctx.seq_pos_max(0).unwrap(), Some(end - 1));
         // The next decode works, and the cache was not disturbed: redoing the
         // last token gives the same logits.
@@ -566,7 +568,9 @@ fn context_parameters_llama_cpp_aborts_on_are_rejected() {
             // llama.cpp pads n_ctx up to a multiple of 256 in a u32: it wraps.
             ("n_ctx u32::MAX", small_params().n_ctx(u32::MAX)),
         ] {
-            assert!(matches!(model.new_context(&params), Err(Error::InvalidArgument(_))), "{what}");
+            let err = model.new_context(&params).unwrap_err();
+            let name = what.split(' ').next().unwrap();
+            assert!(matches!(err, Error::InvalidParameter { name: n, .. } if n == name), "{what}: {err:?}");
         }
         // llama.cpp's own refusals come back as ContextCreate.
         assert!(matches!(
@@ -592,8 +596,8 @@ fn context_parameters_llama_cpp_aborts_on_are_rejected() {
         let ctx = model.new_context(&small_params().n_seq_max(256).n_batch(256).n_ctx(256).kv_unified(true)).unwrap();
         assert_eq!(ctx.n_seq_max(), 256);
         let mut ctx = model.new_context(&small_params()).unwrap();
-        assert!(matches!(ctx.set_n_threads(0, 1), Err(Error::InvalidArgument(_))));
-        assert!(matches!(ctx.set_n_threads(1, 0), Err(Error::InvalidArgument(_))));
+        assert!(matches!(ctx.set_n_threads(0, 1), Err(Error::InvalidParameter { name: "n_threads", .. })));
+        assert!(matches!(ctx.set_n_threads(1, 0), Err(Error::InvalidParameter { name: "n_threads_batch", .. })));
         ctx.set_n_threads(1, 1).unwrap();
     });
 }
@@ -1235,11 +1239,16 @@ fn thread_counts_above_ggml_s_limit_are_rejected() {
             ("n_threads_batch i32::MAX", small_params().n_threads_batch(i32::MAX)),
         ] {
             let err = model.new_context(&params).unwrap_err();
-            assert!(matches!(err, Error::InvalidArgument(ref m) if m.contains("512")), "{what}: {err:?}");
+            let name = what.split(' ').next().unwrap();
+            assert!(
+                matches!(err, Error::InvalidParameter { name: n, ref message } if n == name && message.contains("512")),
+                "{what}: {err:?}"
+            );
         }
         let mut ctx = model.new_context(&small_params()).unwrap();
         for (a, b) in [(513, 1), (1, 513), (i32::MAX, 1), (1, 65_536)] {
-            assert!(matches!(ctx.set_n_threads(a, b), Err(Error::InvalidArgument(_))), "set_n_threads({a}, {b})");
+            let err = ctx.set_n_threads(a, b);
+            assert!(matches!(err, Err(Error::InvalidParameter { .. })), "set_n_threads({a}, {b})");
         }
         assert_eq!(ctx.n_threads(), (1, 1), "a rejected change keeps the old counts");
         ctx.set_n_threads(512, 512).unwrap();

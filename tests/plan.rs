@@ -315,7 +315,9 @@ fn engine_sizes_its_pool_from_a_memory_budget() {
     assert_eq!(engine.pool_cells(), 8192);
     engine.shutdown();
     match Engine::start(model.clone(), config.clone().admission_reserve(9000).memory_budget(budget)) {
-        Err(Error::InvalidArgument(m)) => assert!(m.contains("admission_reserve 9000 exceeds the pool of 8192"), "{m}"),
+        Err(Error::InvalidParameter { name: "admission_reserve", message }) => {
+            assert!(message.contains("9000 exceeds the pool of 8192"), "{message}")
+        }
         Err(e) => panic!("{e}"),
         Ok(_) => panic!("a reserve above the pool was accepted"),
     }
@@ -355,7 +357,7 @@ fn a_simulated_model_is_never_decoded() {
     // Parameters a context refuses are refused by the plan the same way.
     let planner = Planner::new(tiny(), &ModelParams::default()).unwrap();
     for bad in [ContextParams::default().n_seq_max(0), ContextParams::default().n_seq_max(300)] {
-        assert!(matches!(planner.plan(&bad), Err(Error::InvalidArgument(_))));
+        assert!(matches!(planner.plan(&bad), Err(Error::InvalidParameter { name: "n_seq_max", .. })));
     }
     let quantized_v = ContextParams::default().kv_type(KvType::Q8_0).flash_attention(FlashAttention::Off);
     assert!(matches!(planner.plan(&quantized_v), Err(Error::ContextCreate(_))));

@@ -31,7 +31,13 @@ pub fn engine_error(e: Error) -> ApiError {
         Error::InvalidToken { .. } => ApiError::bad_request(e.to_string()).param("prompt"),
         Error::Grammar(_) | Error::JsonSchema { .. } => ApiError::bad_request(e.to_string()).param("response_format"),
         Error::ChatTemplate(_) | Error::ChatTemplateRaised(_) => ApiError::bad_request(e.to_string()).param("messages"),
-        Error::InvalidArgument(_) | Error::InputTooLarge { .. } | Error::Nul(_) => ApiError::bad_request(e.to_string()),
+        Error::InvalidParameter { name, .. } => ApiError::bad_request(e.to_string()).param(name),
+        Error::InvalidArgument(_)
+        | Error::EmptyPrompt
+        | Error::PromptTooLong { .. }
+        | Error::OutOfRange { .. }
+        | Error::InputTooLarge { .. }
+        | Error::Nul(_) => ApiError::bad_request(e.to_string()),
         e => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     }
 }

@@ -223,10 +223,10 @@ impl Batch {
     /// Requests (or not) the logits of token `i`.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] if `i` is not a token of the batch.
+    /// [`Error::OutOfRange`] if `i` is not a token of the batch.
     pub fn set_logits(&mut self, i: usize, logits: Logits) -> Result<()> {
         let Some(flag) = self.logits.get_mut(i) else {
-            return Err(Error::InvalidArgument(format!("batch index {i} out of 0..{}", self.tokens.len())));
+            return Err(Error::OutOfRange { what: "batch", index: i, len: self.tokens.len() });
         };
         let was = *flag != 0;
         *flag = logits.flag();

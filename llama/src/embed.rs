@@ -225,7 +225,7 @@ impl<'m> Embedder<'m> {
             )));
         }
         if params.n_ubatch == 0 {
-            return Err(Error::InvalidArgument("n_ubatch must be at least 1".into()));
+            return Err(Error::InvalidParameter { name: "n_ubatch", message: "must be at least 1".into() });
         }
         let mut ctx = Context::new(model, &params.context_params())?;
         // SAFETY: a pure read of a setting of the live context we own.

@@ -27,9 +27,44 @@ pub enum Error {
     /// `llama_init_from_model` refused the parameters.
     #[error("cannot create a context: {0}")]
     ContextCreate(String),
-    /// An argument is outside what llama.cpp accepts.
+    /// An argument is outside what llama.cpp accepts, in a way no more
+    /// specific variant names (a combination of settings, a model that
+    /// cannot do what was asked); the text says what.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// A setting outside its range: `name` is the parameter as this crate
+    /// spells it (`n_seq_max`, `n_threads`, `temperature`, `top_p`,
+    /// `max_tokens`, `max_running`, …), `message` what it must be and was.
+    #[error("invalid {name}: {message}")]
+    InvalidParameter {
+        /// The parameter.
+        name: &'static str,
+        /// What it must be, and what it was.
+        message: String,
+    },
+    /// A generation or request with a prompt of no tokens.
+    #[error("the prompt has no tokens")]
+    EmptyPrompt,
+    /// A prompt with more tokens than one sequence can hold (the context's
+    /// [`n_ctx_seq`](crate::Context::n_ctx_seq), or an engine request's
+    /// `max_context`).
+    #[error("the prompt has {tokens} tokens but a sequence holds at most {limit}")]
+    PromptTooLong {
+        /// The prompt's tokens.
+        tokens: usize,
+        /// The most a sequence holds.
+        limit: usize,
+    },
+    /// An index outside its collection (a batch token, a candidate).
+    #[error("{what} index {index} is out of 0..{len}")]
+    OutOfRange {
+        /// What was indexed.
+        what: &'static str,
+        /// The index.
+        index: usize,
+        /// The collection's length.
+        len: usize,
+    },
     /// A token id outside `0..n_vocab`.
     #[error("token id {token} is outside the vocabulary (0..{n_vocab})")]
     InvalidToken {

@@ -132,14 +132,17 @@ impl Context<'_> {
     /// Divides the positions `p0..p1` of `seq` by `divisor` (self-extend).
     ///
     /// # Errors
-    /// As [`Context::seq_add`]; [`Error::InvalidArgument`] for a divisor
+    /// As [`Context::seq_add`]; [`Error::InvalidParameter`] for a divisor
     /// below 1.
     #[doc(alias = "llama_memory_seq_div")]
     pub fn seq_div(&mut self, seq: SeqId, p0: Option<Pos>, p1: Option<Pos>, divisor: i32) -> Result<()> {
         self.check_rpc()?;
         self.check_seq(seq)?;
         if divisor < 1 {
-            return Err(Error::InvalidArgument(format!("seq_div divisor must be at least 1, got {divisor}")));
+            return Err(Error::InvalidParameter {
+                name: "divisor",
+                message: format!("must be at least 1, got {divisor}"),
+            });
         }
         if !self.can_shift() {
             return Err(Error::CannotShift);

@@ -90,7 +90,7 @@ impl Default for QuantizeParams {
 ///
 /// # Errors
 /// [`Error::Io`] / [`Error::ModelLoad`] for an unreadable input,
-/// [`Error::InvalidArgument`] for negative threads, [`Error::Quantize`]
+/// [`Error::InvalidParameter`] for negative threads, [`Error::Quantize`]
 /// if llama.cpp fails to quantize.
 #[doc(alias = "llama_model_quantize")]
 pub fn quantize(input: impl AsRef<Path>, output: impl AsRef<Path>, params: &QuantizeParams) -> Result<()> {
@@ -98,7 +98,10 @@ pub fn quantize(input: impl AsRef<Path>, output: impl AsRef<Path>, params: &Quan
     let (input, output) = (input.as_ref(), output.as_ref());
     let c_in = check_gguf_file(input)?;
     if params.threads < 0 {
-        return Err(Error::InvalidArgument(format!("quantize threads must be >= 0, got {}", params.threads)));
+        return Err(Error::InvalidParameter {
+            name: "threads",
+            message: format!("must be >= 0, got {}", params.threads),
+        });
     }
     let temp = temp_sibling(output);
     let c_temp = path_to_cstring(&temp)?;

@@ -21,9 +21,11 @@ impl<'m> Context<'m> {
     /// Creates a context over `model`.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for parameters llama.cpp would abort on
-    /// (`n_seq_max` above 256 or above `n_batch`, thread counts outside
-    /// `1..=512` (ggml's `GGML_MAX_N_THREADS`), mean-pooled embeddings with sizes
+    /// [`Error::InvalidParameter`] for a setting llama.cpp would abort on
+    /// (`n_seq_max` above 256 or above `n_batch`, `n_batch` 0, sizes above
+    /// `i32::MAX`, thread counts outside `1..=512`, ggml's
+    /// `GGML_MAX_N_THREADS`); [`Error::InvalidArgument`] for combinations
+    /// it would abort on (mean-pooled embeddings with sizes
     /// [`Context::set_embeddings`] refuses, an encoder-decoder model with
     /// several sequences but no `kv_unified`);
     /// [`Error::ContextCreate`] for a model loaded with

@@ -253,7 +253,7 @@ impl<'m> Context<'m> {
     /// Changes the thread counts.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for a count outside `1..=512` (ggml's `GGML_MAX_N_THREADS`).
+    /// [`Error::InvalidParameter`] for a count outside `1..=512` (ggml's `GGML_MAX_N_THREADS`).
     #[doc(alias = "llama_set_n_threads")]
     pub fn set_n_threads(&mut self, n_threads: i32, n_threads_batch: i32) -> Result<()> {
         check_threads(n_threads, n_threads_batch)?;

@@ -196,34 +196,35 @@ impl ContextParams {
     /// callback; embeddings off, see [`Context::set_embeddings`]).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`], as listed at [`Context::new`].
+    /// [`Error::InvalidParameter`], [`Error::InvalidArgument`], as listed at
+    /// [`Context::new`].
     pub(crate) fn to_raw(&self, model: &Model) -> Result<sys::llama_context_params> {
         let p = self;
         if p.n_seq_max == 0 || p.n_seq_max > max_sequences() {
-            return Err(Error::InvalidArgument(format!(
-                "n_seq_max must be 1..={}, got {}",
-                max_sequences(),
-                p.n_seq_max
-            )));
+            return Err(Error::InvalidParameter {
+                name: "n_seq_max",
+                message: format!("must be 1..={}, got {}", max_sequences(), p.n_seq_max),
+            });
         }
         if p.n_batch == 0 {
-            return Err(Error::InvalidArgument("n_batch must be at least 1".into()));
+            return Err(Error::InvalidParameter { name: "n_batch", message: "must be at least 1".into() });
         }
         for (what, n) in [("n_ctx", p.n_ctx), ("n_batch", p.n_batch), ("n_ubatch", p.n_ubatch)] {
             if n > MAX_TOKENS {
-                return Err(Error::InvalidArgument(format!(
-                    "{what} must be at most {MAX_TOKENS} (positions are i32), got {n}"
-                )));
+                return Err(Error::InvalidParameter {
+                    name: what,
+                    message: format!("must be at most {MAX_TOKENS} (positions are i32), got {n}"),
+                });
             }
         }
         let n_ctx = if p.n_ctx == 0 { model.n_ctx_train() } else { p.n_ctx };
         // llama.cpp clamps n_batch to n_ctx and then aborts when
         // n_seq_max > n_batch (the output buffer reserve).
         if p.n_seq_max > p.n_batch.min(n_ctx.max(1)) {
-            return Err(Error::InvalidArgument(format!(
-                "n_seq_max ({}) must not exceed n_batch ({}) or n_ctx ({n_ctx})",
-                p.n_seq_max, p.n_batch
-            )));
+            return Err(Error::InvalidParameter {
+                name: "n_seq_max",
+                message: format!("{} must not exceed n_batch ({}) or n_ctx ({n_ctx})", p.n_seq_max, p.n_batch),
+            });
         }
         let threads = p.n_threads.unwrap_or_else(default_threads);
         let threads_batch = p.n_threads_batch.unwrap_or(threads);
@@ -297,7 +298,7 @@ pub(crate) fn default_threads() -> i32 {
 pub(crate) fn check_threads(n_threads: i32, n_threads_batch: i32) -> Result<()> {
     for (what, n) in [("n_threads", n_threads), ("n_threads_batch", n_threads_batch)] {
         if !(1..=MAX_THREADS).contains(&n) {
-            return Err(Error::InvalidArgument(format!("{what} must be 1..={MAX_THREADS}, got {n}")));
+            return Err(Error::InvalidParameter { name: what, message: format!("must be 1..={MAX_THREADS}, got {n}") });
         }
     }
     Ok(())

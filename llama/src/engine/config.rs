@@ -103,40 +103,47 @@ impl EngineConfig {
     }
 
     pub(crate) fn check(&self) -> Result<()> {
-        let bad = |m: String| Err(Error::InvalidArgument(m));
+        let bad = |name: &'static str, message: String| Err(Error::InvalidParameter { name, message });
         if self.max_running == 0 {
-            return bad("max_running must be at least 1".into());
+            return bad("max_running", "must be at least 1".into());
         }
         let n_seq = self.max_running as u64 + self.max_cached_prefixes as u64;
         let most = crate::context::max_sequences() as u64;
         if n_seq > most {
-            return bad(format!(
-                "max_running + max_cached_prefixes = {n_seq} exceeds the {most} sequences a context can have"
-            ));
+            return bad(
+                "max_cached_prefixes",
+                format!("max_running + max_cached_prefixes = {n_seq} exceeds the {most} sequences a context can have"),
+            );
         }
         if self.max_running > self.n_batch {
-            return bad(format!(
-                "max_running {} exceeds n_batch {}: every generating sequence needs a token of each step",
-                self.max_running, self.n_batch
-            ));
+            return bad(
+                "max_running",
+                format!(
+                    "{} exceeds n_batch {}: every generating sequence needs a token of each step",
+                    self.max_running, self.n_batch
+                ),
+            );
         }
         if !(0.0..=1.0).contains(&self.prefix_cache_share) {
-            return bad(format!("prefix_cache_share must be in [0, 1], got {}", self.prefix_cache_share));
+            return bad("prefix_cache_share", format!("must be in [0, 1], got {}", self.prefix_cache_share));
         }
         if self.prefill_cap == Some(0) {
-            return bad("prefill_cap must be at least 1".into());
+            return bad("prefill_cap", "must be at least 1".into());
         }
         if n_seq > u64::from(self.n_batch) {
-            return bad(format!(
-                "max_running + max_cached_prefixes = {n_seq} sequences exceed n_batch {} (llama.cpp needs n_batch >= its sequences)",
-                self.n_batch
-            ));
+            return bad(
+                "n_batch",
+                format!(
+                    "max_running + max_cached_prefixes = {n_seq} sequences exceed n_batch {} (llama.cpp needs n_batch >= its sequences)",
+                    self.n_batch
+                ),
+            );
         }
         if self.admission_reserve > self.n_ctx as usize {
-            return bad(format!(
-                "admission_reserve {} exceeds the pool of {} cells",
-                self.admission_reserve, self.n_ctx
-            ));
+            return bad(
+                "admission_reserve",
+                format!("{} exceeds the pool of {} cells", self.admission_reserve, self.n_ctx),
+            );
         }
         Ok(())
     }

@@ -443,12 +443,13 @@ impl Engine {
     /// (`kv_unified`, full-size sliding-window cache).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for inconsistent settings (see
-    /// [`EngineConfig`]: `max_running` 0 or above `n_batch`,
+    /// [`Error::InvalidParameter`] for inconsistent settings, naming the
+    /// setting (see [`EngineConfig`]: `max_running` 0 or above `n_batch`,
     /// `max_running + max_cached_prefixes` above `n_batch` or the 256
     /// sequences of a context, a share outside [0, 1], an
-    /// `admission_reserve` above the pool) and for models that cannot
-    /// generate this way (vocabulary-only, encoder, encoder-decoder); [`Error::ContextCreate`] and the other errors of
+    /// `admission_reserve` above the pool); [`Error::InvalidArgument`] for
+    /// models that cannot generate this way (vocabulary-only, encoder,
+    /// encoder-decoder); [`Error::ContextCreate`] and the other errors of
     /// [`Context::new`](crate::Context::new); with a memory budget,
     /// [`Error::DoesNotFit`] when not even 256 cells fit it, and the errors of
     /// [`Planner::for_model`](crate::plan::Planner::for_model) (the model's
@@ -523,9 +524,10 @@ impl Engine {
     /// # Errors
     /// [`Error::QueueFull`] when `max_queue` requests are waiting;
     /// [`Error::EngineStopped`] after shutdown;
-    /// [`Error::InvalidArgument`] for an empty prompt, one longer than the
-    /// pool or the request's `max_context`, `max_tokens` 0, or sampling
-    /// values out of range; [`Error::InvalidToken`] for token ids outside
+    /// [`Error::EmptyPrompt`]; [`Error::PromptTooLong`] for a prompt longer
+    /// than the pool or the request's `max_context`;
+    /// [`Error::InvalidParameter`] for `max_tokens` 0, a `max_context` above
+    /// the pool, or sampling values out of range; [`Error::InvalidToken`] for token ids outside
     /// the vocabulary (prompt or logit bias); [`Error::Grammar`] for a
     /// grammar that does not parse; tokenizer errors for text prompts.
     pub fn submit(&self, request: Request) -> Result<Completion> {

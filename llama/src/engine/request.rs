@@ -162,30 +162,30 @@ pub(crate) fn check(model: &Model, pool: usize, request: Request) -> Result<Chec
         }
     };
     if prompt.is_empty() {
-        return Err(Error::InvalidArgument("the prompt has no tokens".into()));
+        return Err(Error::EmptyPrompt);
     }
     for &token in &prompt {
         vocab.check(token)?;
     }
     if request.max_tokens == Some(0) {
-        return Err(Error::InvalidArgument("max_tokens must be at least 1".into()));
+        return Err(Error::InvalidParameter { name: "max_tokens", message: "must be at least 1".into() });
     }
     let train = model.n_ctx_train() as usize;
     let limit = if train > 0 { pool.min(train) } else { pool };
     let max_context = request.max_context.unwrap_or(limit);
     if max_context > limit {
-        return Err(Error::InvalidArgument(format!(
-            "max_context {max_context} exceeds the {limit} tokens a sequence can hold (KV pool {pool}, training context {train})"
-        )));
+        return Err(Error::InvalidParameter {
+            name: "max_context",
+            message: format!(
+                "{max_context} exceeds the {limit} tokens a sequence can hold (KV pool {pool}, training context {train})"
+            ),
+        });
     }
     // One more cell for the first generated token's successor is not
     // needed: the last sampled token is never decoded. The prompt itself
     // must fit, and leave room to sample at least one token.
     if prompt.len() > max_context {
-        return Err(Error::InvalidArgument(format!(
-            "the prompt has {} tokens but a sequence may hold {max_context} (max_context or the KV pool)",
-            prompt.len()
-        )));
+        return Err(Error::PromptTooLong { tokens: prompt.len(), limit: max_context });
     }
     request.sampling.validate(vocab)?;
     if let Some(gbnf) = &request.sampling.grammar {

@@ -105,8 +105,8 @@ impl Session {
     /// sampler is used as it is (not reset).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for an empty prompt or one longer than
-    /// the context of a sequence ([`Context::n_ctx_seq`]);
+    /// [`Error::EmptyPrompt`]; [`Error::PromptTooLong`] for a prompt longer
+    /// than the context of a sequence ([`Context::n_ctx_seq`]);
     /// [`Error::InvalidToken`] for a token outside the vocabulary;
     /// [`Error::InvalidSeqId`] for a sequence outside the context.
     pub fn generate<'a, 'm, 's>(
@@ -119,14 +119,11 @@ impl Session {
         let seq = options.seq;
         ctx.check_seq(seq)?;
         if prompt.is_empty() {
-            return Err(Error::InvalidArgument("the prompt has no tokens".into()));
+            return Err(Error::EmptyPrompt);
         }
         let n_ctx = ctx.n_ctx_seq() as usize;
         if prompt.len() > n_ctx {
-            return Err(Error::InvalidArgument(format!(
-                "the prompt has {} tokens but the context holds {n_ctx} per sequence",
-                prompt.len()
-            )));
+            return Err(Error::PromptTooLong { tokens: prompt.len(), limit: n_ctx });
         }
         for &token in prompt {
             ctx.model().vocab().check(token)?;

@@ -146,16 +146,16 @@ impl ModelParams {
         // SAFETY: a constant of the library.
         let max = unsafe { sys::llama_max_devices() };
         if self.tensor_split.len() > max {
-            return Err(Error::InvalidArgument(format!(
-                "tensor_split has {} entries; llama.cpp takes at most {max} devices",
-                self.tensor_split.len()
-            )));
+            return Err(Error::InvalidParameter {
+                name: "tensor_split",
+                message: format!("has {} entries; llama.cpp takes at most {max} devices", self.tensor_split.len()),
+            });
         }
         if self.tensor_split.iter().any(|r| !r.is_finite() || *r < 0.0) || self.tensor_split.iter().all(|r| *r == 0.0) {
-            return Err(Error::InvalidArgument(format!(
-                "tensor_split {:?}: the ratios must be finite, not negative, and not all zero",
-                self.tensor_split
-            )));
+            return Err(Error::InvalidParameter {
+                name: "tensor_split",
+                message: format!("{:?}: the ratios must be finite, not negative, and not all zero", self.tensor_split),
+            });
         }
         let mut split = self.tensor_split.clone();
         split.resize(max, 0.0);

@@ -258,8 +258,8 @@ impl Planner {
     /// accounting.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for parameters [`Context::new`](crate::Context::new)
-    /// refuses; [`Error::ContextCreate`] when llama.cpp refuses them (e.g.
+    /// [`Error::InvalidParameter`] and [`Error::InvalidArgument`] for
+    /// parameters [`Context::new`](crate::Context::new) refuses; [`Error::ContextCreate`] when llama.cpp refuses them (e.g.
     /// a quantized V cache without flash attention).
     #[doc(alias = "llama_get_memory_breakdown")]
     pub fn plan(&self, params: &ContextParams) -> Result<MemoryPlan> {

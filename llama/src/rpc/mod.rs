@@ -161,7 +161,7 @@ enum Answer {
 
 fn handshake(endpoint: &Endpoint, timeout: Duration) -> Answer {
     if timeout.is_zero() {
-        return Answer::Failed(Error::InvalidArgument("the RPC timeout must be positive".into()));
+        return Answer::Failed(Error::InvalidParameter { name: "timeout", message: "must be positive".into() });
     }
     let addrs = match (endpoint.host.as_str(), endpoint.port).to_socket_addrs() {
         Ok(addrs) => addrs,
@@ -509,7 +509,7 @@ mod tests {
         assert!(err.to_string().contains("cannot listen there"), "{err}");
         drop(taken);
         let options = ServerOptions { threads: Some(0), ..ServerOptions::default() };
-        assert!(matches!(serve("127.0.0.1:1", &options), Err(Error::InvalidArgument(_))));
+        assert!(matches!(serve("127.0.0.1:1", &options), Err(Error::InvalidParameter { name: "threads", .. })));
         assert!(matches!(serve("nowhere", &ServerOptions::default()), Err(Error::Rpc { .. })));
     }
 }

@@ -38,7 +38,9 @@ pub fn serve(endpoint: &str, options: &ServerOptions) -> Result<Infallible> {
     backend::init();
     let parsed = Endpoint::parse(endpoint)?;
     let threads = match options.threads {
-        Some(0) => return Err(Error::InvalidArgument("a server needs at least one thread".into())),
+        Some(0) => {
+            return Err(Error::InvalidParameter { name: "threads", message: "a server needs at least one".into() });
+        }
         Some(n) => n,
         None => std::thread::available_parallelism().map_or(1, |n| n.get()),
     };

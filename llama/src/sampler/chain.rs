@@ -192,7 +192,7 @@ impl<'m> SamplerChain<'m> {
     /// Mirostat 1.0 (selects a token).
     ///
     /// # Errors
-    /// Reported by [`SamplerChain::build`]: [`Error::InvalidArgument`] unless `m >= 2` and `tau`, `eta` are
+    /// Reported by [`SamplerChain::build`]: [`Error::InvalidParameter`] unless `m >= 2` and `tau`, `eta` are
     /// finite (otherwise llama.cpp's estimate is NaN from the start). Put
     /// no sampler that can leave a single candidate (e.g. `top_k(1)`) in
     /// front of it: its estimate is then 0/0 as well.
@@ -205,9 +205,10 @@ impl<'m> SamplerChain<'m> {
     fn try_mirostat(&mut self, vocab: &Vocab, seed: u32, tau: f32, eta: f32, m: i32) -> Result<()> {
         self.bind_vocab(vocab)?;
         if m < 2 || !tau.is_finite() || !eta.is_finite() {
-            return Err(Error::InvalidArgument(format!(
-                "mirostat needs m >= 2 and finite tau and eta (got m {m}, tau {tau}, eta {eta})"
-            )));
+            return Err(Error::InvalidParameter {
+                name: "mirostat",
+                message: format!("needs m >= 2 and finite tau and eta (got m {m}, tau {tau}, eta {eta})"),
+            });
         }
         // SAFETY: copies its arguments; the vocab size is only a number.
         let raw = unsafe { sys::llama_sampler_init_mirostat(vocab.n_tokens() as i32, seed, tau, eta, m) };

@@ -66,10 +66,10 @@ impl Candidates<'_> {
     /// Selects candidate `index` (an index into [`Candidates::data`]).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] if `index` is out of range.
+    /// [`Error::OutOfRange`] if `index` is out of range.
     pub fn select(&mut self, index: usize) -> Result<()> {
         if index >= self.raw.size {
-            return Err(Error::InvalidArgument(format!("candidate {index} out of 0..{}", self.raw.size)));
+            return Err(Error::OutOfRange { what: "candidate", index, len: self.raw.size });
         }
         self.raw.selected = index as i64;
         Ok(())

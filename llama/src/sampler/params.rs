@@ -144,11 +144,11 @@ impl SamplingParams {
     /// Checks every value against what llama.cpp's samplers handle.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] naming the value out of range;
+    /// [`Error::InvalidParameter`] naming the value out of range;
     /// [`Error::InvalidToken`] for a logit bias outside the vocabulary.
     pub fn validate(&self, vocab: &Vocab) -> Result<()> {
-        let bad = |what: &str, v: &dyn std::fmt::Display, range: &str| {
-            Err(Error::InvalidArgument(format!("{what} must be {range}, got {v}")))
+        let bad = |name: &'static str, v: &dyn std::fmt::Display, range: &str| {
+            Err(Error::InvalidParameter { name, message: format!("must be {range}, got {v}") })
         };
         if !(self.temperature.is_finite() && self.temperature >= 0.0) {
             return bad("temperature", &self.temperature, "finite and >= 0");
@@ -174,12 +174,12 @@ impl SamplingParams {
             }
         }
         if let Some(top) = self.logprobs.filter(|&top| top > MAX_TOP_LOGPROBS) {
-            return bad("logprobs' top", &top, &format!("at most {MAX_TOP_LOGPROBS}"));
+            return bad("logprobs", &top, &format!("at most {MAX_TOP_LOGPROBS}"));
         }
         for &(token, bias) in &self.logit_bias {
             vocab.check(token)?;
             if bias.is_nan() || bias == f32::INFINITY {
-                return bad("a logit bias", &bias, "a number or -inf");
+                return bad("logit_bias", &bias, "a number or -inf");
             }
         }
         Ok(())
