@@ -15,7 +15,7 @@ use std::path::Path;
 
 use llama::{
     AddBos, Batch, ContextParams, Detokenizer, Error, Logits, MetadataValue, Model, ModelParams, Output, Pooling,
-    Sampler, SamplerChain, Special, Token,
+    Sampler, SamplerChain, Special, StateError, Token,
 };
 use llama_suite::synthetic::{GgufWriter, TINY_BOS_ID, TINY_EOS_ID, TINY_VOCAB_SIZE};
 use safe_api::*;
@@ -694,11 +694,26 @@ fn state_of_another_model_or_configuration_is_rejected() {
             ("two streams", ctx_with_seqs(&model, 2, false)),
         ];
         for (what, mut target) in fresh_targets {
-            assert!(matches!(target.load_state(&whole), Err(Error::State(_))), "{what}: whole bytes");
-            assert!(matches!(target.load_state_file(&whole_file), Err(Error::State(_))), "{what}: whole file");
+            assert!(
+                matches!(target.load_state(&whole), Err(Error::State { kind: StateError::Mismatch, .. })),
+                "{what}: whole bytes"
+            );
+            assert!(
+                matches!(target.load_state_file(&whole_file), Err(Error::State { kind: StateError::Mismatch, .. })),
+                "{what}: whole file"
+            );
             // (Sequence data records the stream layout too.)
-            assert!(matches!(target.load_seq_state(&seq, 0), Err(Error::State(_))), "{what}: seq bytes");
-            assert!(matches!(target.load_seq_state_file(&seq_file, 0), Err(Error::State(_))), "{what}: seq file");
+            assert!(
+                matches!(target.load_seq_state(&seq, 0), Err(Error::State { kind: StateError::Mismatch, .. })),
+                "{what}: seq bytes"
+            );
+            assert!(
+                matches!(
+                    target.load_seq_state_file(&seq_file, 0),
+                    Err(Error::State { kind: StateError::Mismatch, .. })
+                ),
+                "{what}: seq file"
+            );
             // The target still works.
             let toks = tokens(target.model().vocab(), "ok");
             decode_seq(&mut target, &toks, 0, 0);
@@ -715,18 +730,24 @@ fn state_of_another_model_or_configuration_is_rejected() {
             // (llama.cpp would first allocate the 4-byte "name length" these
             // start with -- up to 4 GiB -- to compare an architecture name.)
             let t = std::time::Instant::now();
-            assert!(matches!(target.load_state(data), Err(Error::State(_))), "{what}");
+            assert!(matches!(target.load_state(data), Err(Error::State { kind: StateError::Mismatch, .. })), "{what}");
             assert!(t.elapsed().as_secs() < 1, "{what}: rejecting took {:?}", t.elapsed());
             if what != "seq as whole" {
                 let r = target.load_seq_state(data, 0);
-                assert!(matches!(r, Err(Error::State(_))), "{what} (seq): {r:?}");
+                assert!(matches!(r, Err(Error::State { kind: StateError::Mismatch, .. })), "{what} (seq): {r:?}");
             }
         }
-        assert!(matches!(target.load_seq_state(&seq[..seq.len() - 3], 0), Err(Error::State(_))));
-        assert!(matches!(target.load_state_file(tiny_path()), Err(Error::State(_))));
-        assert!(matches!(target.load_state_file(dir.path()), Err(Error::State(_))));
+        assert!(matches!(
+            target.load_seq_state(&seq[..seq.len() - 3], 0),
+            Err(Error::State { kind: StateError::Mismatch, .. })
+        ));
+        assert!(matches!(target.load_state_file(tiny_path()), Err(Error::State { kind: StateError::Mismatch, .. })));
+        assert!(matches!(target.load_state_file(dir.path()), Err(Error::State { kind: StateError::Mismatch, .. })));
         assert!(matches!(target.load_state_file(dir.path().join("missing")), Err(Error::Io { .. })));
-        assert!(matches!(target.load_seq_state_file(tiny_path(), 0), Err(Error::State(_))));
+        assert!(matches!(
+            target.load_seq_state_file(tiny_path(), 0),
+            Err(Error::State { kind: StateError::Mismatch, .. })
+        ));
         assert!(matches!(target.redecode_last(&[], 0), Err(Error::InvalidArgument(_))));
         // And the right state still restores after all that.
         target.load_state(&whole).unwrap();
@@ -756,7 +777,7 @@ fn no_single_byte_corruption_of_a_state_aborts() {
                     let r = if is_seq { target.load_seq_state(&d, 0) } else { target.load_state(&d) };
                     match r {
                         Ok(()) => {}
-                        Err(Error::State(_)) => {
+                        Err(Error::State { kind: StateError::Mismatch, .. }) => {
                             failures += 1;
                             continue;
                         }
@@ -1285,7 +1306,10 @@ fn a_recurrent_sequence_state_with_several_cells_is_refused() {
         crafted.extend_from_slice(&0u32.to_ne_bytes());
         crafted.extend_from_slice(&saved[20..]);
         let err = ctx.load_seq_state(&crafted, 1).unwrap_err();
-        assert!(matches!(err, Error::State(ref m) if m.contains("one cell")), "{err:?}");
+        assert!(
+            matches!(err, Error::State { kind: StateError::Mismatch, message: ref m } if m.contains("one cell")),
+            "{err:?}"
+        );
         // The same bytes from a file.
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("seq.state");
@@ -1296,7 +1320,10 @@ fn a_recurrent_sequence_state_with_several_cells_is_refused() {
         bytes[at..at + 4].copy_from_slice(&2u32.to_ne_bytes());
         std::fs::write(&file, &bytes).unwrap();
         let err = ctx.load_seq_state_file(&file, 1).unwrap_err();
-        assert!(matches!(err, Error::State(ref m) if m.contains("one cell")), "{err:?}");
+        assert!(
+            matches!(err, Error::State { kind: StateError::Mismatch, message: ref m } if m.contains("one cell")),
+            "{err:?}"
+        );
         // The context still works.
         let mut batch = Batch::new(1, 1);
         batch.push(tokens[0], tokens.len() as i32, &[0], Logits::Yes).unwrap();
@@ -1313,7 +1340,10 @@ fn redecode_last_explains_a_recurrent_cache() {
         let prompt = [Token(TINY_BOS_ID), Token(260), Token(261), Token(262)];
         let logits = decode_seq(&mut ctx, &prompt, 0, 0);
         let err = ctx.redecode_last(&prompt, 0).unwrap_err();
-        assert!(matches!(err, Error::State(ref m) if m.contains("recurrent")), "{err:?}");
+        assert!(
+            matches!(err, Error::State { kind: StateError::Unsupported, message: ref m } if m.contains("recurrent")),
+            "{err:?}"
+        );
         assert_eq!(ctx.seq_pos_max(0).unwrap(), Some(3), "the cache is unchanged");
         // The advised recovery: clear and decode everything again.
         ctx.seq_rm(Some(0), None, None).unwrap();

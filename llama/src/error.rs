@@ -157,9 +157,14 @@ pub enum Error {
     /// A sampler chain that does not end in a token-selecting sampler.
     #[error("a sampler chain must end with a token-selecting sampler (greedy, dist, mirostat, adaptive-p)")]
     NoSelector,
-    /// Saving or restoring state failed.
-    #[error("state error: {0}")]
-    State(String),
+    /// Saving or restoring state failed; `kind` says how.
+    #[error("state error: {message}")]
+    State {
+        /// What went wrong.
+        kind: StateError,
+        /// The details.
+        message: String,
+    },
     /// A chat template is unknown, does not parse, or failed to render.
     #[error("chat template error: {0}")]
     ChatTemplate(String),
@@ -268,10 +273,33 @@ pub enum Error {
     },
 }
 
+/// How saving or restoring state failed ([`Error::State`]).
+#[non_exhaustive]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum StateError {
+    /// The data or file is not a state of this model and context
+    /// configuration (another model, other sizes or settings), or it is
+    /// corrupt; nothing was restored.
+    Mismatch,
+    /// A state file holds more tokens than the context (or the caller's
+    /// buffer) has room for.
+    TooLarge,
+    /// What llama.cpp cannot do for this model or configuration (restoring
+    /// one sequence of a hybrid model with several sequences; dropping the
+    /// last token of a recurrent cache).
+    Unsupported,
+    /// llama.cpp failed to write or read the state.
+    Failed,
+}
+
 /// This crate's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
+    pub(crate) fn state(kind: StateError, message: impl Into<String>) -> Error {
+        Error::State { kind, message: message.into() }
+    }
+
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Error {
         Error::Io { path: path.into(), source }
     }

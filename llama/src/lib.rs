@@ -102,7 +102,7 @@ pub use context::{
     Pooling, max_sequences,
 };
 pub use embed::{EmbedParams, Embedder};
-pub use error::{Error, Result};
+pub use error::{Error, Result, StateError};
 pub use generate::{CompleteOptions, Completed};
 pub use model::{LoadMode, MetadataValue, Model, ModelParams, RopeType, SplitMode, split_path, split_prefix};
 pub use quantize::{FileType, QuantizeParams, quantize};

@@ -9,6 +9,7 @@ use std::path::Path;
 
 use crate::batch::{Batch, Logits, SeqId};
 use crate::context::Context;
+use crate::error::StateError;
 use crate::error::{Error, Result, try_reserve};
 use crate::ffi::path_to_cstring;
 use crate::model::temp_sibling;
@@ -22,7 +23,10 @@ fn write_atomically(path: &Path, write: impl FnOnce(&std::ffi::CStr) -> bool, wh
     let c_temp = path_to_cstring(&temp)?;
     if !write(&c_temp) {
         let _ = std::fs::remove_file(&temp);
-        return Err(Error::State(format!("llama.cpp could not write the {what} to {}", path.display())));
+        return Err(Error::state(
+            StateError::Failed,
+            format!("llama.cpp could not write the {what} to {}", path.display()),
+        ));
     }
     std::fs::rename(&temp, path).map_err(|e| {
         let _ = std::fs::remove_file(&temp);
@@ -38,7 +42,10 @@ fn check_arch_prefix(ctx: &Context<'_>, state: &[u8]) -> Result<()> {
     let arch = ctx.model().metadata("general.architecture").unwrap_or_default();
     let len = state.get(..4).map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]) as usize);
     if len != Some(arch.len()) || state.get(4..4 + arch.len()) != Some(arch.as_bytes()) {
-        return Err(Error::State(format!("the state was not saved from a `{arch}` model (or is corrupt)")));
+        return Err(Error::state(
+            StateError::Mismatch,
+            format!("the state was not saved from a `{arch}` model (or is corrupt)"),
+        ));
     }
     Ok(())
 }
@@ -50,7 +57,7 @@ fn check_state_file(ctx: &Context<'_>, path: &Path) -> Result<()> {
     let io = |e| Error::io(path, e);
     let mut file = std::fs::File::open(path).map_err(io)?;
     let mut header = [0u8; 12];
-    let bad = || Error::State(format!("{} is not a state file of this model", path.display()));
+    let bad = || Error::state(StateError::Mismatch, format!("{} is not a state file of this model", path.display()));
     file.read_exact(&mut header).map_err(|_| bad())?;
     let word = |i: usize| u32::from_ne_bytes([header[i], header[i + 1], header[i + 2], header[i + 3]]);
     if word(0) != sys::LLAMA_SESSION_MAGIC || word(4) != sys::LLAMA_SESSION_VERSION {
@@ -58,11 +65,10 @@ fn check_state_file(ctx: &Context<'_>, path: &Path) -> Result<()> {
     }
     let n_tokens = u64::from(word(8));
     if n_tokens > u64::from(ctx.n_ctx()) {
-        return Err(Error::State(format!(
-            "{} holds {n_tokens} tokens, more than the context's {}",
-            path.display(),
-            ctx.n_ctx()
-        )));
+        return Err(Error::state(
+            StateError::TooLarge,
+            format!("{} holds {n_tokens} tokens, more than the context's {}", path.display(), ctx.n_ctx()),
+        ));
     }
     file.seek(SeekFrom::Start(12 + 4 * n_tokens)).map_err(io)?;
     let arch_len = ctx.model().metadata("general.architecture").map_or(0, |a| a.len());
@@ -84,19 +90,22 @@ fn check_state_file(ctx: &Context<'_>, path: &Path) -> Result<()> {
 fn check_recurrent_seq_state(ctx: &Context<'_>, state: &[u8]) -> Result<()> {
     let model = ctx.model();
     if model.is_hybrid() && ctx.n_seq_max() >= 2 {
-        return Err(Error::State(
+        return Err(Error::state(
+            StateError::Unsupported,
             "restoring one sequence of a hybrid (attention + recurrent) model needs n_seq_max 1: llama.cpp cannot \
-             check such data before it asserts on it"
-                .into(),
+             check such data before it asserts on it",
         ));
     }
     if model.is_recurrent() && !model.is_hybrid() {
         let cells = state.get(..4).map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]));
         if cells.is_some_and(|n| n > 1) {
-            return Err(Error::State(format!(
-                "a recurrent model's sequence state holds one cell, this one {}: corrupt data",
-                cells.unwrap_or_default()
-            )));
+            return Err(Error::state(
+                StateError::Mismatch,
+                format!(
+                    "a recurrent model's sequence state holds one cell, this one {}: corrupt data",
+                    cells.unwrap_or_default()
+                ),
+            ));
         }
     }
     Ok(())
@@ -130,7 +139,7 @@ fn check_recurrent_seq_state_file(ctx: &Context<'_>, path: &Path) -> Result<()> 
 fn check_readable(path: &Path) -> Result<std::ffi::CString> {
     let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
     if !meta.is_file() {
-        return Err(Error::State(format!("{} is not a file", path.display())));
+        return Err(Error::state(StateError::Mismatch, format!("{} is not a file", path.display())));
     }
     path_to_cstring(path)
 }
@@ -160,7 +169,7 @@ impl Context<'_> {
         // SAFETY: `buf` has `size` writable bytes.
         let written = unsafe { sys::llama_state_get_data(self.as_ptr(), buf.as_mut_ptr(), size) };
         if written == 0 && size != 0 {
-            return Err(Error::State("llama_state_get_data failed".into()));
+            return Err(Error::state(StateError::Failed, "llama_state_get_data failed"));
         }
         buf.truncate(written);
         Ok(buf)
@@ -184,8 +193,9 @@ impl Context<'_> {
         // content and catches its own exceptions.
         let read = unsafe { sys::llama_state_set_data(self.as_ptr(), data.as_ptr(), data.len()) };
         if read == 0 {
-            return Err(Error::State(
-                "the state does not fit this context (model or configuration differ, or the data is corrupt)".into(),
+            return Err(Error::state(
+                StateError::Mismatch,
+                "the state does not fit this context (model or configuration differ, or the data is corrupt)",
             ));
         }
         Ok(())
@@ -235,7 +245,10 @@ impl Context<'_> {
             )
         };
         if !ok {
-            return Err(Error::State(format!("{} is not a state of this model and configuration", path.display())));
+            return Err(Error::state(
+                StateError::Mismatch,
+                format!("{} is not a state of this model and configuration", path.display()),
+            ));
         }
         tokens.truncate(count);
         Ok(tokens)
@@ -257,7 +270,7 @@ impl Context<'_> {
         // SAFETY: `buf` has `size` writable bytes; a valid sequence id.
         let written = unsafe { sys::llama_state_seq_get_data(self.as_ptr(), buf.as_mut_ptr(), size, seq) };
         if written == 0 && size != 0 {
-            return Err(Error::State("llama_state_seq_get_data failed".into()));
+            return Err(Error::state(StateError::Failed, "llama_state_seq_get_data failed"));
         }
         buf.truncate(written);
         Ok(buf)
@@ -289,7 +302,7 @@ impl Context<'_> {
         };
         crate::error::check_shim(code, "llama_state_seq_set_data")?;
         if read == 0 {
-            return Err(Error::State("the sequence state does not fit this context".into()));
+            return Err(Error::state(StateError::Mismatch, "the sequence state does not fit this context"));
         }
         Ok(())
     }
@@ -345,10 +358,10 @@ impl Context<'_> {
             )
         };
         if read == 0 {
-            return Err(Error::State(format!(
-                "{} is not a sequence state of this model and configuration",
-                path.display()
-            )));
+            return Err(Error::state(
+                StateError::Mismatch,
+                format!("{} is not a sequence state of this model and configuration", path.display()),
+            ));
         }
         tokens.truncate(count);
         Ok(tokens)
@@ -371,10 +384,10 @@ impl Context<'_> {
         let pos = i32::try_from(tokens.len() - 1)
             .map_err(|_| Error::InvalidArgument(format!("{} tokens do not fit i32 positions", tokens.len())))?;
         if !self.seq_rm(Some(seq), Some(pos), None)? {
-            return Err(Error::State(
+            return Err(Error::state(
+                StateError::Unsupported,
                 "redecode_last cannot remove the last token of a recurrent cache; clear the sequence and decode \
-                 all its tokens again"
-                    .into(),
+                 all its tokens again",
             ));
         }
         let mut batch = Batch::new(1, 1);
