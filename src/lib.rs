@@ -1,11 +1,12 @@
 //! Support code shared by the examples, integration tests and benchmarks at
-//! the repository root: the default model fetcher and the synthetic test
-//! model writer. Not published.
+//! the repository root: the default model fetcher, benchmark and teacher-forcing
+//! helpers, and `synthetic` (the published `llama::testing`, under its old
+//! name). Not published.
 
 pub mod bench;
 pub mod model_cache;
 pub mod python;
 pub mod size;
-pub mod synthetic;
+pub use llama::testing as synthetic;
 pub mod teacher;
 pub mod token_prompts;

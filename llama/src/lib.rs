@@ -88,6 +88,9 @@ pub mod rpc;
 mod sampler;
 mod stack;
 mod state;
+#[cfg(feature = "testing")]
+#[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
+pub mod testing;
 mod vocab;
 
 pub use adapter::LoraAdapter;

@@ -5,7 +5,7 @@ use std::fs::OpenOptions;
 use std::io;
 use std::path::Path;
 
-use llama_sys as sys;
+use crate::sys;
 
 use super::invalid_input;
 
@@ -152,43 +152,31 @@ impl GgufWriter {
         Ok(())
     }
 
-    /// Sets the metadata value `key` (`gguf_set_arr_f32`).
+    /// Sets the metadata value `key` to an array of F32
+    /// (`gguf_set_arr_data`).
     ///
     /// # Errors
-    /// For a NUL byte in a string.
+    /// For a NUL byte in `key`.
     pub fn set_arr_f32(&mut self, key: &str, vals: &[f32]) -> io::Result<()> {
-        let key = cstring(key)?;
-        // SAFETY: the context is live; `vals` is `vals.len()` f32s, matching
-        // GGUF_TYPE_FLOAT32 (4 bytes each); gguf copies them.
-        unsafe {
-            sys::gguf_set_arr_data(
-                self.gguf.0,
-                key.as_ptr(),
-                sys::gguf_type::GGUF_TYPE_FLOAT32,
-                vals.as_ptr().cast::<c_void>(),
-                vals.len(),
-            )
-        };
-        Ok(())
+        self.set_arr_data(key, sys::gguf_type::GGUF_TYPE_FLOAT32, vals)
     }
 
-    /// Sets the metadata value `key` (`gguf_set_arr_i32`).
+    /// Sets the metadata value `key` to an array of I32
+    /// (`gguf_set_arr_data`).
     ///
     /// # Errors
-    /// For a NUL byte in a string.
+    /// For a NUL byte in `key`.
     pub fn set_arr_i32(&mut self, key: &str, vals: &[i32]) -> io::Result<()> {
+        self.set_arr_data(key, sys::gguf_type::GGUF_TYPE_INT32, vals)
+    }
+
+    /// `ty` must be the GGUF type of `T` (4-byte F32 or I32).
+    fn set_arr_data<T: Copy>(&mut self, key: &str, ty: sys::gguf_type::Type, vals: &[T]) -> io::Result<()> {
         let key = cstring(key)?;
-        // SAFETY: the context is live; `vals` is `vals.len()` i32s, matching
-        // GGUF_TYPE_INT32 (4 bytes each); gguf copies them.
-        unsafe {
-            sys::gguf_set_arr_data(
-                self.gguf.0,
-                key.as_ptr(),
-                sys::gguf_type::GGUF_TYPE_INT32,
-                vals.as_ptr().cast::<c_void>(),
-                vals.len(),
-            )
-        };
+        // SAFETY: the context is live; `vals` is `vals.len()` values of `T`,
+        // which the callers pair with its GGUF type `ty` (same size and
+        // layout); gguf copies them.
+        unsafe { sys::gguf_set_arr_data(self.gguf.0, key.as_ptr(), ty, vals.as_ptr().cast::<c_void>(), vals.len()) };
         Ok(())
     }
 

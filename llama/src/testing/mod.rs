@@ -1,4 +1,18 @@
-//! Writes tiny synthetic llama-architecture GGUF models for fast tests.
+//! Tiny synthetic GGUF models for tests (feature `testing`): test your own
+//! code against a real model of a few hundred kilobytes, written on the
+//! fly, instead of downloading one.
+//!
+//! ```no_run
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use llama::testing::{TinyModelSpec, tiny_llama_path};
+//! use llama::{CompleteOptions, Model, ModelParams};
+//!
+//! let path = tiny_llama_path(&TinyModelSpec::default())?; // cached in the temp folder
+//! let model = Model::load(&path, &ModelParams::default())?;
+//! let done = model.complete("Hello world", &CompleteOptions::default().max_tokens(8))?;
+//! assert_eq!(done.stats.prompt_tokens, 3); // <s> ▁Hello ▁world
+//! # Ok(()) }
+//! ```
 //!
 //! The models are random but real: a `llama` architecture network (RMS norm,
 //! rotary attention with grouped-query heads, SwiGLU feed-forward) with F32
@@ -33,7 +47,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 
-use llama_sys as sys;
+use crate::sys;
 
 mod plan;
 mod writer;
@@ -561,98 +575,4 @@ fn normal_piece_id(piece: &str) -> Option<usize> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::collections::HashSet;
-
-    #[test]
-    fn vocab_is_unique_and_prefix_closed() {
-        let vocab = tiny_vocab();
-        assert_eq!(vocab.texts.len(), TINY_VOCAB_SIZE);
-        assert_eq!(vocab.scores.len(), TINY_VOCAB_SIZE);
-        assert_eq!(vocab.types.len(), TINY_VOCAB_SIZE);
-        let unique: HashSet<&str> = vocab.texts.iter().map(String::as_str).collect();
-        assert_eq!(unique.len(), TINY_VOCAB_SIZE, "duplicate token text");
-        assert_eq!(vocab.texts[TINY_CONTROL_TOKEN_ID as usize], TINY_CONTROL_TOKEN);
-        assert_eq!(vocab.texts[(TINY_FIRST_BYTE_ID + 0x0A) as usize], "<0x0A>");
-        for piece in NORMAL_PIECES {
-            let chars: Vec<char> = piece.chars().collect();
-            if chars.len() > 1 {
-                let prefix: String = chars[..chars.len() - 1].iter().collect();
-                assert!(unique.contains(prefix.as_str()), "{piece:?} lacks {prefix:?}");
-            }
-        }
-        assert!(normal_piece_id("▁Hello").is_some());
-        assert!(normal_piece_id("▁world").is_some());
-    }
-
-    #[test]
-    fn rng_is_deterministic_and_spread() {
-        let a: Vec<f32> = {
-            let mut r = SplitMix64(7);
-            (0..1000).map(|_| r.next_signed_unit()).collect()
-        };
-        let b: Vec<f32> = {
-            let mut r = SplitMix64(7);
-            (0..1000).map(|_| r.next_signed_unit()).collect()
-        };
-        assert_eq!(a, b);
-        assert!(a.iter().all(|v| (-1.0..1.0).contains(v)));
-        let mean = a.iter().sum::<f32>() / a.len() as f32;
-        assert!(mean.abs() < 0.1, "mean {mean}");
-    }
-
-    #[test]
-    fn invalid_specs_are_rejected() {
-        let bad = [
-            TinyModelSpec { n_layer: 0, ..TinyModelSpec::default() },
-            TinyModelSpec { n_head: 3, ..TinyModelSpec::default() },
-            TinyModelSpec { n_head_kv: 3, ..TinyModelSpec::default() },
-            TinyModelSpec { n_embd: 1 << 20, n_ff: 1 << 20, ..TinyModelSpec::default() },
-        ];
-        for spec in bad {
-            let err = validate(&spec).expect_err("invalid spec accepted");
-            assert_eq!(err.kind(), io::ErrorKind::InvalidInput, "{spec:?}");
-        }
-        validate(&TinyModelSpec::default()).expect("default spec");
-    }
-
-    #[test]
-    fn data_bytes_counts_the_tensor_plan() {
-        for spec in [
-            TinyModelSpec::default(),
-            TinyModelSpec { n_layer: 3, n_embd: 32, n_head: 2, n_head_kv: 1, n_ff: 48, ..TinyModelSpec::default() },
-        ] {
-            let plan: u64 = tensor_plan(&spec).iter().map(|t| t.n_elements().expect("small") * 4).sum();
-            assert_eq!(data_bytes(&spec), Some(plan), "{spec:?}");
-        }
-        let huge = TinyModelSpec {
-            n_layer: u32::MAX,
-            n_embd: u32::MAX - 1,
-            n_head: 1,
-            n_head_kv: 1,
-            n_ff: u32::MAX,
-            ..TinyModelSpec::default()
-        };
-        assert_eq!(data_bytes(&huge), None);
-    }
-
-    #[test]
-    fn spec_key_depends_on_every_field() {
-        let base = TinyModelSpec::default();
-        let variants = [
-            TinyModelSpec { n_layer: 3, ..base },
-            TinyModelSpec { n_embd: 128, ..base },
-            TinyModelSpec { n_head: 8, ..base },
-            TinyModelSpec { n_head_kv: 4, ..base },
-            TinyModelSpec { n_ff: 256, ..base },
-            TinyModelSpec { n_ctx_train: 4096, ..base },
-            TinyModelSpec { seed: 43, ..base },
-        ];
-        let mut keys: HashSet<u64> = variants.iter().map(|s| spec_key(s, Arch::Llama)).collect();
-        keys.insert(spec_key(&base, Arch::Llama));
-        keys.insert(spec_key(&base, Arch::Mamba));
-        assert_eq!(keys.len(), variants.len() + 2);
-        assert_eq!(spec_key(&base, Arch::Llama), spec_key(&TinyModelSpec::default(), Arch::Llama));
-    }
-}
+mod tests;
