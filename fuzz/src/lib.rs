@@ -10,11 +10,8 @@ use std::sync::OnceLock;
 
 use llama::{AddBos, ContextParams, Model, ModelParams, Output, Token};
 
-/// The root package's synthetic GGUF writer (`src/synthetic.rs`), compiled
-/// into this crate by path.
-#[path = "../../src/synthetic.rs"]
-#[allow(missing_docs, clippy::all)]
-pub mod synthetic;
+/// The synthetic GGUF writer (`llama::testing`, feature `testing`).
+pub use llama::testing as synthetic;
 
 /// Inputs longer than this are cut: tokenize and the grammar parsers
 /// recurse per character in places (see README "Known limits").
