@@ -237,6 +237,22 @@ fn an_abort_cancels_one_generation_and_the_next_one_runs() {
     assert_eq!(stats.generated_tokens, 8);
     drop(next);
 
+    // A generation that ends otherwise (here a stream callback breaking)
+    // leaves a request made meanwhile set: only an abort that ended a
+    // generation is consumed.
+    let handle = abort.clone();
+    let mut broken = session.generate(&mut ctx, &mut sampler, &prompt, &options).unwrap();
+    let stats = broken
+        .stream(|_| {
+            handle.abort();
+            ControlFlow::Break(())
+        })
+        .unwrap();
+    assert_eq!(stats.finish_reason, Some(FinishReason::Cancelled));
+    drop(broken);
+    assert!(abort.is_aborted(), "a stream that broke does not consume an abort");
+    abort.reset();
+
     // A plain decode still sees an abort until it is reset.
     ctx.clear_kv();
     abort.abort();

@@ -278,11 +278,11 @@ pub enum Error {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum StateError {
     /// The data or file is not a state of this model and context
-    /// configuration (another model, other sizes or settings), or it is
-    /// corrupt; nothing was restored.
+    /// configuration (another model, other sizes or settings), it is
+    /// corrupt, or the path is not a file. Data that reached llama.cpp may
+    /// have left the cache cleared (llama.cpp clears it on a failed read).
     Mismatch,
-    /// A state file holds more tokens than the context (or the caller's
-    /// buffer) has room for.
+    /// A state file holds more tokens than the context has room for.
     TooLarge,
     /// What llama.cpp cannot do for this model or configuration (restoring
     /// one sequence of a hybrid model with several sequences; dropping the

@@ -49,8 +49,10 @@ pub struct PerfCounters {
 /// [`AbortHandle::reset`] — except that a
 /// [`Generation`](crate::generate::Generation) it cancels consumes it: the
 /// generation ends as [`FinishReason::Cancelled`](crate::generate::FinishReason::Cancelled)
-/// and resets the handle, so the next generation (after the next Ctrl-C
-/// handler run, say) starts un-aborted.
+/// and clears the request, so the next generation (after the next Ctrl-C,
+/// say) starts un-aborted. One request ends one generation; a generation
+/// that ends otherwise ([`Generation::cancel`](crate::generate::Generation::cancel),
+/// a stream callback that breaks) leaves a request made meanwhile set.
 #[derive(Clone, Debug)]
 pub struct AbortHandle(Arc<AtomicBool>);
 
@@ -67,6 +69,11 @@ impl AbortHandle {
     /// Whether an abort is requested.
     pub fn is_aborted(&self) -> bool {
         self.0.load(Ordering::Relaxed)
+    }
+    /// Consumes a pending request: whether there was one (atomically, so
+    /// a request made meanwhile is not lost).
+    pub(crate) fn take(&self) -> bool {
+        self.0.swap(false, Ordering::Relaxed)
     }
 }
 

@@ -168,7 +168,11 @@ impl Context<'_> {
     /// them ([`Context::n_ctx_seq`]; checked before anything is decoded);
     /// otherwise as [`Context::decode`]. When a batch fails, the batches
     /// before it stay in the cache ([`Context::seq_pos_max`] says where it
-    /// ends).
+    /// ends): the check compares positions, so a cache whose cells hold
+    /// other sequences too (`kv_unified`) can still run out of cells
+    /// ([`Error::NoKvSlot`]) after some batches. With pooled embeddings on,
+    /// each batch is pooled by itself: evaluate a text for its pooled
+    /// embedding in one batch ([`crate::embed`] does).
     pub fn eval(&mut self, tokens: &[Token], seq: SeqId) -> Result<()> {
         self.check_seq(seq)?;
         if tokens.is_empty() {

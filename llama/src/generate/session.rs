@@ -349,11 +349,6 @@ impl Generation<'_, '_, '_> {
 
     /// Records the end of the run; the held-back text goes out next.
     fn finish(&mut self, reason: FinishReason) {
-        if reason == FinishReason::Cancelled {
-            // The abort request ended this run: it is consumed, so the
-            // next generation on the context starts un-aborted.
-            self.abort.reset();
-        }
         if self.stats.finish_reason.is_none() {
             self.stats.finish_reason = Some(reason);
         }
@@ -363,6 +358,8 @@ impl Generation<'_, '_, '_> {
 
     fn fail(&mut self, e: Error) {
         if matches!(e, Error::Aborted) {
+            // The request that stopped the decode ends this run: consumed.
+            self.abort.take();
             self.finish(FinishReason::Cancelled);
             return;
         }
@@ -403,7 +400,7 @@ impl Generation<'_, '_, '_> {
     /// and sample the next one, leaving its releasable text in
     /// `session.out`.
     fn step(&mut self) -> Result<()> {
-        if self.abort.is_aborted() {
+        if self.abort.take() {
             self.finish(FinishReason::Cancelled);
             return Ok(());
         }
@@ -458,7 +455,7 @@ impl Generation<'_, '_, '_> {
         let batch = &mut self.session.batch;
         let total = self.session.tokens.len();
         while self.session.n_cached < total {
-            if self.abort.is_aborted() {
+            if self.abort.take() {
                 self.finish(FinishReason::Cancelled);
                 return Ok(());
             }

@@ -10,7 +10,7 @@ use crate::stack::SendPtr;
 use crate::sys;
 use crate::vocab::{Token, Vocab};
 
-use super::custom::{CustomSampler, custom_sampler_new, resume_pending_panic_in_drop};
+use super::custom::{CustomSampler, custom_sampler_new, resume_pending_panic_in_drop, sampler_name};
 use super::{Kind, MAX_PENALTY_WINDOW, Sampler, deep, init_grammar};
 
 /// Builds a [`Sampler`] chain, sampler by sampler, in order.
@@ -441,8 +441,9 @@ impl<'m> SamplerChain<'m> {
     #[must_use]
     pub fn custom(self, sampler: impl CustomSampler) -> Self {
         let selects = sampler.selects();
+        let name = sampler_name(&sampler);
         // SAFETY: creates a sampler that the chain will own and free.
-        let raw = unsafe { custom_sampler_new(Box::new(sampler)) };
+        let raw = unsafe { custom_sampler_new(Box::new(sampler), name) };
         self.push(raw, Kind::Other { selects })
     }
 

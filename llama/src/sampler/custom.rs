@@ -159,14 +159,19 @@ unsafe extern "C" fn custom_reset(smpl: *mut sys::llama_sampler) {
 unsafe extern "C" fn custom_clone(smpl: *const sys::llama_sampler) -> *mut sys::llama_sampler {
     // SAFETY: called by llama.cpp on one of our custom samplers.
     let state = unsafe { custom_state(smpl) };
-    let copy = guard(None, || Some(state.sampler.clone_sampler()));
+    // The copy's `name` is user code too: guarded with the clone.
+    let copy = guard(None, || {
+        let sampler = state.sampler.clone_sampler();
+        let name = sampler_name(&*sampler);
+        Some((sampler, name))
+    });
     match copy {
         // SAFETY: creating a new custom sampler has no preconditions.
-        Some(sampler) => unsafe { custom_sampler_new(sampler) },
+        Some((sampler, name)) => unsafe { custom_sampler_new(sampler, name) },
         // llama.cpp cannot handle NULL here: give an inert copy and let
         // the resumed panic report the failure.
         // SAFETY: as above.
-        None => unsafe { custom_sampler_new(Box::new(Inert)) },
+        None => unsafe { custom_sampler_new(Box::new(Inert), CString::default()) },
     }
 }
 
@@ -201,10 +206,15 @@ impl CustomSampler for Inert {
     }
 }
 
+/// A sampler's name as llama.cpp reads it (NUL bytes dropped). Calls
+/// user code: from a C callback, call it under `guard`.
+pub(super) fn sampler_name(sampler: &dyn CustomSampler) -> CString {
+    CString::new(sampler.name().replace('\0', "")).unwrap_or_default()
+}
+
 /// # Safety
 /// None beyond FFI: the returned sampler must be freed by llama.cpp.
-pub(super) unsafe fn custom_sampler_new(sampler: Box<dyn CustomSampler>) -> *mut sys::llama_sampler {
-    let name = CString::new(sampler.name().replace('\0', "")).unwrap_or_default();
+pub(super) unsafe fn custom_sampler_new(sampler: Box<dyn CustomSampler>, name: CString) -> *mut sys::llama_sampler {
     let state = Box::into_raw(Box::new(CustomState { sampler, name }));
     // SAFETY: the interface is a `static`; the state pointer stays valid
     // until llama.cpp calls `custom_free`. llama_sampler_init only stores

@@ -93,3 +93,28 @@ fn spec_key_depends_on_every_field() {
     assert_eq!(keys.len(), variants.len() + 2);
     assert_eq!(spec_key(&base, Arch::Llama), spec_key(&TinyModelSpec::default(), Arch::Llama));
 }
+
+#[test]
+fn the_writer_refuses_what_gguf_would_abort_on() {
+    let mut w = GgufWriter::for_tensors(&[4, 4]).unwrap();
+    w.add_f32_tensor("a", &[4], &[0.5; 4]).unwrap();
+    let err = w.add_f32_tensor("a", &[4], &[0.5; 4]).unwrap_err();
+    assert!(err.to_string().contains("added already"), "{err}");
+    assert!(w.add_f32_tensor("b", &[2, 3], &[0.0; 4]).is_err(), "a shape that does not hold the values");
+    assert!(w.add_f32_tensor("c", &[], &[]).is_err(), "no dimensions");
+    assert!(w.add_f32_tensor("d", &[1, 1, 1, 1, 1], &[0.0]).is_err(), "more than four dimensions");
+    assert!(w.add_f32_tensor("e\0", &[1], &[0.0]).is_err(), "a NUL in the name");
+    // gguf aborts on an alignment that is not a power-of-two u32.
+    assert!(w.set_u32("general.alignment", 3).is_err());
+    assert!(w.set_str("general.alignment", "x").is_err());
+    assert!(w.set_arr_i32("general.alignment", &[1]).is_err());
+    w.set_u32("general.alignment.note", 3).unwrap();
+    // Pools that cannot be had are errors, not aborts.
+    assert!(GgufWriter::for_tensors(&[1 << 60]).is_err());
+    assert!(GgufWriter::for_tensors(&[u64::MAX]).is_err());
+    // What was accepted is written whole.
+    let path = std::env::temp_dir().join(format!("llama-rs-writer-test-{}.gguf", std::process::id()));
+    w.write(&path).unwrap();
+    assert!(is_complete_gguf(&path));
+    std::fs::remove_file(&path).unwrap();
+}

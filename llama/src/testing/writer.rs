@@ -14,26 +14,48 @@ struct GgmlContext {
     ctx: *mut sys::ggml_context,
     /// Bytes of the pool not yet promised to a tensor.
     left: usize,
+    /// The pool, allocated here (fallibly) rather than by ggml, which
+    /// aborts when its allocation fails. Dropped after `ctx` is freed.
+    _pool: Vec<PoolChunk>,
 }
+
+/// The unit of the pool: ggml wants its buffer aligned to GGML_MEM_ALIGN
+/// (16 bytes); 64 covers it everywhere.
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+struct PoolChunk([u8; 64]);
+
+/// The largest pool the writer allocates: tiny models need a few MB.
+const MAX_POOL: usize = 1 << 32;
 
 impl GgmlContext {
     pub(super) fn new(mem_size: usize) -> io::Result<Self> {
-        let params = sys::ggml_init_params { mem_size, mem_buffer: std::ptr::null_mut(), no_alloc: false };
-        // SAFETY: `params` is a valid by-value struct; a null `mem_buffer`
-        // makes ggml allocate (and later free) the pool itself.
+        if mem_size > MAX_POOL {
+            return Err(invalid_input(format!("{mem_size} bytes of tensors exceed the writer's {MAX_POOL}")));
+        }
+        let chunks = mem_size.div_ceil(64).max(1);
+        let mut pool = Vec::new();
+        pool.try_reserve_exact(chunks).map_err(|_| io::Error::other(format!("cannot allocate {mem_size} bytes")))?;
+        pool.resize(chunks, PoolChunk([0; 64]));
+        let params =
+            sys::ggml_init_params { mem_size: chunks * 64, mem_buffer: pool.as_mut_ptr().cast(), no_alloc: false };
+        // SAFETY: `params` is a valid by-value struct whose buffer holds
+        // `mem_size` bytes, 64-byte aligned, and outlives the context (it is
+        // freed after `ggml_free`, field order); ggml does not free a buffer
+        // it was given.
         let ctx = unsafe { sys::ggml_init(params) };
         if ctx.is_null() {
             return Err(io::Error::other("ggml_init failed"));
         }
-        Ok(Self { ctx, left: mem_size })
+        Ok(Self { ctx, left: chunks * 64, _pool: pool })
     }
 }
 
 impl Drop for GgmlContext {
     fn drop(&mut self) {
         // SAFETY: `ctx` came from `ggml_init`, is non-null and is freed only
-        // here; the `GgufContext` that copied its tensors is dropped first
-        // (field order of `ModelWriter`).
+        // here (before the pool it points into); the `GgufContext` that
+        // copied its tensors is dropped first (field order of `GgufWriter`).
         unsafe { sys::ggml_free(self.ctx) };
     }
 }
@@ -73,7 +95,8 @@ impl GgufWriter {
     /// A writer with room for F32 tensors of these element counts.
     ///
     /// # Errors
-    /// When the sizes overflow or ggml cannot allocate its pool.
+    /// When the sizes overflow or pass 4 GiB, or the pool cannot be
+    /// allocated.
     pub fn for_tensors(element_counts: &[u64]) -> io::Result<Self> {
         let mem_size = element_counts.iter().try_fold(0usize, |acc, &n| {
             let bytes = usize::try_from(n).ok()?.checked_mul(4)?;
@@ -95,9 +118,9 @@ impl GgufWriter {
     /// Sets the metadata value `key` (`gguf_set_val_str`).
     ///
     /// # Errors
-    /// For a NUL byte in a string.
+    /// For a NUL byte in a string, or the reserved `general.alignment`.
     pub fn set_str(&mut self, key: &str, val: &str) -> io::Result<()> {
-        let (key, val) = (cstring(key)?, cstring(val)?);
+        let (key, val) = (metadata_key(key)?, cstring(val)?);
         // SAFETY: the context is live; both are NUL-terminated strings that
         // outlive the call (gguf copies them).
         unsafe { sys::gguf_set_val_str(self.gguf.0, key.as_ptr(), val.as_ptr()) };
@@ -107,9 +130,9 @@ impl GgufWriter {
     /// Sets the metadata value `key` (`gguf_set_val_u32`).
     ///
     /// # Errors
-    /// For a NUL byte in a string.
+    /// For a NUL byte in a string, or the reserved `general.alignment`.
     pub fn set_u32(&mut self, key: &str, val: u32) -> io::Result<()> {
-        let key = cstring(key)?;
+        let key = metadata_key(key)?;
         // SAFETY: the context is live; `key` is NUL-terminated (gguf copies it).
         unsafe { sys::gguf_set_val_u32(self.gguf.0, key.as_ptr(), val) };
         Ok(())
@@ -118,9 +141,9 @@ impl GgufWriter {
     /// Sets the metadata value `key` (`gguf_set_val_f32`).
     ///
     /// # Errors
-    /// For a NUL byte in a string.
+    /// For a NUL byte in a string, or the reserved `general.alignment`.
     pub fn set_f32(&mut self, key: &str, val: f32) -> io::Result<()> {
-        let key = cstring(key)?;
+        let key = metadata_key(key)?;
         // SAFETY: the context is live; `key` is NUL-terminated (gguf copies it).
         unsafe { sys::gguf_set_val_f32(self.gguf.0, key.as_ptr(), val) };
         Ok(())
@@ -129,9 +152,9 @@ impl GgufWriter {
     /// Sets the metadata value `key` (`gguf_set_val_bool`).
     ///
     /// # Errors
-    /// For a NUL byte in a string.
+    /// For a NUL byte in a string, or the reserved `general.alignment`.
     pub fn set_bool(&mut self, key: &str, val: bool) -> io::Result<()> {
-        let key = cstring(key)?;
+        let key = metadata_key(key)?;
         // SAFETY: the context is live; `key` is NUL-terminated (gguf copies it).
         unsafe { sys::gguf_set_val_bool(self.gguf.0, key.as_ptr(), val) };
         Ok(())
@@ -140,9 +163,9 @@ impl GgufWriter {
     /// Sets the metadata value `key` (`gguf_set_arr_str`).
     ///
     /// # Errors
-    /// For a NUL byte in a string.
+    /// For a NUL byte in a string, or the reserved `general.alignment`.
     pub fn set_arr_str(&mut self, key: &str, vals: &[String]) -> io::Result<()> {
-        let key = cstring(key)?;
+        let key = metadata_key(key)?;
         let owned = vals.iter().map(|s| cstring(s)).collect::<io::Result<Vec<_>>>()?;
         let mut ptrs: Vec<*const c_char> = owned.iter().map(|s| s.as_ptr()).collect();
         // SAFETY: the context is live; `ptrs` holds `ptrs.len()` pointers to
@@ -156,7 +179,7 @@ impl GgufWriter {
     /// (`gguf_set_arr_data`).
     ///
     /// # Errors
-    /// For a NUL byte in `key`.
+    /// For a NUL byte in `key`, or the reserved `general.alignment`.
     pub fn set_arr_f32(&mut self, key: &str, vals: &[f32]) -> io::Result<()> {
         self.set_arr_data(key, sys::gguf_type::GGUF_TYPE_FLOAT32, vals)
     }
@@ -165,14 +188,14 @@ impl GgufWriter {
     /// (`gguf_set_arr_data`).
     ///
     /// # Errors
-    /// For a NUL byte in `key`.
+    /// For a NUL byte in `key`, or the reserved `general.alignment`.
     pub fn set_arr_i32(&mut self, key: &str, vals: &[i32]) -> io::Result<()> {
         self.set_arr_data(key, sys::gguf_type::GGUF_TYPE_INT32, vals)
     }
 
     /// `ty` must be the GGUF type of `T` (4-byte F32 or I32).
     fn set_arr_data<T: Copy>(&mut self, key: &str, ty: sys::gguf_type::Type, vals: &[T]) -> io::Result<()> {
-        let key = cstring(key)?;
+        let key = metadata_key(key)?;
         // SAFETY: the context is live; `vals` is `vals.len()` values of `T`,
         // which the callers pair with its GGUF type `ty` (same size and
         // layout); gguf copies them.
@@ -184,8 +207,9 @@ impl GgufWriter {
     pub(super) fn pool_bytes(n_bytes: usize) -> usize {
         // SAFETY: no preconditions; returns a constant.
         let overhead = unsafe { sys::ggml_tensor_overhead() };
-        // ggml pads each object to GGML_MEM_ALIGN (at most 16).
-        overhead + n_bytes + 16
+        // ggml pads each object to GGML_MEM_ALIGN (at most 16). Saturating:
+        // a size past usize is refused as too large by `new`.
+        overhead.saturating_add(n_bytes).saturating_add(16)
     }
 
     /// Declares an F32 tensor of ggml shape `ne` (`ne[0]` is the row
@@ -195,7 +219,7 @@ impl GgufWriter {
     /// # Errors
     /// For a name that is too long or has a NUL byte, a shape other than
     /// 1 to 4 positive dimensions, values that do not fill it, or a pool
-    /// too small (see [`GgufWriter::for_tensors`]).
+    /// too small (see [`GgufWriter::for_tensors`]), or a name used already.
     pub fn add_f32_tensor(&mut self, name: &str, ne: &[u32], values: &[f32]) -> io::Result<()> {
         let display = name;
         let name = cstring(name)?;
@@ -205,6 +229,11 @@ impl GgufWriter {
         let n_elements = ne.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d as usize));
         if ne.is_empty() || ne.len() > 4 || ne.contains(&0) || n_elements != Some(values.len()) {
             return Err(invalid_input(format!("tensor {display}: shape {ne:?} does not hold {} values", values.len())));
+        }
+        // SAFETY: a live context and a NUL-terminated name.
+        if unsafe { sys::gguf_find_tensor(self.gguf.0, name.as_ptr()) } >= 0 {
+            // gguf_add_tensor aborts on a duplicate.
+            return Err(invalid_input(format!("a tensor named {display} was added already")));
         }
         let n_bytes = std::mem::size_of_val(values);
         let need = Self::pool_bytes(n_bytes);
@@ -236,8 +265,8 @@ impl GgufWriter {
         // ggml pool (no_alloc = false), which cannot overlap `values` (a Rust
         // allocation); a byte copy needs no alignment.
         unsafe { std::ptr::copy_nonoverlapping(values.as_ptr().cast::<u8>(), data.cast::<u8>(), n_bytes) };
-        // SAFETY: both contexts are live; the tensor's name is unique in this
-        // model (tensor_plan), so gguf_add_tensor does not abort; gguf copies
+        // SAFETY: both contexts are live; the tensor's name is new in this
+        // file (checked above), so gguf_add_tensor does not abort; gguf copies
         // the header, whose data pointer stays valid until `ggml` drops, after
         // `gguf` (field order).
         unsafe { sys::gguf_add_tensor(self.gguf.0, tensor) };
@@ -287,6 +316,16 @@ pub(super) fn path_to_cstring(path: &Path) -> io::Result<CString> {
         .as_bytes()
         .to_vec();
     CString::new(bytes).map_err(|_| invalid_input(format!("NUL byte in path {}", path.display())))
+}
+
+/// A metadata key as a C string. `general.alignment` is refused: gguf
+/// aborts on a value that is not a power-of-two `u32`, and the writer's
+/// size checks assume the default alignment.
+fn metadata_key(key: &str) -> io::Result<CString> {
+    if key == "general.alignment" {
+        return Err(invalid_input("the writer keeps GGUF's default alignment: general.alignment cannot be set"));
+    }
+    cstring(key)
 }
 
 pub(super) fn cstring(s: &str) -> io::Result<CString> {

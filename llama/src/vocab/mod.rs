@@ -271,9 +271,17 @@ impl Vocab {
     /// # Errors
     /// As [`Vocab::tokenize`].
     pub fn tokenize_chat(&self, rendered: &str) -> Result<Vec<Token>> {
-        let bos = self.bos().and_then(|b| self.text(b).ok()).filter(|b| !b.is_empty());
-        let add_bos = if bos.is_some_and(|b| rendered.starts_with(b)) { AddBos::No } else { AddBos::Yes };
-        self.tokenize_special(rendered, add_bos)
+        let mut tokens = self.tokenize_special(rendered, AddBos::No)?;
+        // BOS alone: `AddBos::Yes` would also append the EOS of vocabularies
+        // that add one, ending the prompt before the reply.
+        if self.adds_bos()
+            && let Some(bos) = self.bos()
+            && tokens.first() != Some(&bos)
+        {
+            try_reserve(&mut tokens, 1)?;
+            tokens.insert(0, bos);
+        }
+        Ok(tokens)
     }
 
     /// Tokenizes `text`, replacing the contents of `out` (its allocation is
