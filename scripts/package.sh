@@ -168,22 +168,21 @@ fn main() {
     println!("cargo:warning=DEP_LLAMA_INCLUDE={include} DEP_LLAMA_COMMIT={commit}");
 }
 RUST
-# The README's first example, greedy, with the model from the command line.
+# The README's lower-level example, greedy, with the model from the command line.
 cat > "$check_dir/consumer/src/main.rs" <<'RUST'
-use llama::{Batch, ContextParams, Model, ModelParams, SamplerChain};
+use llama::{AddBos, ContextParams, Model, ModelParams, Output, SamplerChain, Special};
 
 fn main() -> Result<(), llama::Error> {
     let path = std::env::args().nth(1).expect("usage: consumer MODEL.gguf");
     let model = Model::load(&path, &ModelParams::default())?;
     let mut ctx = model.new_context(&ContextParams::default().n_ctx(512))?;
-    let prompt = model.vocab().tokenize("The capital of France is", true)?;
-    ctx.decode(&Batch::from_tokens(&prompt, 0))?;
+    ctx.eval(&model.vocab().tokenize("The capital of France is", AddBos::Yes)?, 0)?;
     let mut sampler = SamplerChain::new().greedy().build()?;
     let mut text = Vec::new();
-    for pos in prompt.len()..prompt.len() + 8 {
-        let token = sampler.sample(&mut ctx, -1)?;
-        text.extend(model.vocab().token_to_piece(token, false)?);
-        ctx.decode(&Batch::from_tokens(&[token], pos as i32))?;
+    for _ in 0..8 {
+        let token = sampler.sample(&mut ctx, Output::Last)?;
+        text.extend(model.vocab().token_to_piece(token, Special::Plain)?);
+        ctx.eval(&[token], 0)?;
     }
     println!("{}", String::from_utf8_lossy(&text));
     Ok(())
