@@ -22,6 +22,8 @@ mod fetch;
 mod installed;
 #[path = "build/native.rs"]
 mod native;
+#[path = "build/pinned.rs"]
+mod pinned;
 #[path = "build/source.rs"]
 mod source;
 #[path = "build/system.rs"]
@@ -153,7 +155,7 @@ fn docs_rs(manifest_dir: &Path, out_dir: &Path) {
         println!("cargo:root={}", root.display());
         println!("cargo:include={}", root.join("include").display());
     }
-    println!("cargo:commit={}", source::PINNED_COMMIT);
+    println!("cargo:commit={}", pinned::PINNED_COMMIT);
     write_paths(out_dir, &root);
     std::fs::write(out_dir.join(abi::FILE_NAME), abi::CHECKED_IN).expect("write the header list");
     // With `bindgen`, lib.rs includes OUT_DIR/bindings.rs: the checked-in
@@ -167,7 +169,7 @@ fn docs_rs(manifest_dir: &Path, out_dir: &Path) {
 /// Stops the build when the headers in `layout` are not the ones the
 /// checked-in bindings came from (unless `bindgen` generates them now).
 fn check_abi(layout: abi::Layout<'_>, commit: Option<String>) -> abi::Headers {
-    let checked = abi::check(layout, env::feature("bindgen"), source::PINNED_COMMIT, commit.as_deref())
+    let checked = abi::check(layout, env::feature("bindgen"), pinned::PINNED_COMMIT, commit.as_deref())
         .unwrap_or_else(|e| source::fail(&e));
     for (header, _) in &checked.headers {
         println!("cargo:rerun-if-changed={}", layout.file(header).display());
@@ -191,7 +193,7 @@ fn check_abi(layout: abi::Layout<'_>, commit: Option<String>) -> abi::Headers {
 /// commit): a known other commit stops the build unless `bindgen` is on,
 /// which takes responsibility for the headers; an unknown one is a warning.
 fn check_installed_commit(commit: Option<&str>, lib_dir: &Path) {
-    let pinned = source::PINNED_COMMIT;
+    let pinned = pinned::PINNED_COMMIT;
     match commit {
         Some(c) if c.len() >= 7 && pinned.starts_with(&c.to_ascii_lowercase()) => {}
         Some(c) if env::feature("bindgen") => println!(

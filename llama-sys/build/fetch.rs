@@ -4,19 +4,12 @@
 //! gets here.
 
 use std::fs::{self, File};
-use std::io::Read;
 use std::path::{Component, Path};
 use std::process::Command;
 
-use sha2::{Digest, Sha256};
-
 use crate::env;
-use crate::source::{PINNED_COMMIT, fail};
-
-const SDIST_PACKAGE: &str = "llama-cpp-python==0.3.36";
-const SDIST_FILE: &str = "llama_cpp_python-0.3.36.tar.gz";
-const SDIST_SHA256: &str = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e";
-const SDIST_PREFIX: &str = "llama_cpp_python-0.3.36/vendor/llama.cpp/";
+use crate::pinned::{self, PINNED_COMMIT, SDIST_FILE, SDIST_PREFIX, SDIST_REQUIREMENT, SDIST_SHA256};
+use crate::source::fail;
 
 /// Downloads the pinned sdist, checks its digest and extracts the part that
 /// the library build and the tests need into `tree`. The tree appears under
@@ -32,11 +25,11 @@ pub fn pinned_tree(tree: &Path, download_dir: &Path, is_populated: impl Fn(&Path
         return; // another build finished while we waited for the lock
     }
     let tarball = download_dir.join(SDIST_FILE);
-    if !tarball.is_file() || sha256_file(&tarball) != SDIST_SHA256 {
-        println!("cargo:warning=llama-sys: fetching llama.cpp {} from PyPI ({SDIST_PACKAGE})", &PINNED_COMMIT[..7]);
-        pip_download(&["--no-binary", "llama-cpp-python", SDIST_PACKAGE], download_dir)
+    if !pinned::is_pinned_sdist(&tarball) {
+        println!("cargo:warning=llama-sys: fetching llama.cpp {} from PyPI ({SDIST_REQUIREMENT})", &PINNED_COMMIT[..7]);
+        run_pip(pinned::pip_download_sdist(&env::python(), download_dir))
             .unwrap_or_else(|e| fail(&format!("{e} while fetching the llama.cpp source. {}", how_to_provide())));
-        let digest = sha256_file(&tarball);
+        let digest = pinned::sha256_file(&tarball).unwrap_or_default();
         if digest != SDIST_SHA256 {
             let _ = fs::remove_file(&tarball);
             fail(&format!(
@@ -95,17 +88,18 @@ fn extract(tarball: &Path, dest: &Path) {
 /// Runs `python3 -m pip download --no-deps ARGS -d DIR`; the error says
 /// which command failed and how.
 pub fn pip_download(args: &[&str], dir: &Path) -> Result<(), String> {
-    let python = env::python();
-    let status = Command::new(&python)
-        .args(["-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-q"])
-        .args(args)
-        .arg("-d")
-        .arg(dir)
-        .status();
-    match status {
+    let mut command = pinned::pip_download(&env::python(), dir);
+    command.args(args);
+    run_pip(command)
+}
+
+/// Runs a pip command; the error names it and says how it failed.
+fn run_pip(mut command: Command) -> Result<(), String> {
+    let shown = format!("{command:?}");
+    match command.status() {
         Ok(s) if s.success() => Ok(()),
-        Ok(s) => Err(format!("`{python} -m pip download {}` failed ({s})", args.join(" "))),
-        Err(e) => Err(format!("cannot run `{python}` (python3 with pip; or set PYTHON): {e}")),
+        Ok(s) => Err(format!("`{shown}` failed ({s})")),
+        Err(e) => Err(format!("cannot run `{shown}` (python3 with pip; or set PYTHON): {e}")),
     }
 }
 
@@ -114,27 +108,10 @@ fn how_to_provide() -> String {
         "llama-sys needs the llama.cpp source (commit {PINNED_COMMIT}). Provide it in one of these ways: \
          (1) set LLAMA_CPP_DIR to a llama.cpp checkout at that commit; \
          (2) put that tree in vendor/llama.cpp at the workspace root; \
-         (3) let the build fetch it: it needs python3 with pip and access to PyPI ({SDIST_PACKAGE}); \
+         (3) let the build fetch it: it needs python3 with pip and access to PyPI ({SDIST_REQUIREMENT}); \
          (4) link an installed llama.cpp at that commit: LLAMA_SYS_LIB_DIR, or LLAMA_SYS_USE_PKG_CONFIG=1. \
          The llama-sys package on the Rust registry bundles the tree and needs none of these."
     )
-}
-
-fn sha256_file(path: &Path) -> String {
-    let mut file = match File::open(path) {
-        Ok(f) => f,
-        Err(_) => return String::new(),
-    };
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        match file.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => hasher.update(&buf[..n]),
-            Err(_) => return String::new(),
-        }
-    }
-    hasher.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// An exclusive lock on a file, released when dropped.

@@ -15,11 +15,9 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::pinned::PINNED_COMMIT;
 use crate::system::Request;
 use crate::{env, fetch};
-
-/// The upstream commit this crate's bindings and shim were written against.
-pub const PINNED_COMMIT: &str = "0c1e57098bba43ac29e6e3b677cdceebdd22334f";
 
 /// Where a llama.cpp source tree came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

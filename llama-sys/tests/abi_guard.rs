@@ -9,12 +9,15 @@
 #[path = "../build/abi.rs"]
 #[allow(dead_code)]
 mod abi;
+#[path = "../build/pinned.rs"]
+#[allow(dead_code)]
+mod pinned;
 
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const PINNED: &str = "0c1e57098bba43ac29e6e3b677cdceebdd22334f";
+use pinned::PINNED_COMMIT as PINNED;
 
 fn source() -> &'static Path {
     Path::new(llama_sys::SOURCE_DIR)
