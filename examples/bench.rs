@@ -249,7 +249,7 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         Some(t) => t,
         None => std::env::var("LLAMA_BENCH_THREADS").ok().and_then(|v| v.parse().ok()).unwrap_or(2),
     };
-    let params = ModelParams { n_gpu_layers: args.gpu_layers, rpc_servers: args.rpc.clone(), ..ModelParams::default() };
+    let params = ModelParams::default().n_gpu_layers(args.gpu_layers).rpc_servers(args.rpc.clone());
     let model = Model::load(&path, &params)?;
     let bench = Bench { model: &model, args, threads };
     println!("| model | size | params | backend | threads | test | t/s |");

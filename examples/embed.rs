@@ -107,7 +107,7 @@ fn run(args: &Args) -> Result<(), BoxError> {
         Some(p) => p.clone(),
         None => llama_suite::model_cache::model_path()?,
     };
-    let model = Model::load(&model_path, &ModelParams { n_gpu_layers: args.gpu_layers, ..ModelParams::default() })?;
+    let model = Model::load(&model_path, &ModelParams::default().n_gpu_layers(args.gpu_layers))?;
 
     let mut params = EmbedParams::default()
         .normalize(args.normalize)

@@ -137,12 +137,10 @@ fn run(args: &Args) -> Result<(), BoxError> {
         Some(p) => p.clone(),
         None => llama_suite::model_cache::model_path()?,
     };
-    let params = ModelParams {
-        n_gpu_layers: args.gpu_layers,
-        rpc_servers: args.rpc.clone(),
-        tensor_split: args.tensor_split.clone(),
-        ..ModelParams::default()
-    };
+    let params = ModelParams::default()
+        .n_gpu_layers(args.gpu_layers)
+        .rpc_servers(args.rpc.clone())
+        .tensor_split(args.tensor_split.clone());
     let model = Model::load(&model_path, &params)?;
     let vocab = model.vocab();
 

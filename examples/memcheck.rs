@@ -135,7 +135,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // A vocab-only model with a real tokenizer.
     let vocab_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("vendor/llama.cpp/models/ggml-vocab-gpt-2.gguf");
     if vocab_path.exists() {
-        let model = Model::load(&vocab_path, &ModelParams { vocab_only: true, ..ModelParams::default() })?;
+        let model = Model::load(&vocab_path, &ModelParams::default().vocab_only(true))?;
         let tokens = model.vocab().tokenize("Hello world", AddBos::No)?;
         println!("gpt-2 tokens: {}", tokens.len());
     }

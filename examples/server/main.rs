@@ -195,8 +195,7 @@ async fn serve(args: Args) -> Result<(), String> {
         let config = engine_config(&args);
         let (embeddings, threads) = (args.embeddings, args.threads.unwrap_or(2));
         let delay = Duration::from_millis(args.load_delay_ms);
-        let params =
-            ModelParams { n_gpu_layers: args.gpu_layers, rpc_servers: args.rpc.clone(), ..ModelParams::default() };
+        let params = ModelParams::default().n_gpu_layers(args.gpu_layers).rpc_servers(args.rpc.clone());
         tokio::task::spawn_blocking(move || match load(&args_model, &params, config, embeddings, threads, delay) {
             Ok(ready) => {
                 eprintln!("server: ready ({} KV cells)", ready.engine.pool_cells());

@@ -38,7 +38,7 @@ fuzz_target!(|data: &[u8]| {
         f.write_all(data).expect("write the scratch file");
     }
     for vocab_only in [true, false] {
-        let params = ModelParams { vocab_only, ..ModelParams::default() };
+        let params = ModelParams::default().vocab_only(vocab_only);
         if let Ok(model) = Model::load(path, &params) {
             exercise(&model);
         }

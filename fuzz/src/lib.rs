@@ -54,7 +54,7 @@ pub fn vocab_model(i: usize) -> Option<&'static Model> {
     let i = i % paths.len();
     slots[i]
         .get_or_init(|| {
-            let params = ModelParams { vocab_only: true, ..ModelParams::default() };
+            let params = ModelParams::default().vocab_only(true);
             Model::load(&paths[i], &params).ok()
         })
         .as_ref()

@@ -58,7 +58,22 @@ impl Model {
     }
 }
 
-/// Parameters for [`quantize`].
+/// Parameters for [`quantize`], as a builder: one chained setter per
+/// field, named like the field. Defaults: [`FileType::Q8_0`], all cores,
+/// no re-quantizing, `output.weight` quantized, llama.cpp's mixed recipe.
+///
+/// ```
+/// use llama::{FileType, QuantizeParams};
+///
+/// let params = QuantizeParams::default().file_type(FileType::Q4_K_M).threads(4);
+/// assert_eq!(params.file_type, FileType::Q4_K_M);
+/// ```
+///
+/// The struct is `#[non_exhaustive]`, so that new fields are not breaking
+/// changes: outside this crate, start from `QuantizeParams::default()` (a
+/// struct literal does not compile). The values are checked by
+/// [`quantize`], not by the setters.
+#[non_exhaustive]
 #[derive(Clone, Debug)]
 pub struct QuantizeParams {
     /// The target type.
@@ -82,6 +97,21 @@ impl Default for QuantizeParams {
             quantize_output_tensor: true,
             pure: false,
         }
+    }
+}
+
+impl QuantizeParams {
+    setters! {
+        /// Sets [`file_type`](field@QuantizeParams::file_type).
+        file_type: FileType => file_type;
+        /// Sets [`threads`](field@QuantizeParams::threads).
+        threads: i32 => threads;
+        /// Sets [`allow_requantize`](field@QuantizeParams::allow_requantize).
+        allow_requantize: bool => allow_requantize;
+        /// Sets [`quantize_output_tensor`](field@QuantizeParams::quantize_output_tensor).
+        quantize_output_tensor: bool => quantize_output_tensor;
+        /// Sets [`pure`](field@QuantizeParams::pure).
+        pure: bool => pure;
     }
 }
 

@@ -29,7 +29,7 @@ impl<'m> Context<'m> {
     /// [`Context::set_embeddings`] refuses, an encoder-decoder model with
     /// several sequences but no `kv_unified`);
     /// [`Error::ContextCreate`] for a model loaded with
-    /// [`vocab_only`](crate::ModelParams::vocab_only), and when llama.cpp
+    /// [`vocab_only`](field@crate::ModelParams::vocab_only), and when llama.cpp
     /// refuses the parameters (e.g. a quantized V cache without flash
     /// attention, out of memory).
     #[doc(alias = "llama_init_from_model")]

@@ -100,6 +100,7 @@ pub enum Attention {
 /// Defaults: `n_ctx` 4096, `n_batch` 2048, `n_ubatch` 512, one sequence,
 /// as many threads as the machine has (llama.cpp's own default is 4), F16 KV
 /// cache, flash attention auto, no embeddings.
+#[non_exhaustive]
 #[derive(Clone, Debug)]
 pub struct ContextParams {
     pub(crate) n_ctx: u32,

@@ -112,7 +112,7 @@ impl Model {
     /// or read. Such a model only serves the memory plan
     /// ([`crate::plan::Planner`]); contexts over it refuse to be created.
     pub(crate) fn load_simulated(paths: &[&Path], params: &ModelParams) -> Result<Model> {
-        let params = ModelParams { vocab_only: false, ..params.clone() };
+        let params = params.clone().vocab_only(false);
         Self::load_impl(paths, &params, None, true)
     }
 

@@ -168,7 +168,8 @@ impl Model {
         &self.source
     }
 
-    /// Whether the model was loaded with [`ModelParams::vocab_only`]: it can
+    /// Whether the model was loaded with
+    /// [`ModelParams::vocab_only`](field@ModelParams::vocab_only): it can
     /// tokenize, but [`Context::new`](crate::Context::new) refuses it.
     pub fn is_vocab_only(&self) -> bool {
         self.vocab_only
@@ -249,9 +250,10 @@ impl Model {
     }
 
     /// One GGUF metadata value, as a string, or `None` if the key is absent.
-    /// A key given in [`ModelParams::metadata_overrides`] reports the
-    /// override (llama.cpp's own metadata view keeps the file's value,
-    /// although the model uses the override).
+    /// A key given in
+    /// [`ModelParams::metadata_overrides`](field@ModelParams::metadata_overrides)
+    /// reports the override (llama.cpp's own metadata view keeps the
+    /// file's value, although the model uses the override).
     #[doc(alias = "llama_model_meta_val_str")]
     pub fn metadata(&self, key: &str) -> Option<String> {
         if let Some((_, value)) = self.overridden.iter().find(|(k, _)| k == key) {
@@ -266,8 +268,9 @@ impl Model {
 
     /// All GGUF metadata as `(key, value)` pairs sorted by key, values
     /// rendered as strings (array values are left out by llama.cpp), with
-    /// the [`ModelParams::metadata_overrides`] applied as in
-    /// [`Model::metadata`].
+    /// the
+    /// [`ModelParams::metadata_overrides`](field@ModelParams::metadata_overrides)
+    /// applied as in [`Model::metadata`].
     #[doc(alias = "llama_model_meta_count")]
     pub fn metadata_entries(&self) -> Vec<(String, String)> {
         // SAFETY: a pure read of a live model.
@@ -297,8 +300,9 @@ impl Model {
 
     /// The model's chat template (`name` `None` for the default one), as
     /// stored in its metadata (`tokenizer.chat_template[.name]`), or as
-    /// given in [`ModelParams::metadata_overrides`]. `None` if it has none
-    /// (base models often do not).
+    /// given in
+    /// [`ModelParams::metadata_overrides`](field@ModelParams::metadata_overrides).
+    /// `None` if it has none (base models often do not).
     #[doc(alias = "llama_model_chat_template")]
     pub fn chat_template(&self, name: Option<&str>) -> Option<&str> {
         let key = match name {
@@ -400,10 +404,11 @@ impl Model {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for a model loaded vocab-only or with
-    /// [`ModelParams::repack_weights`] on (the default): the CPU backend's
-    /// repacked weight buffers cannot be read back, and llama.cpp would
-    /// call through a null pointer. [`Error::Exception`] if llama.cpp
-    /// throws, [`Error::Io`] if the file cannot be moved into place.
+    /// [`ModelParams::repack_weights`](field@ModelParams::repack_weights)
+    /// on (the default): the CPU backend's repacked weight buffers cannot
+    /// be read back, and llama.cpp would call through a null pointer.
+    /// [`Error::Exception`] if llama.cpp throws, [`Error::Io`] if the file
+    /// cannot be moved into place.
     #[doc(alias = "llama_model_save_to_file")]
     pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
         #[cfg(feature = "rpc")]

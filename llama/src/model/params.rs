@@ -81,7 +81,26 @@ pub enum MetadataValue {
     Str(String),
 }
 
-/// Parameters for [`Model::load`](crate::Model::load). Defaults: memory-mapped, CPU only.
+/// Parameters for [`Model::load`](crate::Model::load), as a builder: one
+/// chained setter per field, named like the field. Defaults: memory-mapped,
+/// CPU only.
+///
+/// ```
+/// use llama::{LoadMode, MetadataValue, ModelParams};
+///
+/// let mut params = ModelParams::default()
+///     .n_gpu_layers(99)
+///     .load_mode(LoadMode::Read)
+///     .metadata_override("general.name", MetadataValue::Str("mine".into()));
+/// params.check_tensors = true; // the fields stay public
+/// assert_eq!(params.n_gpu_layers, 99);
+/// ```
+///
+/// The struct is `#[non_exhaustive]`, so that new fields are not breaking
+/// changes: outside this crate, start from `ModelParams::default()` (a
+/// struct literal does not compile). The values are checked by
+/// [`Model::load`](crate::Model::load), not by the setters.
+#[non_exhaustive]
 #[derive(Clone, Debug)]
 pub struct ModelParams {
     /// How the weights get into memory.
@@ -94,7 +113,7 @@ pub struct ModelParams {
     /// The GPU used with [`SplitMode::None`].
     pub main_gpu: i32,
     /// The devices to use; `None` means all that llama.cpp finds (with
-    /// [`rpc_servers`](Self::rpc_servers): those servers' devices, then the
+    /// [`rpc_servers`](field@Self::rpc_servers): those servers' devices, then the
     /// local GPUs).
     pub devices: Option<Vec<Device>>,
     /// RPC servers (`host:port`, feature `rpc`) whose devices the model's
@@ -137,7 +156,66 @@ impl Default for ModelParams {
 }
 
 impl ModelParams {
-    /// [`tensor_split`](Self::tensor_split) as llama.cpp reads it:
+    setters! {
+        /// Sets [`load_mode`](field@ModelParams::load_mode).
+        load_mode: LoadMode => load_mode;
+        /// Sets [`n_gpu_layers`](field@ModelParams::n_gpu_layers).
+        n_gpu_layers: i32 => n_gpu_layers;
+        /// Sets [`split_mode`](field@ModelParams::split_mode).
+        split_mode: SplitMode => split_mode;
+        /// Sets [`main_gpu`](field@ModelParams::main_gpu).
+        main_gpu: i32 => main_gpu;
+        /// Sets [`vocab_only`](field@ModelParams::vocab_only).
+        vocab_only: bool => vocab_only;
+        /// Sets [`check_tensors`](field@ModelParams::check_tensors).
+        check_tensors: bool => check_tensors;
+        /// Sets [`repack_weights`](field@ModelParams::repack_weights).
+        repack_weights: bool => repack_weights;
+    }
+
+    /// Sets [`devices`](field@ModelParams::devices) to `Some` of these
+    /// devices (assign the field `None` to go back to all devices).
+    #[must_use]
+    pub fn devices(mut self, devices: impl IntoIterator<Item = Device>) -> Self {
+        self.devices = Some(devices.into_iter().collect());
+        self
+    }
+
+    /// Sets [`rpc_servers`](field@ModelParams::rpc_servers) (`host:port`
+    /// each), replacing the list.
+    #[must_use]
+    pub fn rpc_servers(mut self, servers: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        self.rpc_servers = servers.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Sets [`tensor_split`](field@ModelParams::tensor_split).
+    #[must_use]
+    pub fn tensor_split(mut self, ratios: impl IntoIterator<Item = f32>) -> Self {
+        self.tensor_split = ratios.into_iter().collect();
+        self
+    }
+
+    /// Sets [`metadata_overrides`](field@ModelParams::metadata_overrides),
+    /// replacing the list; [`metadata_override`](Self::metadata_override)
+    /// adds one entry.
+    #[must_use]
+    pub fn metadata_overrides(mut self, overrides: impl IntoIterator<Item = (String, MetadataValue)>) -> Self {
+        self.metadata_overrides = overrides.into_iter().collect();
+        self
+    }
+
+    /// Adds one entry to
+    /// [`metadata_overrides`](field@ModelParams::metadata_overrides).
+    #[must_use]
+    pub fn metadata_override(mut self, key: impl Into<String>, value: MetadataValue) -> Self {
+        self.metadata_overrides.push((key.into(), value));
+        self
+    }
+}
+
+impl ModelParams {
+    /// [`tensor_split`](field@Self::tensor_split) as llama.cpp reads it:
     /// `llama_max_devices()` entries, or `None` for its default.
     pub(super) fn tensor_split_raw(&self) -> Result<Option<Vec<f32>>> {
         if self.tensor_split.is_empty() {
@@ -163,8 +241,9 @@ impl ModelParams {
     }
 }
 
-/// The RPC servers of a model to load ([`ModelParams::rpc_servers`] and
-/// RPC devices in [`ModelParams::devices`]), checked: the device list for
+/// The RPC servers of a model to load
+/// ([`ModelParams::rpc_servers`](field@ModelParams::rpc_servers) and RPC
+/// devices in [`ModelParams::devices`](field@ModelParams::devices)), checked: the device list for
 /// llama.cpp when the caller gave none (`None`: llama.cpp chooses), and
 /// the lease that counts the model as a user of the servers.
 #[cfg(feature = "rpc")]

@@ -44,10 +44,10 @@
 //!   while a model uses workers inherits its connections, which keeps the
 //!   worker (one client at a time) from serving anyone else.
 //!
-//! [`ModelParams::rpc_servers`]: crate::ModelParams::rpc_servers
-//! [`ModelParams::n_gpu_layers`]: crate::ModelParams::n_gpu_layers
-//! [`ModelParams::split_mode`]: crate::ModelParams::split_mode
-//! [`ModelParams::tensor_split`]: crate::ModelParams::tensor_split
+//! [`ModelParams::rpc_servers`]: field@crate::ModelParams::rpc_servers
+//! [`ModelParams::n_gpu_layers`]: field@crate::ModelParams::n_gpu_layers
+//! [`ModelParams::split_mode`]: field@crate::ModelParams::split_mode
+//! [`ModelParams::tensor_split`]: field@crate::ModelParams::tensor_split
 
 use std::ffi::CString;
 use std::io::{Read, Write};
@@ -66,7 +66,7 @@ use guard::install_guard;
 pub(crate) use guard::{Runner, SendPtr, run_once};
 pub use serve::{ServerOptions, serve};
 
-/// How long [`ModelParams::rpc_servers`](crate::ModelParams::rpc_servers)
+/// How long [`ModelParams::rpc_servers`](field@crate::ModelParams::rpc_servers)
 /// waits for each server's handshake.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -259,8 +259,8 @@ fn added() -> std::sync::MutexGuard<'static, Vec<Added>> {
 }
 
 /// The devices of the RPC server at `endpoint` (`host:port`), to place a
-/// model on ([`ModelParams::devices`](crate::ModelParams::devices), or
-/// [`ModelParams::rpc_servers`](crate::ModelParams::rpc_servers), which
+/// model on ([`ModelParams::devices`](field@crate::ModelParams::devices), or
+/// [`ModelParams::rpc_servers`](field@crate::ModelParams::rpc_servers), which
 /// calls this). The first call for an endpoint checks, within `timeout`,
 /// that the server answers llama.cpp's handshake ([`probe`]), because
 /// llama.cpp aborts the process on a server it cannot reach; later calls
