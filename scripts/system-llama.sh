@@ -26,10 +26,12 @@ JOBS="${JOBS:-2}"
 # The real-model tests that need no llama.cpp test data (SOURCE_DIR is
 # empty for an installed llama.cpp). plan compares llama.cpp's memory
 # breakdown byte for byte, through the shim's own declaration of it.
-TESTS=(--test generate_real --test engine_real --test json_schema_real --test embed --test plan)
+# The suite's `it` binary, filtered to those subjects (libtest's filters).
+TESTS=(--test it)
+FILTERS=(generate::real:: engine::real:: json_schema::real:: embed:: plan::)
 # The workspace's default features without `rpc`: these installs have no
 # RPC backend (a backend feature the install lacks is a build error).
-# `native` stays: tests/plan.rs expects the CPU_REPACK buffer that a native
+# `native` stays: tests/it/plan.rs expects the CPU_REPACK buffer that a native
 # llama.cpp (CMake's default, GGML_NATIVE=ON) has.
 FEATURES=(--no-default-features --features native)
 
@@ -82,13 +84,13 @@ bin="$(first_test_binary)"
 ldd "$bin" | grep -q "libllama.so.* => $prefix/lib/" \
     || die "$bin does not load $prefix/lib/libllama.so: $(ldd "$bin" | grep -E 'llama|ggml')"
 say "shared: $(basename "$bin") loads $(ldd "$bin" | sed -n 's/.*\(libllama[^ ]*\) => \([^ ]*\).*/\1 from \2/p')"
-cargo test -p llama-suite "${FEATURES[@]}" "${TESTS[@]}"
+cargo test -p llama-suite "${FEATURES[@]}" "${TESTS[@]}" -- "${FILTERS[@]}"
 unset PKG_CONFIG_PATH LLAMA_SYS_USE_PKG_CONFIG
 
 # 2. Static archives through LLAMA_SYS_LIB_DIR: the link line read off the
 #    install's ggml-config.cmake, checked on the greedy-output and memory
 #    tests (the shared run above has the whole set; CI time is finite).
-TESTS=(--test generate_real --test plan)
+FILTERS=(generate::real:: plan::)
 static_lib=""
 for config in "$ROOT"/target/llama-sys/build-*/lib/cmake/ggml/ggml-config.cmake; do
     if grep -q 'set(GGML_NATIVE "ON")' "$config" && ! grep -q 'GGML_SANITIZE_ADDRESS "ON"' "$config"; then
@@ -101,7 +103,7 @@ export LLAMA_SYS_LIB_DIR="$static_lib"
 bin="$(first_test_binary)"
 if ldd "$bin" | grep -q 'libllama'; then die "$bin loads a shared libllama: $(ldd "$bin" | grep llama)"; fi
 say "static: $(basename "$bin") links the archives in $static_lib (no libllama.so)"
-cargo test -p llama-suite "${FEATURES[@]}" "${TESTS[@]}"
+cargo test -p llama-suite "${FEATURES[@]}" "${TESTS[@]}" -- "${FILTERS[@]}"
 
 # 3. The `bindgen` feature on installed headers (one folder, no src/):
 #    bindings generated from them equal the checked-in ones.

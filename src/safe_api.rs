@@ -1,13 +1,14 @@
-//! Helpers shared by the safe-API integration tests (`never_abort`,
-//! `equivalence`, `threads`, `state_memory`, `sampling`, `model_api`).
-//! Each test file includes this with `mod safe_api;` and uses a part of it.
-#![allow(dead_code)]
+//! Helpers shared by the safe-API integration tests (the `it` binary's
+//! subjects and the binaries that need a process of their own:
+//! `never_abort`, `hardening`, `stack_depth`, `threads`): the tiny and real
+//! models, logits comparisons, a GGUF layout reader, and child-process
+//! isolation for cases that could abort.
 
 use std::path::PathBuf;
 use std::process::Command;
 
+use crate::synthetic::{TinyModelSpec, tiny_llama_path};
 use llama::{AddBos, Batch, Context, ContextParams, Logits, Model, ModelParams, Output, SeqId, Special, Token, Vocab};
-use llama_suite::synthetic::{TinyModelSpec, tiny_llama_path};
 
 /// The file of the default tiny synthetic model.
 pub fn tiny_path() -> PathBuf {
@@ -28,7 +29,7 @@ pub fn other_tiny_model() -> Model {
 
 /// The real default model (Gemma 3 270M Q4_K_M), fetched once and cached.
 pub fn real_model() -> Model {
-    let path = llama_suite::model_cache::model_path().expect("the default model (see model_cache)");
+    let path = crate::model_cache::model_path().expect("the default model (see model_cache)");
     Model::load(path, &ModelParams::default()).expect("load the default model")
 }
 
@@ -124,6 +125,7 @@ pub fn token_for_piece(vocab: &Vocab, piece: &str) -> Token {
 /// Where the pieces of a GGUF file are: offsets of metadata values and of
 /// the tensor-info fields, parsed by hand from the format (little-endian,
 /// version 3).
+#[derive(Debug)]
 pub struct Layout {
     /// `(key, offset of the value, end of the entry)`.
     pub kv: Vec<(String, usize, usize)>,

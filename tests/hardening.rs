@@ -2,13 +2,11 @@
 //! answered with an `Err` (see also `never_abort.rs`). Each case runs in a
 //! child process (`safe_api::isolated`), so one that aborts fails alone.
 
-mod safe_api;
-
 use llama::{
     AddBos, Batch, Candidates, CustomSampler, Error, Logits, MetadataValue, Model, ModelParams, Output, SamplerChain,
     Special, Token,
 };
-use safe_api::{isolated, layout, real_model, small_params, tiny_model, tiny_path};
+use llama_suite::safe_api::{isolated, layout, real_model, small_params, tiny_model, tiny_path};
 
 /// A context of `model` that decoded "Hello world": its last row has logits.
 fn hello_world_context(model: &Model) -> llama::Context<'_> {
@@ -55,7 +53,7 @@ fn a_sampler_that_removes_every_candidate_is_an_error() {
         let mut sampler = SamplerChain::new().custom(BanAll).greedy().build().unwrap();
         assert!(matches!(sampler.sample(&mut ctx, Output::Last), Err(Error::NoCandidates)));
         // The context still works.
-        let best = safe_api::argmax(ctx.logits(Output::Last).unwrap()) as i32;
+        let best = llama_suite::safe_api::argmax(ctx.logits(Output::Last).unwrap()) as i32;
         let mut greedy = llama::Sampler::greedy();
         assert_eq!(greedy.sample(&mut ctx, Output::Last).unwrap(), Token(best));
     });
@@ -157,7 +155,7 @@ fn huge_penalty_windows_are_capped_not_allocated() {
             .unwrap();
         // Nothing accepted yet: the penalties change nothing and greedy picks
         // the row's best token.
-        let best = safe_api::argmax(ctx.logits(Output::Last).unwrap()) as i32;
+        let best = llama_suite::safe_api::argmax(ctx.logits(Output::Last).unwrap()) as i32;
         assert_eq!(sampler.sample(&mut ctx, Output::Last).unwrap(), Token(best));
     });
 }
@@ -165,11 +163,9 @@ fn huge_penalty_windows_are_capped_not_allocated() {
 #[test]
 fn a_model_without_a_tokenizer_cannot_tokenize_or_build_grammars() {
     isolated(|| {
-        let params = ModelParams {
-            vocab_only: true,
-            metadata_overrides: vec![("tokenizer.ggml.model".into(), MetadataValue::Str("none".into()))],
-            ..ModelParams::default()
-        };
+        let params = ModelParams::default()
+            .vocab_only(true)
+            .metadata_override("tokenizer.ggml.model", MetadataValue::Str("none".into()));
         let model = Model::load(tiny_path(), &params).unwrap();
         let vocab = model.vocab();
         assert!(matches!(vocab.tokenize("hi", AddBos::No), Err(Error::InvalidArgument(_))));
@@ -220,13 +216,9 @@ fn non_finite_rope_scaling_is_refused_at_load() {
             ("llama.rope.scaling.factor", -2.0),
             ("llama.rope.scale_linear", f64::INFINITY),
         ] {
-            let params = ModelParams {
-                metadata_overrides: vec![
-                    ("llama.rope.scaling.type".into(), MetadataValue::Str("yarn".into())),
-                    (key.into(), MetadataValue::Float(value)),
-                ],
-                ..ModelParams::default()
-            };
+            let params = ModelParams::default()
+                .metadata_override("llama.rope.scaling.type", MetadataValue::Str("yarn".into()))
+                .metadata_override(key, MetadataValue::Float(value));
             let result = Model::load(tiny_path(), &params);
             assert!(matches!(result, Err(Error::ModelLoad { .. })), "{key} = {value}: {result:?}");
         }
@@ -243,11 +235,11 @@ fn saving_needs_readable_weights() {
         let out = dir.path().join("copy.gguf");
         assert!(matches!(repacked.save(&out), Err(Error::InvalidArgument(_))));
         assert!(!out.exists());
-        let vocab_only = Model::load(tiny_path(), &ModelParams { vocab_only: true, ..ModelParams::default() }).unwrap();
+        let vocab_only = Model::load(tiny_path(), &ModelParams::default().vocab_only(true)).unwrap();
         assert!(matches!(vocab_only.save(&out), Err(Error::InvalidArgument(_))));
 
         let path = llama_suite::model_cache::model_path().unwrap();
-        let plain = Model::load(&path, &ModelParams { repack_weights: false, ..ModelParams::default() }).unwrap();
+        let plain = Model::load(&path, &ModelParams::default().repack_weights(false)).unwrap();
         plain.save(&out).unwrap();
         let copy = Model::load(&out, &ModelParams::default()).unwrap();
         assert_eq!(copy.n_params(), repacked.n_params());
@@ -259,9 +251,9 @@ fn saving_needs_readable_weights() {
             rows.push(ctx.logits(Output::Last).unwrap().to_vec());
         }
         // Repacked and plain kernels may round differently.
-        let error = safe_api::nmse(&rows[0], &rows[1]);
+        let error = llama_suite::safe_api::nmse(&rows[0], &rows[1]);
         assert!(error < 1e-6, "the saved copy computes other logits: nmse {error}");
-        assert_eq!(safe_api::argmax(&rows[0]), safe_api::argmax(&rows[1]));
+        assert_eq!(llama_suite::safe_api::argmax(&rows[0]), llama_suite::safe_api::argmax(&rows[1]));
     });
 }
 
@@ -472,7 +464,7 @@ fn a_vocabulary_with_a_repeated_token_text_is_refused() {
         let path = dir.path().join("repeated-token.gguf");
         std::fs::write(&path, &bad).unwrap();
         for vocab_only in [false, true] {
-            let err = Model::load(&path, &ModelParams { vocab_only, ..ModelParams::default() }).unwrap_err();
+            let err = Model::load(&path, &ModelParams::default().vocab_only(vocab_only)).unwrap_err();
             assert!(matches!(err, Error::ModelLoad { ref reason, .. } if reason.contains("same text")), "{err:?}");
         }
     });
@@ -525,9 +517,9 @@ fn a_wordpiece_vocabulary_with_a_byte_token_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("wpm-byte-token.gguf");
         std::fs::write(&path, &bytes).unwrap();
-        let err = Model::load(&path, &ModelParams { vocab_only: true, ..ModelParams::default() }).unwrap_err();
+        let err = Model::load(&path, &ModelParams::default().vocab_only(true)).unwrap_err();
         assert!(matches!(err, Error::ModelLoad { ref reason, .. } if reason.contains("byte token")), "{err:?}");
         // The fixture itself loads.
-        Model::load(&fixture, &ModelParams { vocab_only: true, ..ModelParams::default() }).unwrap();
+        Model::load(&fixture, &ModelParams::default().vocab_only(true)).unwrap();
     });
 }

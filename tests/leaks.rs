@@ -85,7 +85,7 @@ fn vocab_only_load_and_drop_keeps_rss_flat() {
     // over four minutes; the tiny model's 703-token vocabulary loads in
     // under 2 ms.
     let path = tiny_llama_path(&TinyModelSpec::default()).expect("write the tiny model");
-    let params = ModelParams { vocab_only: true, ..ModelParams::default() };
+    let params = ModelParams::default().vocab_only(true);
     assert_flat_rss("vocab-only model load/drop", || {
         let model = Model::load(&path, &params).expect("load the vocab-only model");
         assert!(model.is_vocab_only());
@@ -118,7 +118,7 @@ fn an_invalid_lazy_grammar_trigger_leaks_nothing() {
     // compiles them first. 100 attempts per cycle: 100,000 in all, 8 MB if
     // each leaked 80 bytes.
     let path = tiny_llama_path(&TinyModelSpec::default()).expect("write the tiny model");
-    let model = Model::load(&path, &ModelParams { vocab_only: true, ..ModelParams::default() }).expect("load");
+    let model = Model::load(&path, &ModelParams::default().vocab_only(true)).expect("load");
     assert_flat_rss("invalid lazy-grammar trigger pattern", || {
         for _ in 0..100 {
             let r = llama::SamplerChain::new()

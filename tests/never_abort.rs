@@ -7,8 +7,6 @@
 //! (`safe_api::isolated`): one that aborts fails alone, by name, with the
 //! child's output, and the other cases still run.
 
-mod safe_api;
-
 use std::fs;
 use std::io::{Seek, SeekFrom, Write};
 use std::path::Path;
@@ -17,8 +15,8 @@ use llama::{
     AddBos, Batch, ContextParams, Detokenizer, Error, Logits, MetadataValue, Model, ModelParams, Output, Pooling,
     Sampler, SamplerChain, Special, StateError, Token,
 };
+use llama_suite::safe_api::*;
 use llama_suite::synthetic::{GgufWriter, TINY_BOS_ID, TINY_EOS_ID, TINY_VOCAB_SIZE};
-use safe_api::*;
 
 /// A context over the tiny model with `n_seq` sequences.
 fn ctx_with_seqs(model: &Model, n_seq: u32, kv_unified: bool) -> llama::Context<'_> {
@@ -524,9 +522,8 @@ fn no_single_byte_corruption_of_the_header_aborts() {
 fn bad_metadata_overrides_are_rejected() {
     isolated(|| {
         let path = tiny_path();
-        let with = |key: &str, value: MetadataValue| {
-            Model::load(&path, &ModelParams { metadata_overrides: vec![(key.into(), value)], ..Default::default() })
-        };
+        let with =
+            |key: &str, value: MetadataValue| Model::load(&path, &ModelParams::default().metadata_override(key, value));
         for (key, value) in [
             ("llama.block_count", MetadataValue::Int(0)),
             ("llama.block_count", MetadataValue::Int(513)),
@@ -605,7 +602,7 @@ fn context_parameters_llama_cpp_aborts_on_are_rejected() {
 #[test]
 fn a_vocab_only_model_tokenizes_but_cannot_run() {
     isolated(|| {
-        let model = Model::load(tiny_path(), &ModelParams { vocab_only: true, ..Default::default() }).unwrap();
+        let model = Model::load(tiny_path(), &ModelParams::default().vocab_only(true)).unwrap();
         assert!(model.is_vocab_only());
         assert_eq!(model.vocab().n_tokens(), TINY_VOCAB_SIZE);
         let toks = model.vocab().tokenize("Hello world", AddBos::No).unwrap();

@@ -41,7 +41,7 @@ static ALLOCATOR: Limited = Limited;
 
 fn vocab_only() -> Model {
     let path = tiny_llama_path(&TinyModelSpec::default()).unwrap();
-    Model::load(path, &ModelParams { vocab_only: true, ..ModelParams::default() }).unwrap()
+    Model::load(path, &ModelParams::default().vocab_only(true)).unwrap()
 }
 
 #[test]

@@ -8,12 +8,10 @@
 //! process (`safe_api::isolated_with_stack`): a regression fails exactly
 //! the case that overflowed, and the other cases still run.
 
-mod safe_api;
-
 use std::path::PathBuf;
 
 use llama::{AddBos, Error, Model, ModelParams, SamplerChain, Special, Token};
-use safe_api::isolated_with_stack;
+use llama_suite::safe_api::isolated_with_stack;
 
 /// Small enough that each input below overflows it without the helper
 /// (measured: deepseek-llm's regex pre-tokenizer needs about 330 bytes of
@@ -25,7 +23,7 @@ fn fixture(name: &str) -> PathBuf {
 }
 
 fn vocab_only(name: &str) -> Model {
-    let params = ModelParams { vocab_only: true, ..ModelParams::default() };
+    let params = ModelParams::default().vocab_only(true);
     Model::load(fixture(name), &params).unwrap()
 }
 

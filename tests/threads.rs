@@ -1,12 +1,10 @@
 //! Issue 3: one model shared by several threads, each with its own
 //! context, decodes concurrently with the same results as one thread.
 
-mod safe_api;
-
 use std::sync::{Arc, Barrier};
 
 use llama::{AddBos, Context, Logits, Model, Output, Sampler, SamplerChain, Special, Token};
-use safe_api::*;
+use llama_suite::safe_api::*;
 
 const PROMPTS: [&str; 4] = ["Hello world", "the quick brown fox", "你好，世界", "Rust is fast and small"];
 const STEPS: usize = 12;

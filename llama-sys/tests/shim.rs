@@ -14,7 +14,7 @@
 //! the thread throw inside its `try` block; each such test then shows the
 //! following call works normally. The calls that need a context (decode,
 //! encode, sample, state, LoRA, save) are tested in the workspace's
-//! `tests/shim_context.rs` on a synthetic model.
+//! `tests/it/shim_context.rs` on a synthetic model.
 
 use std::ffi::{CStr, CString, c_char, c_int, c_void};
 use std::path::PathBuf;

@@ -1,4 +1,4 @@
-"""Reference renderer for tests/chat_template.rs: renders chat templates with
+"""Reference renderer for tests/it/chat_template.rs: renders chat templates with
 jinja2 configured the way Hugging Face transformers' `apply_chat_template`
 configures it (an immutable sandbox, trim_blocks and lstrip_blocks,
 loopcontrols, a `{% generation %}` tag that renders its body, `tojson` as

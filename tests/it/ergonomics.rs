@@ -7,8 +7,6 @@
 //! the sampler builder that reports its first error at `build`, and
 //! `SamplingParams::sampler`.
 
-mod safe_api;
-
 use std::ops::ControlFlow;
 
 use llama::chat::{ChatMessage, RenderOptions};
@@ -17,8 +15,8 @@ use llama::{
     AddBos, Batch, ContextParams, Detokenizer, Error, Logits, Model, ModelParams, Output, Sampler, SamplerChain,
     SamplingParams, Special, Token,
 };
+use llama_suite::safe_api::{small_params, tiny_model};
 use llama_suite::synthetic::{TinyModelSpec, tiny_llama_path};
-use safe_api::{small_params, tiny_model};
 
 /// The text a `Session` run gives for `prompt` with `sampling`, exactly
 /// `max_tokens` tokens (end-of-generation tokens do not stop it: the tiny

@@ -2,19 +2,17 @@
 //! with progress and overrides, devices, tokenizing and detokenizing, chat
 //! templates.
 
-mod safe_api;
-
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use llama::{
     AddBos, ChatFormat, ChatMessage, Detokenizer, DeviceKind, Error, MetadataValue, Model, ModelParams, Special, Token,
     TokenAttrs, apply_chat_template, builtin_chat_templates,
 };
+use llama_suite::safe_api::*;
 use llama_suite::synthetic::{
     TINY_BOS_ID, TINY_CONTROL_TOKEN, TINY_CONTROL_TOKEN_ID, TINY_EOS_ID, TINY_FIRST_BYTE_ID, TINY_UNK_ID,
     TINY_VOCAB_SIZE, TinyModelSpec,
 };
-use safe_api::*;
 
 /// The parameter count of a tiny llama model, from its shapes.
 fn tiny_params(spec: &TinyModelSpec) -> u64 {
@@ -118,15 +116,11 @@ fn loading_reports_progress_and_can_be_cancelled() {
 #[test]
 fn metadata_overrides_change_the_loaded_model() {
     let path = tiny_path();
-    let params = ModelParams {
-        metadata_overrides: vec![
-            ("llama.context_length".into(), MetadataValue::Int(4096)),
-            ("tokenizer.ggml.add_bos_token".into(), MetadataValue::Bool(false)),
-            ("general.name".into(), MetadataValue::Str("renamed".into())),
-            ("llama.attention.layer_norm_rms_epsilon".into(), MetadataValue::Float(0.25)),
-        ],
-        ..Default::default()
-    };
+    let params = ModelParams::default()
+        .metadata_override("llama.context_length", MetadataValue::Int(4096))
+        .metadata_override("tokenizer.ggml.add_bos_token", MetadataValue::Bool(false))
+        .metadata_override("general.name", MetadataValue::Str("renamed".into()))
+        .metadata_override("llama.attention.layer_norm_rms_epsilon", MetadataValue::Float(0.25));
     let model = Model::load(&path, &params).unwrap();
     // llama.cpp uses them ...
     assert_eq!(model.n_ctx_train(), 4096);
@@ -147,17 +141,13 @@ fn metadata_overrides_change_the_loaded_model() {
     let mut b = model.new_context(&small_params()).unwrap();
     assert!(nmse(&decode_seq(&mut a, &prompt, 0, 0), &decode_seq(&mut b, &prompt, 0, 0)) > 1e-6);
     // An override of a key the file does not have is added.
-    let model = Model::load(
-        &path,
-        &ModelParams { metadata_overrides: vec![("x.custom".into(), MetadataValue::Int(-3))], ..Default::default() },
-    )
-    .unwrap();
+    let model =
+        Model::load(&path, &ModelParams::default().metadata_override("x.custom", MetadataValue::Int(-3))).unwrap();
     assert_eq!(model.metadata("x.custom").as_deref(), Some("-3"));
 
     // Keys and strings must fit llama.cpp's 128-byte fields.
-    let with = |key: String, value: MetadataValue| {
-        Model::load(&path, &ModelParams { metadata_overrides: vec![(key, value)], ..Default::default() })
-    };
+    let with =
+        |key: String, value: MetadataValue| Model::load(&path, &ModelParams::default().metadata_override(key, value));
     assert!(matches!(with("k".repeat(128), MetadataValue::Int(1)), Err(Error::InvalidArgument(_))));
     assert!(matches!(with(String::new(), MetadataValue::Int(1)), Err(Error::InvalidArgument(_))));
     assert!(matches!(with("general.name".into(), MetadataValue::Str("n".repeat(128))), Err(Error::InvalidArgument(_))));
@@ -179,7 +169,7 @@ fn devices_and_system_info() {
     let t1 = llama::time_us();
     assert!(t1 - t0 >= 5_000, "{t0} -> {t1}");
     // Loading on the CPU device only.
-    let params = ModelParams { devices: Some(vec![cpu.clone()]), ..Default::default() };
+    let params = ModelParams::default().devices([cpu.clone()]);
     let model = Model::load(tiny_path(), &params).unwrap();
     assert_eq!(model.n_layer(), 2);
 }
@@ -210,7 +200,7 @@ fn unused_cpu_features_name_what_the_build_leaves_out() {
 #[test]
 fn rpc_servers_and_tensor_split_are_checked() {
     // Port 1 on loopback: nothing listens there.
-    let params = ModelParams { rpc_servers: vec!["127.0.0.1:1".into()], ..Default::default() };
+    let params = ModelParams::default().rpc_servers(["127.0.0.1:1"]);
     let err = Model::load(tiny_path(), &params).unwrap_err();
     if cfg!(feature = "rpc") {
         assert!(matches!(&err, Error::Rpc { endpoint, .. } if endpoint == "127.0.0.1:1"), "{err}");
@@ -218,12 +208,12 @@ fn rpc_servers_and_tensor_split_are_checked() {
         assert!(matches!(&err, Error::Unsupported(m) if m.contains("`rpc` feature")), "{err}");
     }
     for split in [vec![-1.0], vec![0.0, 0.0], vec![f32::NAN], vec![1.0; 4096]] {
-        let params = ModelParams { tensor_split: split.clone(), ..Default::default() };
+        let params = ModelParams::default().tensor_split(split.clone());
         let err = Model::load(tiny_path(), &params).unwrap_err();
         assert!(matches!(err, Error::InvalidParameter { name: "tensor_split", .. }), "{split:?}: {err:?}");
     }
     // A valid split of the CPU-only model changes nothing.
-    let params = ModelParams { tensor_split: vec![1.0, 3.0], ..Default::default() };
+    let params = ModelParams::default().tensor_split([1.0, 3.0]);
     assert_eq!(Model::load(tiny_path(), &params).unwrap().n_layer(), 2);
 }
 
@@ -364,10 +354,8 @@ fn a_chat_template_override_is_the_models_template() {
     let template =
         "{{ bos_token }}{% for m in messages %}<start_of_turn>{{ m.role }}:{{ m.content }}{% endfor %}{{ eos_token }}";
     assert!(template.len() < 128);
-    let params = ModelParams {
-        metadata_overrides: vec![("tokenizer.chat_template".into(), MetadataValue::Str(template.into()))],
-        ..Default::default()
-    };
+    let params =
+        ModelParams::default().metadata_override("tokenizer.chat_template", MetadataValue::Str(template.into()));
     let model = Model::load(tiny_path(), &params).unwrap();
     assert_eq!(model.chat_template(None), Some(template));
     let format = model.chat_format(None).unwrap();
@@ -389,7 +377,7 @@ fn a_chat_template_override_is_the_models_template() {
 
 #[test]
 fn small_model_and_library_facts() {
-    let model = safe_api::tiny_model();
+    let model = llama_suite::safe_api::tiny_model();
     assert_eq!(model.rope_type(), llama::RopeType::Normal, "llama uses GPT-J style RoPE");
     assert_eq!(model.n_embd_inp(), model.n_embd());
     assert_eq!(model.n_layer_nextn(), 0);

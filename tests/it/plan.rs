@@ -17,7 +17,7 @@ use llama_suite::synthetic::{TinyModelSpec, tiny_llama_path, tiny_mamba_path};
 /// memory-mapped model's CPU buffer is the mapped file range instead:
 /// see `mapped_weights_count_the_file_range`.)
 fn read_params() -> ModelParams {
-    ModelParams { load_mode: LoadMode::Read, ..ModelParams::default() }
+    ModelParams::default().load_mode(LoadMode::Read)
 }
 
 /// The synthetic model with 32-wide heads, so that a q8_0 cache (blocks
@@ -158,7 +158,7 @@ fn weights_by_type_add_up_and_quantization_saves() {
     let n_tensors: usize = shape.weights.iter().map(|w| w.tensors).sum();
     let file = shape.weights_bytes();
     assert!(plan.memory.weights() >= file && plan.memory.weights() - file <= 32 * n_tensors as u64, "{plan:?}");
-    let model = Model::load(&path, &ModelParams { load_mode: LoadMode::Read, ..ModelParams::default() }).unwrap();
+    let model = Model::load(&path, &ModelParams::default().load_mode(LoadMode::Read)).unwrap();
     assert_eq!(model.size(), file, "llama_model_size counts the same tensor bytes");
     // F16 is 16 bits per parameter, Q8_0 8.5, Q4_K 4.5; this Q4_K_M file
     // (mostly Q8_0 and Q5_0 here: the 262k-token embedding is Q8_0) lies
@@ -182,7 +182,7 @@ fn mapped_weights_count_the_file_range() {
     let planner = Planner::new(&path, &ModelParams::default()).unwrap();
     let params = ContextParams::default().n_threads(1).n_ctx(1024);
     let plan = planner.plan(&params).unwrap().memory;
-    let model = Model::load(&path, &ModelParams { load_mode: LoadMode::Mmap, ..ModelParams::default() }).unwrap();
+    let model = Model::load(&path, &ModelParams::default().load_mode(LoadMode::Mmap)).unwrap();
     let live = model.new_context(&params).unwrap().memory_breakdown().unwrap();
     // 0 in the portable build, which repacks nothing.
     let repack = plan.buffer("CPU_REPACK").map_or(0, |b| b.weights);

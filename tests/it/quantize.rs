@@ -1,15 +1,13 @@
 //! Quantizing a model through the safe API.
 
-mod safe_api;
-
 use llama::{AddBos, Batch, Error, FileType, Model, ModelParams, Output, QuantizeParams, quantize};
-use safe_api::{argmax, nmse, small_params, tiny_model, tiny_path};
+use llama_suite::safe_api::{argmax, nmse, small_params, tiny_model, tiny_path};
 
 #[test]
 fn quantizing_to_q8_0_gives_a_working_model_with_close_logits() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("tiny-q8_0.gguf");
-    let params = QuantizeParams { file_type: FileType::Q8_0, threads: 1, ..QuantizeParams::default() };
+    let params = QuantizeParams::default().file_type(FileType::Q8_0).threads(1);
     quantize(tiny_path(), &out, &params).unwrap();
 
     let original = tiny_model();
@@ -50,12 +48,12 @@ fn quantizing_bad_input_is_an_error_and_leaves_no_file() {
     // A quantized input is not quantized again unless asked: llama.cpp's
     // own refusal, as Error::Quantize.
     let q8 = dir.path().join("q8.gguf");
-    quantize(tiny_path(), &q8, &QuantizeParams { threads: 1, ..QuantizeParams::default() }).unwrap();
-    let to_q4 = QuantizeParams { file_type: FileType::Q4_0, threads: 1, ..QuantizeParams::default() };
+    quantize(tiny_path(), &q8, &QuantizeParams::default().threads(1)).unwrap();
+    let to_q4 = QuantizeParams::default().file_type(FileType::Q4_0).threads(1);
     let err = quantize(&q8, &out, &to_q4).unwrap_err();
     assert!(matches!(err, Error::Quantize { ref path, ref reason } if path == &q8 && !reason.is_empty()), "{err:?}");
     std::fs::remove_file(&q8).unwrap();
-    let negative = QuantizeParams { threads: -1, ..QuantizeParams::default() };
+    let negative = QuantizeParams::default().threads(-1);
     assert!(matches!(quantize(tiny_path(), &out, &negative), Err(Error::InvalidParameter { name: "threads", .. })));
     let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert_eq!(names, vec![std::ffi::OsString::from("garbage.gguf")]);

@@ -132,22 +132,16 @@ fn a_synthetic_model_across_two_workers_generates_what_it_generates_locally() {
 
     let (a, b) = (Worker::start(), Worker::start());
     // All layers on the two workers; the input embedding stays on the CPU.
-    let both = ModelParams {
-        rpc_servers: vec![a.endpoint.clone(), b.endpoint.clone()],
-        n_gpu_layers: 99,
-        ..ModelParams::default()
-    };
+    let both = ModelParams::default().rpc_servers([a.endpoint.clone(), b.endpoint.clone()]).n_gpu_layers(99);
     let model = Model::load(&path, &both).unwrap();
     assert_eq!(greedy(&model, KvType::F32, &prompt, 64), expected, "two workers");
     drop(model);
 
     // Half the layers local, half on one worker, chosen by tensor_split.
-    let mixed = ModelParams {
-        rpc_servers: vec![a.endpoint.clone(), b.endpoint.clone()],
-        n_gpu_layers: 2,
-        tensor_split: vec![0.0, 1.0],
-        ..ModelParams::default()
-    };
+    let mixed = ModelParams::default()
+        .rpc_servers([a.endpoint.clone(), b.endpoint.clone()])
+        .n_gpu_layers(2)
+        .tensor_split([0.0, 1.0]);
     let model = Model::load(&path, &mixed).unwrap();
     assert_eq!(greedy(&model, KvType::F32, &prompt, 64), expected, "local CPU + one worker");
 }
@@ -157,11 +151,7 @@ fn the_default_model_across_workers_passes_the_teacher_forced_check() {
     let path = llama_suite::model_cache::model_path().unwrap();
     let (a, b) = (Worker::start(), Worker::start());
     // 9 of the 18 layers split over the two workers, the rest on the CPU.
-    let params = ModelParams {
-        rpc_servers: vec![a.endpoint.clone(), b.endpoint.clone()],
-        n_gpu_layers: 9,
-        ..ModelParams::default()
-    };
+    let params = ModelParams::default().rpc_servers([a.endpoint.clone(), b.endpoint.clone()]).n_gpu_layers(9);
     let model = Arc::new(Model::load(&path, &params).unwrap());
     let prompt = model.vocab().tokenize("The Eiffel Tower is located in Paris. It was built in", AddBos::Yes).unwrap();
     let generated = greedy(&model, KvType::F16, &prompt, 64);
@@ -206,12 +196,10 @@ fn split_memory(
     n_gpu_layers: i32,
     (a, b): &(Worker, Worker),
 ) -> (Model, Vec<llama::plan::BufferMemory>) {
-    let params = ModelParams {
-        rpc_servers: vec![a.endpoint.clone(), b.endpoint.clone()],
-        n_gpu_layers,
-        load_mode: LoadMode::Read,
-        ..ModelParams::default()
-    };
+    let params = ModelParams::default()
+        .rpc_servers([a.endpoint.clone(), b.endpoint.clone()])
+        .n_gpu_layers(n_gpu_layers)
+        .load_mode(LoadMode::Read);
     let model = Model::load(path, &params).unwrap();
     let devices = {
         let mut ctx = model.new_context(&ContextParams::default().n_ctx(1024).n_threads(2)).unwrap();
@@ -262,13 +250,12 @@ fn unusable_endpoints_are_errors_not_aborts() {
     let path = tiny_llama_path(&TinyModelSpec::default()).unwrap();
     // Nothing listens on a port that was just free.
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let refused =
-        ModelParams { rpc_servers: vec![format!("127.0.0.1:{port}")], n_gpu_layers: 99, ..Default::default() };
+    let refused = ModelParams::default().rpc_servers([format!("127.0.0.1:{port}")]).n_gpu_layers(99);
     let err = Model::load(&path, &refused).unwrap_err();
     assert!(matches!(&err, Error::Rpc { message, .. } if message.contains("cannot connect")), "{err}");
 
     // Not host:port.
-    let bad = ModelParams { rpc_servers: vec!["localhost".into()], ..Default::default() };
+    let bad = ModelParams::default().rpc_servers(["localhost"]);
     assert!(matches!(Model::load(&path, &bad), Err(Error::Rpc { .. })));
 
     // A blackholed address: no answer within the timeout, not a hang.
@@ -280,7 +267,7 @@ fn unusable_endpoints_are_errors_not_aborts() {
     // A worker that has gone since it was added: checked again before the
     // next model uses it.
     let worker = Worker::start();
-    let on_worker = ModelParams { rpc_servers: vec![worker.endpoint.clone()], n_gpu_layers: 99, ..Default::default() };
+    let on_worker = ModelParams::default().rpc_servers([worker.endpoint.clone()]).n_gpu_layers(99);
     let model = Model::load(&path, &on_worker).unwrap();
     // While a model holds the worker, it serves nobody else...
     let err = rpc::probe(&worker.endpoint, Duration::from_millis(300)).unwrap_err();
@@ -290,7 +277,7 @@ fn unusable_endpoints_are_errors_not_aborts() {
     drop((model, second));
     let endpoint = worker.endpoint.clone();
     drop(worker);
-    let err = Model::load(&path, &ModelParams { rpc_servers: vec![endpoint], ..on_worker }).unwrap_err();
+    let err = Model::load(&path, &on_worker.rpc_servers([endpoint])).unwrap_err();
     assert!(matches!(&err, Error::Rpc { message, .. } if message.contains("cannot connect")), "{err}");
 }
 
@@ -326,7 +313,7 @@ fn kill_later(worker: Worker, after: Duration) -> std::thread::JoinHandle<Instan
 fn a_worker_dying_mid_decode_is_an_error_and_the_process_lives_on() {
     let path = llama_suite::model_cache::model_path().unwrap();
     let worker = Worker::start();
-    let params = ModelParams { rpc_servers: vec![worker.endpoint.clone()], n_gpu_layers: 99, ..Default::default() };
+    let params = ModelParams::default().rpc_servers([worker.endpoint.clone()]).n_gpu_layers(99);
     let model = Model::load(&path, &params).unwrap();
     let mut ctx = model.new_context(&ContextParams::default().n_ctx(4096).n_threads(2)).unwrap();
     let prompt = model.vocab().tokenize("Once upon a time", AddBos::Yes).unwrap();
@@ -370,7 +357,7 @@ fn a_worker_dying_mid_decode_is_an_error_and_the_process_lives_on() {
     drop(model);
     // The process goes on: a new worker serves a new model.
     let worker = Worker::start();
-    let params = ModelParams { rpc_servers: vec![worker.endpoint.clone()], n_gpu_layers: 99, ..Default::default() };
+    let params = ModelParams::default().rpc_servers([worker.endpoint.clone()]).n_gpu_layers(99);
     let model = Model::load(&path, &params).unwrap();
     let generated = greedy(&model, KvType::F16, &prompt, 4);
     assert_eq!(generated.len(), 4);
@@ -386,7 +373,7 @@ fn a_worker_dying_mid_load_is_an_error() {
     let spec = TinyModelSpec { n_layer: 8, n_embd: 1024, n_head: 8, n_head_kv: 4, n_ff: 4096, ..Default::default() };
     let path = tiny_llama_path(&spec).unwrap();
     let worker = Worker::start();
-    let params = ModelParams { rpc_servers: vec![worker.endpoint.clone()], n_gpu_layers: 99, ..Default::default() };
+    let params = ModelParams::default().rpc_servers([worker.endpoint.clone()]).n_gpu_layers(99);
     let killer = kill_later(worker, Duration::from_millis(150));
     let started = Instant::now();
     let result = Model::load(&path, &params);

@@ -4,8 +4,6 @@
 //! identically built chain; custom samplers, panics in them, penalties,
 //! logit bias, grammars, clone and reset behave.
 
-mod safe_api;
-
 use std::any::Any;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -15,8 +13,8 @@ use llama::{
     AddBos, Batch, Candidates, Context, CustomSampler, Error, Logits, Model, Output, SamplePath, Sampler, SamplerChain,
     Special, Token, Vocab, sys,
 };
+use llama_suite::safe_api::*;
 use llama_suite::synthetic::{TINY_EOS_ID, TinyModelSpec};
-use safe_api::*;
 
 /// Samples `steps` tokens with `ours` (the crate's path) and `theirs`
 /// (llama.cpp's `llama_sampler_sample` on an identically built chain),

@@ -183,7 +183,7 @@ fn every_endpoint_answers_as_openai_does() {
     assert_eq!(parsed.last().unwrap()["choices"][0]["finish_reason"], "length");
     assert!(parsed.iter().all(|c| c["id"] == parsed[0]["id"]));
 
-    let model = Model::load(model_path(), &ModelParams { vocab_only: true, ..ModelParams::default() }).unwrap();
+    let model = Model::load(model_path(), &ModelParams::default().vocab_only(true)).unwrap();
     let ids: Vec<i32> =
         model.vocab().tokenize("The capital of France is", AddBos::Yes).unwrap().iter().map(|t| t.0).collect();
     let body = json!({"prompt": ids, "max_tokens": 4, "temperature": 0, "echo": true, "logprobs": 2});
@@ -398,8 +398,17 @@ fn a_full_queue_answers_429_and_loading_answers_503() {
     }
     // One running, one waiting: the next ones are refused at once.
     let long = json!({"prompt": "Once upon a time", "max_tokens": 400, "temperature": 0, "stream": true});
-    let streams: Vec<_> = (0..2).map(|_| server.post_with("/v1/completions", long.to_string(), None)).collect();
-    assert!(streams.iter().all(|r| r.status() == 200));
+    // The second is sent once the first runs, so it waits rather than
+    // racing the first for the one queue place.
+    let first = server.post_with("/v1/completions", long.to_string(), None);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while metric(&server.metrics(), "llama_engine_running", "") != Some(1.0) {
+        assert!(Instant::now() < deadline, "the first stream never started running");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let second = server.post_with("/v1/completions", long.to_string(), None);
+    let streams = [first, second];
+    assert!(streams.iter().all(|r| r.status() == 200), "{:?}", streams.iter().map(|r| r.status()).collect::<Vec<_>>());
     let resp = server.post_with("/v1/completions", long.to_string(), None);
     assert_eq!(resp.headers().get("retry-after").map(|v| v.to_str().unwrap().to_owned()).as_deref(), Some("1"));
     let (s, b) = read(resp);

@@ -208,7 +208,7 @@ fn read_vectors(vocab_file: &Path) -> Vectors {
 }
 
 fn load_vocab_only(path: &Path) -> Model {
-    let params = ModelParams { vocab_only: true, ..Default::default() };
+    let params = ModelParams::default().vocab_only(true);
     Model::load(path, &params).unwrap_or_else(|e| panic!("cannot load {}: {e}", path.display()))
 }
 

@@ -634,7 +634,7 @@ fn a_burst_is_admitted_as_the_pool_allows_without_preemption() {
 #[test]
 fn models_that_cannot_generate_are_refused_at_start() {
     let path = tiny_llama_path(&TinyModelSpec::default()).unwrap();
-    let vocab_only = Model::load(&path, &ModelParams { vocab_only: true, ..ModelParams::default() }).unwrap();
+    let vocab_only = Model::load(&path, &ModelParams::default().vocab_only(true)).unwrap();
     let err = Engine::start(Arc::new(vocab_only), config()).unwrap_err();
     assert!(matches!(err, Error::InvalidArgument(ref m) if m.contains("vocabulary-only")), "{err}");
 }

@@ -21,8 +21,7 @@ fn vocab() -> &'static Vocab {
     MODEL
         .get_or_init(|| {
             let path = model_path().unwrap_or_else(|e| panic!("the real model is needed: {e}"));
-            Model::load(&path, &ModelParams { vocab_only: true, ..ModelParams::default() })
-                .unwrap_or_else(|e| panic!("{e}"))
+            Model::load(&path, &ModelParams::default().vocab_only(true)).unwrap_or_else(|e| panic!("{e}"))
         })
         .vocab()
 }

@@ -2,10 +2,8 @@
 //! outputs. Logits are compared as upstream tests/test-llama-archs.cpp does
 //! (normalized MSE at most 1e-4) plus the same argmax.
 
-mod safe_api;
-
 use llama::{Batch, Context, Logits, Model, Output, Pooling, Token};
-use safe_api::*;
+use llama_suite::safe_api::*;
 
 const PROMPTS: [&str; 3] = ["Hello world", "the quick brown fox jumps over the lazy dog", "你好 🦀 Rust"];
 const STEPS: usize = 6;

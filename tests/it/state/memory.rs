@@ -6,10 +6,8 @@
 //! upstream tests/test-save-load-state.cpp does with
 //! `common_replay_last_token`.
 
-mod safe_api;
-
 use llama::{Batch, Context, Logits, Model, Output, StateError, Token};
-use safe_api::*;
+use llama_suite::safe_api::*;
 
 const STEPS: usize = 10;
 

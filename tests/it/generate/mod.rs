@@ -1,0 +1,5 @@
+//! The streaming generator (`llama::generate`): the synthetic model, then
+//! the real one.
+
+mod real;
+mod synthetic;

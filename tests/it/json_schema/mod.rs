@@ -1,0 +1,5 @@
+//! JSON Schema to grammar (`llama::json_schema`): the corpus fed token by
+//! token, then constrained generation on the real model.
+
+mod corpus;
+mod real;

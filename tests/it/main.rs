@@ -1,0 +1,33 @@
+//! The integration tests, one binary with a module per subject; each
+//! subject keeps its synthetic-model and real-model parts side by side
+//! (a `real` module, or tests named for the default model), so
+//! `cargo test --test it -- engine::` runs one subject and `--skip ::real::`
+//! leaves the real model out.
+//!
+//! Binaries of their own remain where the process is the unit: a global
+//! allocator (`out_of_memory`), a global logger (`lora_lock`) or metrics
+//! recorder (`engine_metrics`), resident-memory measurement (`leaks`),
+//! child processes per case (`never_abort`, `hardening`, `stack_depth`),
+//! threads sharing one model with nothing else running (`threads`), and
+//! the compiler as the test (`compile_fail`).
+
+mod chat_template;
+mod embed;
+mod engine;
+mod ergonomics;
+mod generate;
+mod json_schema;
+mod lora;
+mod model_api;
+mod model_cache;
+mod pinned;
+mod plan;
+mod quantize;
+#[cfg(feature = "rpc")]
+mod rpc;
+mod sampling;
+mod server;
+mod shim_context;
+mod state;
+mod synthetic;
+mod tokenizer_vectors;
