@@ -85,7 +85,7 @@ fn choices(n: Option<usize>) -> Result<usize, ApiError> {
     }
 }
 
-/// `max_tokens` clamped to the server's cap (documented in the README).
+/// `max_tokens` clamped to the server's cap (documented in `docs/server.md`).
 fn max_tokens(state: &AppState, asked: Option<usize>, default: usize) -> Result<usize, ApiError> {
     match asked {
         Some(0) => Err(ApiError::bad_request("max_tokens must be at least 1").param("max_tokens")),

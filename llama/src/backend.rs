@@ -119,7 +119,7 @@ fn raw_system_info() -> String {
 /// target's (`-C target-cpu`, baseline x86-64 unless set), with the
 /// `native` feature the build machine's. A baseline build on a CPU with
 /// AVX2 leaves most of its speed unused (measured here: prompt processing
-/// 26x slower, generation 3.8x; the README's Features section), so
+/// 26x slower, generation 3.8x; the repository's `docs/building.md`), so
 /// [`init`] logs a warning naming these features.
 pub fn unused_cpu_features() -> Vec<&'static str> {
     init();

@@ -44,8 +44,8 @@
 //! Outside the promise: resource exhaustion inside llama.cpp (a failed C++
 //! allocation outside the shim, the out-of-memory killer), inputs needing
 //! more than 16 GiB of stack ([`Error::InputTooLarge`]), and the raw
-//! pointers of `as_ptr` and [`sys`]. The repository's README lists each
-//! guarantee with the test that checks it.
+//! pointers of `as_ptr` and [`sys`]. The repository's `docs/soundness.md`
+//! lists each guarantee with the test that checks it.
 #![warn(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
@@ -116,3 +116,28 @@ pub use vocab::{AddBos, Detokenizer, Special, Token, TokenAttrs, Vocab};
 #[cfg(doctest)]
 #[doc = include_str!("../../README.md")]
 pub struct ReadmeDoctests;
+
+/// The Rust examples of `docs/using.md`, compiled by `cargo test --doc`.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/using.md")]
+pub struct DocsUsing;
+
+/// The Rust examples of `docs/chat-templates.md`, compiled by `cargo test --doc`.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/chat-templates.md")]
+pub struct DocsChatTemplates;
+
+/// The Rust examples of `docs/json-output.md`, compiled by `cargo test --doc`.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/json-output.md")]
+pub struct DocsJsonOutput;
+
+/// The Rust examples of `docs/embeddings.md`, compiled by `cargo test --doc`.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/embeddings.md")]
+pub struct DocsEmbeddings;
+
+/// The Rust examples of `docs/engine.md`, compiled by `cargo test --doc`.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/engine.md")]
+pub struct DocsEngine;

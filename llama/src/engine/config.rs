@@ -68,10 +68,10 @@ impl EngineConfig {
         /// It bounds how long running streams wait for a step during a long
         /// prefill, and how long a short prompt arriving meanwhile waits
         /// for its first token, at some cost in the long prefill's time
-        /// (measured in the README: with 128 of 512, a 4,000-token prompt
-        /// beside one stream took 1.25× llama-server's time, with 256
-        /// 1.12×, while short requests got their first token in 0.15× and
-        /// 0.28× of llama-server's time).
+        /// (measured in `docs/performance.md`: with 128 of 512, a
+        /// 4,000-token prompt beside one stream took 1.25× llama-server's
+        /// time, with 256 1.12×, while short requests got their first token
+        /// in 0.15× and 0.28× of llama-server's time).
         prefill_cap: u32 => prefill_cap (Some);
         /// Most sequences admitted at once (generating or prefilling).
         max_running: u32 => max_running;
