@@ -8,9 +8,10 @@
 #    Metal, Vulkan, RPC and BLAS backends, vendor/'s CMake targets, the
 #    licences). Never committed; removed again on exit unless --keep.
 # 0. Unless --no-verify: the checkout's own greedy output, for step 3.
-# 2. `cargo package -p llama-sys -p llama`, verified by cargo unless
-#    --no-verify (offline, no pip): the .crate files in target/package/,
-#    each checked to be under the registry's 10 MiB.
+# 2. `cargo package -p llama-sys -p llama` (cargo's own verification off:
+#    step 3 builds the same .crate files, offline, as a dependent would,
+#    which proves more and saves a third llama.cpp build): the .crate files
+#    in target/package/, each checked to be under the registry's 10 MiB.
 # 3. Unless --no-verify: unpacks both .crate files into a new folder outside
 #    this repository, with a consumer crate that depends on `llama` and
 #    patches crates.io's `llama-sys` with the unpacked one (the registry as
@@ -66,7 +67,9 @@ if [[ $verify == 1 ]]; then
     model="${LLAMA_MODEL:-${LLAMA_CACHE_DIR:-$HOME/.cache/llama-rs}/gemma-3-270m-q4_k_m.gguf}"
     [[ -f "$model" ]] || die "no model at $model; run the tests once (they fetch it) or set LLAMA_MODEL"
     generate_log="$(mktemp)"
-    expected="$(cd "$ROOT" && cargo run --quiet --release --no-default-features --example generate -- -m "$model" \
+    # The dev profile: the same llama.cpp build (always CMake's Release),
+    # and the portable test stage has built everything else already.
+    expected="$(cd "$ROOT" && cargo run --quiet --no-default-features --example generate -- -m "$model" \
         --prompt "The capital of France is" -n 8 --greedy 2>"$generate_log")" \
         || die "the checkout's generate example failed: $(tail -20 "$generate_log")"
     rm -f "$generate_log"
@@ -101,17 +104,10 @@ cd "$ROOT"
 # dirty; other uncommitted changes are named here instead.
 dirty="$(git status --porcelain -- llama-sys llama Cargo.toml Cargo.lock README.md)"
 [[ -z "$dirty" ]] || say "warning: packaging uncommitted changes: $(echo "$dirty" | tr '\n' ' ')"
-# With cargo's own verification (unless --no-verify): each package built
-# from its .crate, llama against the packaged llama-sys (cargo's temporary
-# local registry), offline, with no pip and the cmake of an install.
 cmake_bin="$(installed_cmake "$ROOT")" || die "the packaged llama-sys needs an installed cmake (set CMAKE)"
-cargo_verify=()
-[[ $verify == 1 ]] || cargo_verify=(--no-verify)
-start=$(date +%s)
 env -u LLAMA_SYS_FETCH_CMAKE -u LLAMA_CPP_DIR -u LLAMA_SYS_LIB_DIR -u LLAMA_SYS_USE_PKG_CONFIG \
     CMAKE="$cmake_bin" PYTHON=/nonexistent/python3 \
-    cargo package -p llama-sys -p llama "${cargo_verify[@]}" --allow-dirty --offline --quiet
-[[ $verify == 0 ]] || say "cargo package with verification: $(( $(date +%s) - start )) s"
+    cargo package -p llama-sys -p llama --no-verify --allow-dirty --offline --quiet
 version_sys="$(sed -n 's/^version = "\(.*\)"$/\1/p' llama-sys/Cargo.toml | head -n1)"
 version_llama="$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -n1)"
 crate_sys="$ROOT/target/package/llama-sys-$version_sys.crate"
