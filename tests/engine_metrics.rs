@@ -1,13 +1,15 @@
 //! The engine reports through the `metrics` facade: with a recorder
 //! installed (this binary's only test, since the recorder is global), its
-//! counters, gauges and histograms carry the values of `Engine::stats`.
+//! counters, gauges and histograms carry the values of `Engine::stats`,
+//! idle and while one request runs and another waits.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use llama::engine::{Engine, EngineConfig, Request};
 use llama::{Model, ModelParams, Token};
 use llama_suite::synthetic::{TINY_BOS_ID, TinyModelSpec, tiny_llama_path};
-use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 
 #[test]
 fn counters_gauges_and_histograms_reach_the_installed_recorder() {
@@ -34,21 +36,7 @@ fn counters_gauges_and_histograms_reach_the_installed_recorder() {
     let stats = engine.stats();
     drop(engine);
 
-    let mut counters = std::collections::HashMap::new();
-    let mut histograms = std::collections::HashMap::new();
-    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
-        let name = key.key().name().to_owned();
-        let labels: Vec<String> = key.key().labels().map(|l| format!("{}={}", l.key(), l.value())).collect();
-        match value {
-            DebugValue::Counter(n) => {
-                *counters.entry((name, labels.join(","))).or_insert(0) += n;
-            }
-            DebugValue::Histogram(v) => {
-                histograms.insert(name, v.len());
-            }
-            DebugValue::Gauge(_) => {}
-        }
-    }
+    let Series { counters, histograms, gauges } = Series::read(&snapshotter);
     let counter = |name: &str, labels: &str| counters.get(&(name.to_owned(), labels.to_owned())).copied();
     assert_eq!(counter("llama_engine_completion_tokens_total", ""), Some(15));
     assert_eq!(counter("llama_engine_requests_total", "reason=length"), Some(3));
@@ -62,4 +50,62 @@ fn counters_gauges_and_histograms_reach_the_installed_recorder() {
     assert_eq!(histograms.get("llama_engine_inter_token_seconds"), Some(&12));
     assert_eq!(histograms.get("llama_engine_e2e_seconds"), Some(&3));
     assert_eq!(histograms.get("llama_engine_queue_seconds"), Some(&3));
+    // Idle: the gauges carry the last published stats, cells included.
+    assert_eq!(gauges.get("llama_engine_running"), Some(&0.0));
+    assert_eq!(gauges.get("llama_engine_waiting"), Some(&0.0));
+    assert!(stats.kv_cells_total >= 1024 && stats.cached_prefix_cells > 0, "{stats:?}");
+    assert_eq!(gauges.get("llama_engine_kv_cells_total"), Some(&(stats.kv_cells_total as f64)));
+    assert_eq!(gauges.get("llama_engine_kv_cells_used"), Some(&(stats.kv_cells_used as f64)));
+    assert_eq!(gauges.get("llama_engine_cached_prefix_cells"), Some(&(stats.cached_prefix_cells as f64)));
+
+    // Busy: one request runs and one waits (one running at most), and the
+    // gauges say so while it lasts.
+    let model = Arc::new(Model::load(&path, &ModelParams::default()).unwrap());
+    let engine = Engine::start(model, EngineConfig::default().n_ctx(1024).n_threads(1).max_running(1)).unwrap();
+    let long = || Request::tokens(prompt.clone()).max_tokens(900).stop_at_eog(false);
+    let running = engine.submit(long()).unwrap();
+    let waiting = engine.submit(long()).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let busy = loop {
+        let stats = engine.stats();
+        if stats.running == 1 && stats.waiting == 1 {
+            break Series::read(&snapshotter);
+        }
+        assert!(std::time::Instant::now() < deadline, "never one running and one waiting: {stats:?}");
+        std::thread::yield_now();
+    };
+    running.cancel();
+    waiting.cancel();
+    drop(engine);
+    assert_eq!(busy.gauges.get("llama_engine_running"), Some(&1.0));
+    assert_eq!(busy.gauges.get("llama_engine_waiting"), Some(&1.0));
+    assert!(busy.gauges.get("llama_engine_kv_cells_used").is_some_and(|&used| used > 0.0), "{:?}", busy.gauges);
+}
+
+/// The recorder's series by name (counters and gauges with their labels
+/// joined, histograms by their sample count).
+struct Series {
+    counters: HashMap<(String, String), u64>,
+    histograms: HashMap<String, usize>,
+    gauges: HashMap<String, f64>,
+}
+
+impl Series {
+    fn read(snapshotter: &Snapshotter) -> Series {
+        let mut series = Series { counters: HashMap::new(), histograms: HashMap::new(), gauges: HashMap::new() };
+        for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+            let name = key.key().name().to_owned();
+            let labels: Vec<String> = key.key().labels().map(|l| format!("{}={}", l.key(), l.value())).collect();
+            match value {
+                DebugValue::Counter(n) => *series.counters.entry((name, labels.join(","))).or_insert(0) += n,
+                DebugValue::Histogram(v) => {
+                    series.histograms.insert(name, v.len());
+                }
+                DebugValue::Gauge(v) => {
+                    series.gauges.insert(name, v.into_inner());
+                }
+            }
+        }
+        series
+    }
 }

@@ -42,7 +42,12 @@ impl RateLimiter {
     /// Takes a token for `client`, or says how many seconds until one is
     /// available.
     fn take(&self, client: &str) -> Result<(), u64> {
-        let now = Instant::now();
+        self.take_at(client, Instant::now())
+    }
+
+    /// [`take`](Self::take) at the time `now` (tests pass a later instant
+    /// instead of sleeping).
+    fn take_at(&self, client: &str, now: Instant) -> Result<(), u64> {
         let mut buckets = self.buckets.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if buckets.len() > 10_000 {
             // Forget full buckets: they hold nothing a new one would not.
@@ -115,15 +120,27 @@ pub async fn read_json<T: DeserializeOwned>(body: Body, limit: usize) -> Result<
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     #[test]
     fn the_bucket_refills_at_its_rate() {
         let limiter = RateLimiter::new(2.0);
-        assert!(limiter.take("a").is_ok());
-        assert!(limiter.take("a").is_ok());
-        assert_eq!(limiter.take("a"), Err(1));
-        assert!(limiter.take("b").is_ok(), "buckets are per client");
+        let start = Instant::now();
+        assert!(limiter.take_at("a", start).is_ok());
+        assert!(limiter.take_at("a", start).is_ok());
+        assert_eq!(limiter.take_at("a", start), Err(1));
+        assert!(limiter.take_at("b", start).is_ok(), "buckets are per client");
+        // 2 per second: one token back after 0.5 s, not before (0.4 s).
+        assert_eq!(limiter.take_at("a", start + Duration::from_millis(400)), Err(1));
+        assert!(limiter.take_at("a", start + Duration::from_millis(510)).is_ok());
+        assert_eq!(limiter.take_at("a", start + Duration::from_millis(510)), Err(1));
+        // A long pause refills up to the burst (2), no more.
+        let later = start + Duration::from_secs(60);
+        assert!(limiter.take_at("a", later).is_ok());
+        assert!(limiter.take_at("a", later).is_ok());
+        assert_eq!(limiter.take_at("a", later), Err(1));
     }
 
     #[test]

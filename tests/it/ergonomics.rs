@@ -100,9 +100,13 @@ fn chat_renders_the_template_once_with_one_bos_and_generates_as_a_session() {
     // tokens parsed, the BOS the model asks for added once.
     let format = model.chat_format(None).unwrap();
     let rendered = format.render(&messages, &RenderOptions::default().add_generation_prompt(true)).unwrap();
-    assert!(rendered.contains("Be brief.") && rendered.contains("Hello world"), "{rendered:?}");
-    let tokens = model.vocab().tokenize_chat(&rendered).unwrap();
-    assert_eq!(tokens, model.vocab().tokenize_special(&rendered, AddBos::Yes).unwrap(), "no BOS in the text: add it");
+    // ChatML, written out: what `chat` must have rendered.
+    let chatml = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHello world<|im_end|>\n<|im_start|>assistant\n";
+    assert_eq!(rendered, chatml);
+    // The tokens of the literal text (markup parsed, one BOS), not of the
+    // same calls `chat` makes.
+    let tokens = model.vocab().tokenize_special(chatml, AddBos::Yes).unwrap();
+    assert_eq!(model.vocab().tokenize_chat(&rendered).unwrap(), tokens, "no BOS in the text: add it");
     assert_eq!(done.stats.prompt_tokens, tokens.len());
     assert_eq!(done.text, session_text(&model, &tokens, &SamplingParams::greedy(), 16, 256));
 
@@ -299,7 +303,8 @@ fn sampling_params_build_the_usual_chain_and_refuse_bad_values() {
     // A grammar allows only its strings' first token.
     let only_a = SamplingParams::greedy().grammar(r#"root ::= "the""#);
     let token = only_a.sampler(&model).unwrap().sample(&mut ctx, Output::Last).unwrap();
-    assert!("the".starts_with(&vocab.decode(&[token]).unwrap()), "{:?}", vocab.decode(&[token]));
+    let piece = vocab.decode(&[token]).unwrap();
+    assert!(!piece.is_empty() && "the".starts_with(&piece), "{piece:?}");
 
     for (bad, what) in [
         (SamplingParams::greedy().temperature(-1.0), "temperature"),

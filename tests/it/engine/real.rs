@@ -86,6 +86,13 @@ fn sixteen_concurrent_greedy_streams_pass_the_teacher_forced_check() {
     // are far from the best choices.
     let mixed = rescore(&model(), &prompts[1], &outputs[0].tokens).unwrap();
     assert!(mixed.worst() > 5.0 * MARGIN, "a mixed-up stream passes: {:?}", mixed.gaps);
+    // Smaller slips fail too: every token scored one position early, or
+    // after its own prompt less its last token.
+    let shifted = rescore(&model(), &prompts[0], &outputs[0].tokens[1..]).unwrap();
+    let dropped = rescore(&model(), &prompts[0][..prompts[0].len() - 1], &outputs[0].tokens).unwrap();
+    eprintln!("controls: another prompt {}, shifted {}, last prompt token dropped {}", mixed.worst(), shifted.worst(), dropped.worst());
+    assert!(shifted.worst() > 5.0 * MARGIN, "a shifted stream passes: {:?}", shifted.gaps);
+    assert!(dropped.worst() > MARGIN, "a stream after a shortened prompt passes: {:?}", dropped.gaps);
 }
 
 /// A prompt of `n` random words repeated three times, and the words.
