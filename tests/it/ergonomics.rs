@@ -101,7 +101,8 @@ fn chat_renders_the_template_once_with_one_bos_and_generates_as_a_session() {
     let format = model.chat_format(None).unwrap();
     let rendered = format.render(&messages, &RenderOptions::default().add_generation_prompt(true)).unwrap();
     // ChatML, written out: what `chat` must have rendered.
-    let chatml = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHello world<|im_end|>\n<|im_start|>assistant\n";
+    let chatml =
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHello world<|im_end|>\n<|im_start|>assistant\n";
     assert_eq!(rendered, chatml);
     // The tokens of the literal text (markup parsed, one BOS), not of the
     // same calls `chat` makes.

@@ -90,7 +90,12 @@ fn sixteen_concurrent_greedy_streams_pass_the_teacher_forced_check() {
     // after its own prompt less its last token.
     let shifted = rescore(&model(), &prompts[0], &outputs[0].tokens[1..]).unwrap();
     let dropped = rescore(&model(), &prompts[0][..prompts[0].len() - 1], &outputs[0].tokens).unwrap();
-    eprintln!("controls: another prompt {}, shifted {}, last prompt token dropped {}", mixed.worst(), shifted.worst(), dropped.worst());
+    eprintln!(
+        "controls: another prompt {}, shifted {}, last prompt token dropped {}",
+        mixed.worst(),
+        shifted.worst(),
+        dropped.worst()
+    );
     assert!(shifted.worst() > 5.0 * MARGIN, "a shifted stream passes: {:?}", shifted.gaps);
     assert!(dropped.worst() > MARGIN, "a stream after a shortened prompt passes: {:?}", dropped.gaps);
 }

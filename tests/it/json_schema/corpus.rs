@@ -641,7 +641,13 @@ fn random_schemas_convert_or_fail_cleanly() {
                         if accepts(&gbnf, doc) {
                             reach.probes_accepted += 1;
                             let value: Value = serde_json::from_str(doc).unwrap();
-                            prop_assert!(validator.is_valid(&value), "{} accepted by the grammar of {}:\n{}", doc, schema, gbnf);
+                            prop_assert!(
+                                validator.is_valid(&value),
+                                "{} accepted by the grammar of {}:\n{}",
+                                doc,
+                                schema,
+                                gbnf
+                            );
                         }
                     }
                 }
@@ -651,8 +657,10 @@ fn random_schemas_convert_or_fail_cleanly() {
                 prop_assert!(pointer.is_empty() || pointer.starts_with('/'), "{pointer}");
                 prop_assert!(!message.is_empty());
                 // The pointer names a place in the schema.
-                prop_assert!(schema.pointer(&pointer).is_some() || pointer.ends_with("$ref") || pointer.contains("allOf"),
-                    "{pointer} not in {schema}: {message}");
+                prop_assert!(
+                    schema.pointer(&pointer).is_some() || pointer.ends_with("$ref") || pointer.contains("allOf"),
+                    "{pointer} not in {schema}: {message}"
+                );
             }
             Err(e) => prop_assert!(false, "{e}"),
         }
