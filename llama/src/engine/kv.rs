@@ -44,8 +44,9 @@ impl Cells {
         }
     }
 
-    /// The cells of positions `0..k` of `self`, for a sequence that
-    /// `seq_cp`s them.
+    /// The cells of positions `0..k` of `self` (the worker shares with
+    /// [`Cells::extend_from`], which gives the same for `0..k`).
+    #[cfg(test)]
     pub fn prefix(&self, k: usize) -> Cells {
         let runs = self.runs.iter().filter(|r| r.start < k).map(|r| Run { end: r.end.min(k), ..*r }).collect();
         Cells { runs }

@@ -1,8 +1,203 @@
-//! Latency histograms for [`EngineStats`](super::EngineStats).
-//!
-//! The series are listed in the `engine` module's docs.
+//! What the engine measures: counters, gauges and latency histograms,
+//! each kept in [`EngineStats`] and reported to the `metrics` facade under
+//! a series name defined here once. The series are listed in the `engine`
+//! module's docs.
 
+use std::sync::Mutex;
 use std::time::Duration;
+
+use super::{EngineStats, lock};
+use crate::context::PerfCounters;
+
+/// A count that only grows: a field of [`EngineStats`] and, for most, a
+/// `metrics` counter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Counter {
+    PromptTokens,
+    PromptTokensEvaluated,
+    PrefixLookups,
+    PrefixHitTokens,
+    CompletionTokens,
+    Preemptions,
+    Steps,
+}
+
+impl Counter {
+    /// The `metrics` series (`None`: a field of [`EngineStats`] only).
+    fn series(self) -> Option<&'static str> {
+        Some(match self {
+            Counter::PromptTokens => "llama_engine_prompt_tokens_total",
+            Counter::PromptTokensEvaluated => "llama_engine_prompt_tokens_evaluated_total",
+            Counter::PrefixLookups => return None,
+            Counter::PrefixHitTokens => "llama_engine_prefix_hit_tokens_total",
+            Counter::CompletionTokens => "llama_engine_completion_tokens_total",
+            Counter::Preemptions => "llama_engine_preemptions_total",
+            Counter::Steps => "llama_engine_steps_total",
+        })
+    }
+
+    fn field(self, stats: &mut EngineStats) -> &mut u64 {
+        match self {
+            Counter::PromptTokens => &mut stats.prompt_tokens,
+            Counter::PromptTokensEvaluated => &mut stats.prompt_tokens_evaluated,
+            Counter::PrefixLookups => &mut stats.prefix_lookups,
+            Counter::PrefixHitTokens => &mut stats.prefix_hit_tokens,
+            Counter::CompletionTokens => &mut stats.completion_tokens,
+            Counter::Preemptions => &mut stats.preemptions,
+            Counter::Steps => &mut stats.steps,
+        }
+    }
+}
+
+/// Finished requests: [`EngineStats::requests_finished`], and this series
+/// labelled with the finish reason.
+const REQUESTS_FINISHED: &str = "llama_engine_requests_total";
+
+/// A level, set once per step: a field of [`EngineStats`] and, for most, a
+/// `metrics` gauge.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Gauge {
+    Running,
+    Waiting,
+    KvCellsUsed,
+    KvCellsTotal,
+    CachedPrefixCells,
+    CachedPrefixes,
+}
+
+impl Gauge {
+    fn series(self) -> Option<&'static str> {
+        Some(match self {
+            Gauge::Running => "llama_engine_running",
+            Gauge::Waiting => "llama_engine_waiting",
+            Gauge::KvCellsUsed => "llama_engine_kv_cells_used",
+            Gauge::KvCellsTotal => "llama_engine_kv_cells_total",
+            Gauge::CachedPrefixCells => "llama_engine_cached_prefix_cells",
+            Gauge::CachedPrefixes => return None,
+        })
+    }
+
+    fn field(self, stats: &mut EngineStats) -> &mut usize {
+        match self {
+            Gauge::Running => &mut stats.running,
+            Gauge::Waiting => &mut stats.waiting,
+            Gauge::KvCellsUsed => &mut stats.kv_cells_used,
+            Gauge::KvCellsTotal => &mut stats.kv_cells_total,
+            Gauge::CachedPrefixCells => &mut stats.cached_prefix_cells,
+            Gauge::CachedPrefixes => &mut stats.cached_prefixes,
+        }
+    }
+}
+
+/// A latency distribution: a [`Latency`] of [`EngineStats`] and a
+/// `metrics` histogram in seconds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum LatencySeries {
+    TimeToFirstToken,
+    InterToken,
+    EndToEnd,
+    Queue,
+}
+
+impl LatencySeries {
+    const ALL: [LatencySeries; 4] =
+        [LatencySeries::TimeToFirstToken, LatencySeries::InterToken, LatencySeries::EndToEnd, LatencySeries::Queue];
+
+    fn series(self) -> &'static str {
+        match self {
+            LatencySeries::TimeToFirstToken => "llama_engine_ttft_seconds",
+            LatencySeries::InterToken => "llama_engine_inter_token_seconds",
+            LatencySeries::EndToEnd => "llama_engine_e2e_seconds",
+            LatencySeries::Queue => "llama_engine_queue_seconds",
+        }
+    }
+
+    fn field(self, stats: &mut EngineStats) -> &mut Latency {
+        match self {
+            LatencySeries::TimeToFirstToken => &mut stats.time_to_first_token,
+            LatencySeries::InterToken => &mut stats.inter_token,
+            LatencySeries::EndToEnd => &mut stats.end_to_end,
+            LatencySeries::Queue => &mut stats.queue,
+        }
+    }
+}
+
+/// What [`Engine::stats`](super::Engine::stats) reads: the counters and
+/// histograms as of the worker's last step.
+#[derive(Debug, Default)]
+pub(crate) struct Published {
+    stats: EngineStats,
+    /// Per [`LatencySeries`], in its order.
+    histograms: [Histogram; LatencySeries::ALL.len()],
+}
+
+impl Published {
+    pub fn snapshot(&self) -> EngineStats {
+        let mut stats = self.stats.clone();
+        for series in LatencySeries::ALL {
+            *series.field(&mut stats) = self.histograms[series as usize].summary();
+        }
+        stats
+    }
+}
+
+/// The worker's side: every update goes to [`EngineStats`] and its
+/// series in one call; the stats and the step's latency samples become
+/// visible to readers at [`Meter::publish`], once per step.
+#[derive(Debug, Default)]
+pub(crate) struct Meter {
+    stats: EngineStats,
+    /// Latency samples of this step, per [`LatencySeries`].
+    samples: [Vec<Duration>; LatencySeries::ALL.len()],
+}
+
+impl Meter {
+    pub fn stats(&self) -> &EngineStats {
+        &self.stats
+    }
+
+    pub fn count(&mut self, counter: Counter, n: u64) {
+        *counter.field(&mut self.stats) += n;
+        if let Some(name) = counter.series() {
+            ::metrics::counter!(name).increment(n);
+        }
+    }
+
+    /// A request finished, for the reason `label` (`length`, `stop`, ...).
+    pub fn finished(&mut self, label: &'static str) {
+        self.stats.requests_finished += 1;
+        ::metrics::counter!(REQUESTS_FINISHED, "reason" => label).increment(1);
+    }
+
+    pub fn set(&mut self, gauge: Gauge, value: usize) {
+        *gauge.field(&mut self.stats) = value;
+        if let Some(name) = gauge.series() {
+            ::metrics::gauge!(name).set(value as f64);
+        }
+    }
+
+    pub fn set_perf(&mut self, perf: PerfCounters) {
+        self.stats.perf = perf;
+    }
+
+    pub fn record(&mut self, series: LatencySeries, latency: Duration) {
+        self.samples[series as usize].push(latency);
+    }
+
+    /// Copies the stats to `to` and records this step's latency samples
+    /// there and in their series.
+    pub fn publish(&mut self, to: &Mutex<Published>) {
+        let mut published = lock(to);
+        published.stats.clone_from(&self.stats);
+        for series in LatencySeries::ALL {
+            let histogram = &mut published.histograms[series as usize];
+            for latency in self.samples[series as usize].drain(..) {
+                histogram.record(latency);
+                ::metrics::histogram!(series.series()).record(latency.as_secs_f64());
+            }
+        }
+    }
+}
 
 /// Buckets grow by this factor: a quantile read from the histogram is at
 /// most 4% above the true value.

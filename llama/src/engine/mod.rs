@@ -370,8 +370,8 @@ struct Shared {
     /// Decode steps so far.
     steps: AtomicU64,
     /// Why the engine stopped, once it has.
-    stopped: Mutex<Option<String>>,
-    stats: Mutex<worker::StatsState>,
+    stopped: Mutex<Option<worker::Exit>>,
+    stats: Mutex<metrics::Published>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -393,7 +393,7 @@ struct Handle {
 
 impl Handle {
     fn stop(&self) {
-        lock(&self.shared.stopped).get_or_insert_with(|| "shut down".into());
+        lock(&self.shared.stopped).get_or_insert(worker::Exit::Shutdown);
         drop(lock(&self.commands).take());
         let thread = lock(&self.thread).take();
         if let Some(thread) = thread
@@ -532,8 +532,8 @@ impl Engine {
     /// grammar that does not parse; tokenizer errors for text prompts.
     pub fn submit(&self, request: Request) -> Result<Completion> {
         let h = &*self.handle;
-        if let Some(why) = lock(&h.shared.stopped).clone() {
-            return Err(Error::EngineStopped(why));
+        if let Some(exit) = &*lock(&h.shared.stopped) {
+            return Err(Error::EngineStopped(exit.to_string()));
         }
         let checked = request::check(&h.model, h.pool, request)?;
         if h.shared
@@ -548,7 +548,7 @@ impl Engine {
         let cancel = Arc::new(AtomicBool::new(false));
         let submission = worker::Submission {
             id,
-            request: checked,
+            checked,
             events: events_tx,
             cancel: Arc::clone(&cancel),
             submitted: Instant::now(),
@@ -557,8 +557,8 @@ impl Engine {
         let sent = lock(&h.commands).as_ref().is_some_and(|tx| tx.send(submission).is_ok());
         if !sent {
             h.shared.queued.fetch_sub(1, Ordering::AcqRel);
-            let why = lock(&h.shared.stopped).clone().unwrap_or_else(|| "shut down".into());
-            return Err(Error::EngineStopped(why));
+            let exit = lock(&h.shared.stopped).clone().unwrap_or(worker::Exit::Shutdown);
+            return Err(Error::EngineStopped(exit.to_string()));
         }
         Ok(Completion { id, events: Box::pin(events), cancel, done: false })
     }

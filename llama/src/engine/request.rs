@@ -139,21 +139,18 @@ impl Request {
 #[derive(Debug)]
 pub(crate) struct Checked {
     pub prompt: Vec<Token>,
-    pub sampling: SamplingParams,
-    pub max_tokens: Option<usize>,
-    pub stop: Vec<String>,
-    pub stop_at_eog: bool,
     /// The most cells the sequence may hold.
     pub max_context: usize,
-    pub priority: i32,
-    pub special: Special,
+    /// The rest of the request as submitted (its `prompt` is now `prompt`
+    /// above, and left empty here).
+    pub request: Request,
 }
 
 /// Tokenizes and checks `request` for an engine whose pool has `pool`
 /// cells: everything the worker could fail on later is refused here.
-pub(crate) fn check(model: &Model, pool: usize, request: Request) -> Result<Checked> {
+pub(crate) fn check(model: &Model, pool: usize, mut request: Request) -> Result<Checked> {
     let vocab = model.vocab();
-    let prompt = match request.prompt {
+    let prompt = match std::mem::replace(&mut request.prompt, Prompt::Tokens(Vec::new())) {
         Prompt::Tokens(tokens) => tokens,
         Prompt::Text { text, add_bos, special } => {
             let mut tokens = Vec::new();
@@ -193,14 +190,5 @@ pub(crate) fn check(model: &Model, pool: usize, request: Request) -> Result<Chec
         // failed request later.
         SamplerChain::new().grammar(vocab, gbnf, "root").greedy().build()?;
     }
-    Ok(Checked {
-        prompt,
-        sampling: request.sampling,
-        max_tokens: request.max_tokens,
-        stop: request.stop,
-        stop_at_eog: request.stop_at_eog,
-        max_context,
-        priority: request.priority,
-        special: request.special,
-    })
+    Ok(Checked { prompt, max_context, request })
 }

@@ -49,9 +49,11 @@ mod complete;
 mod options;
 mod session;
 mod stop;
+mod tail;
 
 pub use complete::{CompleteOptions, Completed, DEFAULT_MAX_TOKENS};
 pub use options::{FinishReason, GenerateOptions, GenerationStats, Overflow};
 pub(crate) use session::swa_window_present;
 pub use session::{Generation, Session};
 pub use stop::{StopMatcher, stop_holdback};
+pub(crate) use tail::TextTail;

@@ -8,9 +8,10 @@ use crate::batch::{Batch, Logits, Pos, SeqId};
 use crate::context::{AbortHandle, Context, Output};
 use crate::error::{Error, Result};
 use crate::sampler::Sampler;
-use crate::vocab::{Detokenizer, Token};
+use crate::vocab::Token;
 
-use super::{FinishReason, GenerateOptions, GenerationStats, Overflow, StopMatcher};
+use super::tail::{TailBuffers, TextTail};
+use super::{FinishReason, GenerateOptions, GenerationStats, Overflow};
 
 /// The tokens in the KV cache of one sequence, remembered across runs so
 /// that a prompt sharing a prefix with them decodes only the rest.
@@ -38,11 +39,8 @@ pub struct Session {
     /// The batch of the prefill and decode loop; [`Session::generate`]
     /// replaces it with one of the context's `n_batch` when that differs.
     batch: Batch,
-    stop: StopMatcher,
-    /// The text of the last sampled token.
-    piece: String,
-    /// The text handed out by [`Generation::next_piece`].
-    out: String,
+    /// The text buffers of the last run, for the next one.
+    text: TailBuffers,
 }
 
 impl Default for Session {
@@ -55,9 +53,7 @@ impl Default for Session {
             epoch: 0,
             // A placeholder: `generate` sizes the batch for its context.
             batch: Batch::new(1, 1),
-            stop: StopMatcher::default(),
-            piece: String::new(),
-            out: String::new(),
+            text: TailBuffers::default(),
         }
     }
 }
@@ -165,9 +161,6 @@ impl Session {
         if self.batch.capacity() != n_batch {
             self.batch = Batch::new(n_batch, 1);
         }
-        self.stop.set_stops(&options.stop);
-        self.piece.clear();
-        self.out.clear();
 
         let stats = GenerationStats {
             prompt_tokens: prompt.len(),
@@ -178,7 +171,7 @@ impl Session {
         let (ctx, model) = ctx.model_for();
         Ok(Generation {
             abort,
-            detokenizer: Detokenizer::new(model.vocab(), options.special),
+            tail: TextTail::reusing(std::mem::take(&mut self.text), model.vocab(), options.special, &options.stop),
             session: self,
             ctx,
             sampler,
@@ -235,7 +228,9 @@ pub struct Generation<'a, 'm, 's> {
     session: &'a mut Session,
     ctx: &'a mut Context<'m>,
     sampler: &'a mut Sampler<'s>,
-    detokenizer: Detokenizer<'a>,
+    /// Detokenizer, stop strings, and the text [`Generation::next_piece`]
+    /// hands out.
+    tail: TextTail<'a>,
     abort: AbortHandle,
     max_tokens: Option<usize>,
     stop_at_eog: bool,
@@ -296,7 +291,7 @@ impl Generation<'_, '_, '_> {
             self.finish(FinishReason::Cancelled);
         }
         self.phase = Phase::Done;
-        self.session.stop.held.clear();
+        self.tail.discard();
     }
 
     /// The next piece of text, `None` when the run is over. No allocation:
@@ -313,18 +308,18 @@ impl Generation<'_, '_, '_> {
                 Phase::Done => return self.error.take().map(Err),
                 Phase::Flush => {
                     self.phase = Phase::Done;
-                    self.session.out.clear();
+                    self.tail.clear_released();
                     self.flush_text();
-                    if !self.session.out.is_empty() {
-                        return Some(Ok(&self.session.out));
+                    if !self.tail.released().is_empty() {
+                        return Some(Ok(self.tail.released()));
                     }
                 }
                 Phase::Prefill | Phase::Running => {
-                    self.session.out.clear();
+                    self.tail.clear_released();
                     if let Err(e) = self.step() {
                         self.fail(e);
-                    } else if !self.session.out.is_empty() {
-                        return Some(Ok(&self.session.out));
+                    } else if !self.tail.released().is_empty() {
+                        return Some(Ok(self.tail.released()));
                     }
                 }
             }
@@ -375,18 +370,10 @@ impl Generation<'_, '_, '_> {
     /// stop-string start) to the output, unless a stop string ended the
     /// run (then what is held belongs to it, or follows it).
     fn flush_text(&mut self) {
-        let pending = self.detokenizer.pending().len();
-        self.stats.incomplete_utf8_bytes = pending;
-        if matches!(self.stats.finish_reason, Some(FinishReason::Stop(_))) {
-            return;
+        self.stats.incomplete_utf8_bytes = self.tail.incomplete_utf8();
+        if !matches!(self.stats.finish_reason, Some(FinishReason::Stop(_))) {
+            self.tail.flush();
         }
-        if pending > 0 {
-            let rest = self.detokenizer.finish();
-            let s = &mut *self.session;
-            s.stop.push(&rest, &mut s.out);
-        }
-        let s = &mut *self.session;
-        s.stop.flush(&mut s.out);
     }
 
     /// After a failed decode: the tokens of the sequence that did make it
@@ -397,8 +384,7 @@ impl Generation<'_, '_, '_> {
     }
 
     /// One step: the prefill (first call), then decode the pending token
-    /// and sample the next one, leaving its releasable text in
-    /// `session.out`.
+    /// and sample the next one, leaving its releasable text in the tail.
     fn step(&mut self) -> Result<()> {
         if self.abort.take() {
             self.finish(FinishReason::Cancelled);
@@ -436,12 +422,7 @@ impl Generation<'_, '_, '_> {
         }
         self.session.tokens.push(token);
         self.pending = Some(token);
-
-        let s = &mut *self.session;
-        s.piece.clear();
-        self.detokenizer.push(token, &mut s.piece)?;
-        if let Some(i) = s.stop.push(&s.piece, &mut s.out) {
-            let stop = s.stop.stops()[i].clone();
+        if let Some(stop) = self.tail.push(token)? {
             self.finish(FinishReason::Stop(stop));
         }
         Ok(())
@@ -532,5 +513,6 @@ impl Drop for Generation<'_, '_, '_> {
     fn drop(&mut self) {
         // Forget a sampled token that never reached the cache.
         self.session.tokens.truncate(self.session.n_cached);
+        self.session.text = self.tail.take_buffers();
     }
 }

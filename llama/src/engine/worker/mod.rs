@@ -1,208 +1,49 @@
 //! The one thread that owns the engine's context, and its step loop:
 //! take new requests → drop cancelled ones → admit waiting ones → plan the
 //! step → make room in the pool → one decode → sample → send events →
-//! publish stats. Policy lives in `scheduler`, pool bookkeeping in `kv`.
+//! publish stats.
 //!
-//! This file holds the worker's state, the thread's body and the loop;
-//! `pool` admits, evicts and preempts; `step` decodes, samples and ends
-//! requests.
+//! The [`Worker`] here decides and moves requests between its lists;
+//! policy lives in `scheduler`, cell accounting in `kv`, what the pool
+//! holds beyond the running requests in [`Pool`], one request's state in
+//! [`Seq`], why requests end in [`Cause`], and the counters in
+//! `metrics`.
 
 use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, TryRecvError};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use super::kv::{Cells, PrefixIndex, cells_in_use};
-use super::metrics::Histogram;
+use super::metrics::{Counter, Gauge, LatencySeries, Meter};
 use super::request::Checked;
 use super::scheduler::{self, Candidate, Load};
-use super::{EngineConfig, EngineStats, Event, Finish, Piece, Shared, Timings, TokenLogprob, Usage, lock};
-use crate::batch::{Batch, Logits, Pos, SeqId};
+use super::{EngineConfig, Event, Finish, Shared, Timings, Usage, lock};
+use crate::batch::{Batch, Logits, Pos};
 use crate::context::{Context, ContextParams, PerfCounters};
 use crate::error::{Error, Result};
-use crate::generate::{FinishReason, StopMatcher, swa_window_present};
+use crate::generate::swa_window_present;
 use crate::model::Model;
-use crate::sampler::Sampler;
-use crate::vocab::{Detokenizer, Token};
 
+mod cause;
 mod pool;
-mod step;
+mod seq;
+
+pub(crate) use cause::Exit;
+use cause::{Cause, Failure};
+use pool::{Pool, Share};
+use seq::{Sampled, Seq};
 
 /// A checked request on its way to the worker.
 #[derive(Debug)]
 pub(crate) struct Submission {
     pub id: u64,
-    pub request: Checked,
+    pub checked: Checked,
     pub events: async_channel::Sender<Event>,
     pub cancel: Arc<AtomicBool>,
     pub submitted: Instant,
     pub submit_step: u64,
-}
-
-/// Counters and histograms behind [`EngineStats`], updated by the worker
-/// once per step.
-#[derive(Debug, Default)]
-pub(crate) struct StatsState {
-    now: EngineStats,
-    ttft: Histogram,
-    inter_token: Histogram,
-    end_to_end: Histogram,
-    queue: Histogram,
-}
-
-impl StatsState {
-    pub fn snapshot(&self) -> EngineStats {
-        EngineStats {
-            time_to_first_token: self.ttft.summary(),
-            inter_token: self.inter_token.summary(),
-            end_to_end: self.end_to_end.summary(),
-            queue: self.queue.summary(),
-            ..self.now.clone()
-        }
-    }
-}
-
-/// Latency samples of one step, recorded under the stats lock at its end.
-#[derive(Debug, Default)]
-struct Samples {
-    ttft: Vec<Duration>,
-    inter_token: Vec<Duration>,
-    end_to_end: Vec<Duration>,
-    queue: Vec<Duration>,
-}
-
-/// One request inside the worker.
-struct Seq<'m> {
-    id: u64,
-    priority: i32,
-    events: async_channel::Sender<Event>,
-    cancel: Arc<AtomicBool>,
-    /// The prompt, then every sampled token (the last one not yet decoded
-    /// while generating).
-    tokens: Vec<Token>,
-    prompt_len: usize,
-    /// `tokens[..n_cached]` are in the KV cells of `slot`.
-    n_cached: usize,
-    /// The sequence prefills until `n_cached` reaches this, then samples.
-    prefill_to: usize,
-    slot: Option<SeqId>,
-    cells: Cells,
-    /// The id of the run of cells this sequence decodes itself.
-    own_run: u64,
-    /// Admission order (for the preemption rule).
-    admitted_order: u64,
-    /// The KV cells of a preempted sequence (llama.cpp's sequence state)
-    /// and how many positions they hold, restored at readmission.
-    saved: Option<(Vec<u8>, usize)>,
-    /// Still counted against `max_queue`.
-    queued: bool,
-    /// Waiting for a running sequence's prefill of the same prompt prefix
-    /// instead of computing it twice.
-    follow: Option<Follow>,
-    sampler: Sampler<'m>,
-    detokenizer: Detokenizer<'m>,
-    stop: StopMatcher,
-    piece: String,
-    out: String,
-    /// The sampled token not yet handed out in a piece, and its
-    /// log-probabilities if asked for.
-    out_token: Option<Token>,
-    out_logprob: Option<TokenLogprob>,
-    /// How many alternatives to report with each token's log-probability.
-    top_logprobs: Option<usize>,
-    generated: usize,
-    max_tokens: Option<usize>,
-    stop_at_eog: bool,
-    max_context: usize,
-    cached_tokens: usize,
-    submitted: Instant,
-    admitted: Option<Instant>,
-    first_token: Option<Instant>,
-    last_token: Option<Instant>,
-    inter_token_sum: Duration,
-    inter_token_max: Duration,
-    submit_step: u64,
-    steps_to_first_token: Option<u64>,
-    preemptions: u32,
-}
-
-/// A sequence whose prompt starts with positions `..to` of another
-/// sequence's prompt, which that sequence (the leader) is still
-/// prefilling: the follower plans no tokens until the leader holds them,
-/// then shares those cells (`seq_cp`) and prefills only the rest. This is
-/// what makes requests that arrive together with one system prompt compute
-/// it once.
-#[derive(Clone, Copy, Debug)]
-struct Follow {
-    /// The leader's request id (its slot may change if it is preempted).
-    leader: u64,
-    to: usize,
-}
-
-/// A follower must gain at least this many positions over what it can
-/// share at once, or it prefills them itself instead of waiting.
-const MIN_FOLLOW: usize = 16;
-
-impl Seq<'_> {
-    fn decoding(&self) -> bool {
-        self.n_cached >= self.prefill_to
-    }
-
-    /// Tokens this sequence still has to put through the model before it
-    /// samples: its prefill, less what it will share from a leader.
-    fn pending(&self) -> usize {
-        let shared = self.follow.map_or(0, |f| f.to);
-        self.prefill_to.saturating_sub(self.n_cached.max(shared))
-    }
-
-    /// Tokens to plan in the next step (none while it follows a leader).
-    fn remaining(&self) -> usize {
-        if self.follow.is_some() { 0 } else { self.tokens.len() - self.n_cached }
-    }
-
-    fn wants_out(&self) -> bool {
-        self.cancel.load(Ordering::Relaxed) || self.events.is_closed()
-    }
-}
-
-/// A finished sequence whose cells stay in the pool for later prompts.
-struct Cached {
-    slot: SeqId,
-    tokens: Vec<Token>,
-    cells: Cells,
-    last_used: u64,
-}
-
-struct Worker<'m> {
-    model: &'m Model,
-    ctx: Context<'m>,
-    shared: &'m Shared,
-    budget: usize,
-    prefill_cap: usize,
-    max_running: usize,
-    max_cached: usize,
-    cached_cell_limit: usize,
-    reserve: usize,
-    capacity: usize,
-    prefix_sharing: bool,
-    running: Vec<Seq<'m>>,
-    waiting: VecDeque<Seq<'m>>,
-    cached: Vec<Cached>,
-    free_slots: Vec<SeqId>,
-    index: PrefixIndex,
-    batch: Batch,
-    loads: Vec<Load>,
-    plan: Vec<usize>,
-    /// For admissions and LRU: a counter, not a clock.
-    tick: u64,
-    next_run: u64,
-    samples: Samples,
-    stats: EngineStats,
-    /// Events of this step, sent after the stats are published: a reader
-    /// who got an event sees stats that include the step that made it.
-    outbox: Vec<(async_channel::Sender<Event>, Event)>,
 }
 
 /// The context an engine with `config` creates: `n_ctx` cells shared by
@@ -234,77 +75,92 @@ pub(crate) fn run(
     shared: &Shared,
     ready: mpsc::SyncSender<Result<usize>>,
 ) {
-    let n_seq = config.max_running + config.max_cached_prefixes;
-    let ctx = match model.new_context(&context_params(config)) {
-        Ok(ctx) => ctx,
+    let mut worker = match Worker::new(model, config, shared) {
+        Ok(worker) => worker,
         Err(e) => {
             let _ = ready.send(Err(e));
             return;
         }
     };
-    let capacity = ctx.n_ctx() as usize;
-    let mut worker = Worker {
-        model,
-        budget: ctx.n_batch() as usize,
-        ctx,
-        shared,
-        prefill_cap: config.prefill_cap.map_or(config.n_batch as usize / 4, |c| c as usize).max(1),
-        max_running: config.max_running as usize,
-        max_cached: config.max_cached_prefixes as usize,
-        cached_cell_limit: (capacity as f64 * f64::from(config.prefix_cache_share)) as usize,
-        reserve: config.admission_reserve,
-        capacity,
-        // A recurrent state cannot be shared in part.
-        prefix_sharing: !model.is_recurrent() && !model.is_hybrid(),
-        running: Vec::new(),
-        waiting: VecDeque::new(),
-        cached: Vec::new(),
-        free_slots: (0..n_seq as SeqId).rev().collect(),
-        index: PrefixIndex::new(config.prefix_block),
-        batch: Batch::new(config.n_batch as usize, 1),
-        loads: Vec::new(),
-        plan: Vec::new(),
-        tick: 0,
-        next_run: 0,
-        samples: Samples::default(),
-        stats: EngineStats { kv_cells_total: capacity, ..EngineStats::default() },
-        outbox: Vec::new(),
-    };
     worker.publish();
-    let _ = ready.send(Ok(capacity));
-    let outcome = catch_unwind(AssertUnwindSafe(|| worker.serve(&inbox)));
-    let why = match outcome {
-        Ok(Ok(())) => "shut down".to_owned(),
-        Ok(Err(e)) => e.to_string(),
-        Err(panic) => format!("the worker panicked: {}", panic_message(&*panic)),
+    let _ = ready.send(Ok(worker.pool.capacity()));
+    let exit = match catch_unwind(AssertUnwindSafe(|| worker.serve(&inbox))) {
+        Ok(Ok(())) => Exit::Shutdown,
+        Ok(Err(e)) => Exit::Failed(e.into()),
+        Err(panic) => Exit::Failed(Failure::panic(&*panic)),
     };
-    lock(&shared.stopped).get_or_insert(why.clone());
-    let reason = if why == "shut down" { FinishReason::Shutdown } else { FinishReason::Failed(why) };
+    lock(&shared.stopped).get_or_insert_with(|| exit.clone());
+    let cause = exit.cause();
     // Whatever is left ends now; a panic mid-step may have left a request
     // out of these lists, and its dropped sender tells its reader.
-    worker.finish_all(reason.clone());
+    worker.finish_all(&cause);
     // Submissions that reached the channel but not the worker end the same
     // way (after a failure the handles still hold the sender).
     while let Ok(s) = inbox.try_recv() {
         shared.queued.fetch_sub(1, Ordering::AcqRel);
         let _ = s.events.try_send(Event::Done(Finish {
-            reason: reason.clone(),
-            usage: Usage { prompt_tokens: s.request.prompt.len(), ..Usage::default() },
+            reason: cause.reason(),
+            usage: Usage { prompt_tokens: s.checked.prompt.len(), ..Usage::default() },
             timings: Timings { total: s.submitted.elapsed(), queued: s.submitted.elapsed(), ..Timings::default() },
         }));
     }
     worker.publish();
 }
 
-fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
-    panic
-        .downcast_ref::<&str>()
-        .map(|s| (*s).to_owned())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a non-string panic".into())
+struct Worker<'m> {
+    model: &'m Model,
+    ctx: Context<'m>,
+    shared: &'m Shared,
+    /// Tokens per step (the context's `n_batch`).
+    budget: usize,
+    prefill_cap: usize,
+    max_running: usize,
+    /// Free cells an admission needs beyond its uncached prompt.
+    reserve: usize,
+    /// Admitted, in admission order.
+    running: Vec<Seq<'m>>,
+    /// By priority, then arrival.
+    waiting: VecDeque<Seq<'m>>,
+    pool: Pool,
+    batch: Batch,
+    loads: Vec<Load>,
+    plan: Vec<usize>,
+    /// Admissions so far, for the preemption rule's "most recently
+    /// admitted".
+    admissions: u64,
+    meter: Meter,
+    /// Events of this step, sent after the stats are published: a reader
+    /// who got an event sees stats that include the step that made it.
+    outbox: Vec<(async_channel::Sender<Event>, Event)>,
 }
 
 impl<'m> Worker<'m> {
+    fn new(model: &'m Model, config: &EngineConfig, shared: &'m Shared) -> Result<Self> {
+        let ctx = model.new_context(&context_params(config))?;
+        let capacity = ctx.n_ctx() as usize;
+        let n_seq = (config.max_running + config.max_cached_prefixes) as usize;
+        // A recurrent state cannot be shared in part.
+        let sharing = !model.is_recurrent() && !model.is_hybrid();
+        Ok(Worker {
+            model,
+            budget: ctx.n_batch() as usize,
+            ctx,
+            shared,
+            prefill_cap: config.prefill_cap.map_or(config.n_batch as usize / 4, |c| c as usize).max(1),
+            max_running: config.max_running as usize,
+            reserve: config.admission_reserve,
+            running: Vec::new(),
+            waiting: VecDeque::new(),
+            pool: Pool::new(config, capacity, n_seq, sharing),
+            batch: Batch::new(config.n_batch as usize, 1),
+            loads: Vec::new(),
+            plan: Vec::new(),
+            admissions: 0,
+            meter: Meter::default(),
+            outbox: Vec::new(),
+        })
+    }
+
     /// The step loop. Returns when every handle is gone (`Ok`) or the
     /// context became unusable (`Err`).
     fn serve(&mut self, inbox: &mpsc::Receiver<Submission>) -> Result<()> {
@@ -331,65 +187,26 @@ impl<'m> Worker<'m> {
         }
     }
 
-    /// Builds the worker-side state of a new request and queues it.
+    /// Queues a new request behind every request of the same or higher
+    /// priority.
     fn accept(&mut self, s: Submission) {
-        let r = s.request;
-        let sampler = match r.sampling.sampler(self.model) {
+        let sampler = match s.checked.request.sampling.sampler(self.model) {
             Ok(sampler) => sampler,
             Err(e) => {
                 // Checked at submit; a failure here is still only this
                 // request's.
                 self.shared.queued.fetch_sub(1, Ordering::AcqRel);
-                self.stats.requests_finished += 1;
-                ::metrics::counter!("llama_engine_requests_total", "reason" => "failed").increment(1);
+                let cause = Cause::Failed(e.into());
+                self.meter.finished(cause.label());
                 let _ = s.events.try_send(Event::Done(Finish {
-                    reason: FinishReason::Failed(e.to_string()),
-                    usage: Usage { prompt_tokens: r.prompt.len(), ..Usage::default() },
+                    reason: cause.reason(),
+                    usage: Usage { prompt_tokens: s.checked.prompt.len(), ..Usage::default() },
                     timings: Timings { total: s.submitted.elapsed(), ..Timings::default() },
                 }));
                 return;
             }
         };
-        let seq = Seq {
-            id: s.id,
-            priority: r.priority,
-            events: s.events,
-            cancel: s.cancel,
-            prompt_len: r.prompt.len(),
-            prefill_to: r.prompt.len(),
-            tokens: r.prompt,
-            n_cached: 0,
-            slot: None,
-            cells: Cells::default(),
-            own_run: 0,
-            admitted_order: 0,
-            saved: None,
-            follow: None,
-            queued: true,
-            sampler,
-            detokenizer: Detokenizer::new(self.model.vocab(), r.special),
-            stop: StopMatcher::new(&r.stop),
-            piece: String::new(),
-            out: String::new(),
-            out_token: None,
-            out_logprob: None,
-            top_logprobs: r.sampling.top_logprobs(),
-            generated: 0,
-            max_tokens: r.max_tokens,
-            stop_at_eog: r.stop_at_eog,
-            max_context: r.max_context,
-            cached_tokens: 0,
-            submitted: s.submitted,
-            admitted: None,
-            first_token: None,
-            last_token: None,
-            inter_token_sum: Duration::ZERO,
-            inter_token_max: Duration::ZERO,
-            submit_step: s.submit_step,
-            steps_to_first_token: None,
-            preemptions: 0,
-        };
-        // Behind every request of the same or higher priority.
+        let seq = Seq::new(self.model, s, sampler);
         let at = self.waiting.iter().position(|w| w.priority < seq.priority).unwrap_or(self.waiting.len());
         self.waiting.insert(at, seq);
     }
@@ -399,7 +216,7 @@ impl<'m> Worker<'m> {
         while i < self.running.len() {
             if self.running[i].wants_out() {
                 let seq = self.running.remove(i);
-                self.finish(seq, FinishReason::Cancelled);
+                self.finish(seq, Cause::Cancelled);
             } else {
                 i += 1;
             }
@@ -408,48 +225,304 @@ impl<'m> Worker<'m> {
         while i < self.waiting.len() {
             if self.waiting[i].wants_out() {
                 let seq = self.waiting.remove(i).expect("index in range");
-                self.finish(seq, FinishReason::Cancelled);
+                self.finish(seq, Cause::Cancelled);
             } else {
                 i += 1;
             }
         }
     }
 
-    /// Copies the counters into the shared snapshot and records the
-    /// step's latency samples.
-    fn publish(&mut self) {
-        let used = self.cells_used();
-        let s = &mut self.stats;
-        s.running = self.running.len();
-        s.waiting = self.waiting.len();
-        s.kv_cells_used = used;
-        s.cached_prefix_cells = cells_in_use(self.cached.iter().map(|c| &c.cells));
-        s.cached_prefixes = self.cached.len();
-        s.perf = if s.steps > 0 { self.ctx.perf() } else { PerfCounters::default() };
-        let s = &self.stats;
-        ::metrics::gauge!("llama_engine_running").set(s.running as f64);
-        ::metrics::gauge!("llama_engine_waiting").set(s.waiting as f64);
-        ::metrics::gauge!("llama_engine_kv_cells_used").set(s.kv_cells_used as f64);
-        ::metrics::gauge!("llama_engine_kv_cells_total").set(s.kv_cells_total as f64);
-        ::metrics::gauge!("llama_engine_cached_prefix_cells").set(s.cached_prefix_cells as f64);
-        let mut guard = lock(&self.shared.stats);
-        let StatsState { now, ttft, inter_token, end_to_end, queue } = &mut *guard;
-        now.clone_from(&self.stats);
-        for (samples, hist, name) in [
-            (&mut self.samples.ttft, ttft, "llama_engine_ttft_seconds"),
-            (&mut self.samples.inter_token, inter_token, "llama_engine_inter_token_seconds"),
-            (&mut self.samples.end_to_end, end_to_end, "llama_engine_e2e_seconds"),
-            (&mut self.samples.queue, queue, "llama_engine_queue_seconds"),
-        ] {
-            for d in samples.drain(..) {
-                hist.record(d);
-                ::metrics::histogram!(name).record(d.as_secs_f64());
+    /// Admits waiting requests in order while there is a slot, room for
+    /// the uncached prompt plus the reserve, and `max_running` allows.
+    fn admit(&mut self) {
+        while self.running.len() < self.max_running
+            && let Some(next) = self.waiting.front()
+        {
+            // A preempted sequence with saved cells restores them (every
+            // cell its own); others look for a prefix to share, now or
+            // once a running sequence has prefilled it.
+            let (share, follow) = if next.kv.saved.is_some() {
+                (None, None)
+            } else {
+                let share = self.pool.longest_prefix(&mut self.ctx, &self.running, &next.tokens);
+                let follow = self.pool.leader(&self.running, &next.tokens, share.map_or(0, |s| s.len));
+                (share, follow)
+            };
+            let will_share = follow.map_or(share.map_or(0, |s| s.len), |f| f.to);
+            let need = (next.tokens.len() - will_share).saturating_add(self.reserve);
+            if !self.pool.room_for(&mut self.ctx, &self.running, need, share.map(|s| s.slot)) {
+                break;
+            }
+            let mut seq = self.waiting.pop_front().expect("not empty");
+            let restoring = seq.kv.saved.is_some();
+            let shared = self.pool.place(&mut self.ctx, &self.running, &mut seq, share);
+            if !restoring {
+                self.meter.count(Counter::PrefixLookups, u64::from(self.pool.sharing()));
+            }
+            seq.kv.follow = follow.filter(|f| f.to > seq.kv.n_cached);
+            seq.kv.prefill_to = seq.tokens.len();
+            seq.kv.admitted_order = self.admissions;
+            self.admissions += 1;
+            if !seq.clock.ever_admitted() {
+                self.shared.queued.fetch_sub(1, Ordering::AcqRel);
+                count_shared(&mut self.meter, &mut seq, shared);
+                self.meter.count(Counter::PromptTokens, seq.usage.prompt_tokens as u64);
+                let waited = seq.clock.admit(Instant::now());
+                self.meter.record(LatencySeries::Queue, waited);
+            }
+            self.running.push(seq);
+        }
+    }
+
+    /// Followers whose leader now holds their shared prefix take its cells;
+    /// a follower whose leader is gone (finished, cancelled, preempted)
+    /// takes what the prefix index offers and prefills the rest itself.
+    fn catch_up(&mut self) {
+        for i in 0..self.running.len() {
+            let Some(follow) = self.running[i].kv.follow else { continue };
+            let leader =
+                self.running.iter().find(|s| s.id == follow.leader).and_then(|s| Some((s.kv.slot?, s.kv.n_cached)));
+            let source = match leader {
+                Some((_, held)) if held < follow.to => continue, // not there yet
+                Some((slot, _)) => Some(Share { slot, len: follow.to }),
+                None => self.pool.longest_prefix(&mut self.ctx, &self.running, &self.running[i].tokens),
+            };
+            self.running[i].kv.follow = None;
+            let Some(Share { slot: src, len }) = source else { continue };
+            if len <= self.running[i].kv.n_cached || !swa_window_present(&mut self.ctx, src, len).unwrap_or(false) {
+                continue;
+            }
+            let Some(src_cells) = self.pool.source_cells(&self.running, src) else { continue };
+            let seq = &mut self.running[i];
+            let shared = self.pool.share(&mut self.ctx, src, &src_cells, seq, len);
+            count_shared(&mut self.meter, seq, shared);
+        }
+    }
+
+    /// Frees a running sequence's cells and requeues it. Its cells are
+    /// saved to host memory first (llama.cpp's sequence state) and
+    /// restored when there is room again, so it continues exactly where it
+    /// was; if saving or restoring fails, it is recomputed from its tokens.
+    fn preempt(&mut self, i: usize) {
+        let mut seq = self.running.remove(i);
+        self.pool.vacate(&mut self.ctx, &mut seq);
+        seq.preempted();
+        self.meter.count(Counter::Preemptions, 1);
+        // Ahead of every waiting request of the same or lower priority.
+        let at = self.waiting.iter().position(|w| w.priority <= seq.priority).unwrap_or(self.waiting.len());
+        self.waiting.insert(at, seq);
+    }
+
+    /// Plans the step until its new tokens fit in the pool, evicting
+    /// cached prefixes and then preempting sequences as needed. Returns
+    /// false when nothing is left to run.
+    fn plan_with_room(&mut self) -> bool {
+        loop {
+            self.catch_up();
+            self.loads.clear();
+            self.loads.extend(self.running.iter().map(|s| Load { remaining: s.remaining(), decoding: s.decoding() }));
+            scheduler::plan(self.budget, self.prefill_cap, &self.loads, &mut self.plan);
+            let needed: usize = self.plan.iter().sum();
+            if needed == 0 {
+                return false;
+            }
+            if self.pool.cells_used(&self.running) + needed <= self.pool.capacity() {
+                return true;
+            }
+            if !self.make_room() {
+                return false;
             }
         }
-        drop(guard);
+    }
+
+    /// Frees some cells: a cached prefix, else a preempted sequence, else
+    /// (a sequence alone in a full pool) that sequence ends. Returns false
+    /// when nothing is running any more.
+    fn make_room(&mut self) -> bool {
+        if self.pool.evict_lru(&mut self.ctx, None) {
+            return true;
+        }
+        if self.running.len() > 1 {
+            // Preempting a sequence frees its own cells and its tokens of
+            // this step; one with neither would be preempted for nothing.
+            let frees = |i: usize| {
+                let s = &self.running[i];
+                self.plan.get(i).is_some_and(|&n| n > 0) || s.kv.cells.own(s.kv.own_run) > 0
+            };
+            let mut pool: Vec<usize> = (0..self.running.len()).filter(|&i| frees(i)).collect();
+            if pool.is_empty() {
+                pool = (0..self.running.len()).collect();
+            }
+            let candidates: Vec<Candidate> = pool
+                .iter()
+                .map(|&i| Candidate { priority: self.running[i].priority, admitted: self.running[i].kv.admitted_order })
+                .collect();
+            let i = pool[scheduler::victim(&candidates).expect("running is not empty")];
+            self.preempt(i);
+            return true;
+        }
+        if let Some(seq) = self.running.pop() {
+            self.finish(seq, Cause::ContextFull);
+        }
+        !self.running.is_empty()
+    }
+
+    /// One decode over the planned tokens, then sampling.
+    fn step(&mut self) -> Result<()> {
+        if !self.decode()? {
+            return Ok(());
+        }
+        self.meter.count(Counter::Steps, 1);
+        let step = self.meter.stats().steps;
+        self.shared.steps.store(step, Ordering::Release);
+
+        // Record what went in, and sample where the batch asked for logits.
+        let mut row = 0usize;
+        let mut to_sample = Vec::new();
+        for (i, (seq, &n)) in self.running.iter_mut().zip(&self.plan).enumerate() {
+            if n == 0 {
+                continue;
+            }
+            if !seq.decoding() {
+                self.meter.count(Counter::PromptTokensEvaluated, n as u64);
+            }
+            seq.kv.n_cached += n;
+            seq.kv.cells.append(seq.kv.own_run, n);
+            self.pool.indexed(seq.kv.slot.expect("running sequences have a slot"), seq.held());
+            row += n;
+            if seq.kv.n_cached == seq.tokens.len() {
+                to_sample.push((i, row - 1));
+            }
+        }
+        let mut ended = Vec::new();
+        for (i, row) in to_sample {
+            let (seq, ctx) = (&mut self.running[i], &mut self.ctx);
+            let sampled = match catch_unwind(AssertUnwindSafe(|| seq.sample(ctx, row, step))) {
+                Ok(sampled) => sampled.map_err(Failure::from),
+                Err(panic) => Err(Failure::panic(&*panic)),
+            };
+            match sampled {
+                Ok(Sampled { end, times }) => {
+                    self.meter.count(Counter::CompletionTokens, 1);
+                    if let Some(ttft) = times.first {
+                        self.meter.record(LatencySeries::TimeToFirstToken, ttft);
+                    }
+                    if let Some(gap) = times.gap {
+                        self.meter.record(LatencySeries::InterToken, gap);
+                    }
+                    match end {
+                        Some(cause) => ended.push((i, cause)),
+                        None => {
+                            let piece = seq.take_piece();
+                            self.outbox.push((seq.events().clone(), Event::Piece(piece)));
+                        }
+                    }
+                }
+                Err(failure) => ended.push((i, Cause::Failed(failure))),
+            }
+        }
+        for (i, cause) in ended.into_iter().rev() {
+            let seq = self.running.remove(i);
+            self.finish(seq, cause);
+        }
+        Ok(())
+    }
+
+    /// Plans the step and makes the one decode call. Returns false when
+    /// nothing was decoded (nothing to run, or the batch's sequences
+    /// failed); `Err` when the context is unusable.
+    fn decode(&mut self) -> Result<bool> {
+        let mut attempts = 0;
+        loop {
+            if !self.plan_with_room() {
+                return Ok(false);
+            }
+            self.batch.clear();
+            for (seq, &n) in self.running.iter().zip(&self.plan) {
+                if n == 0 {
+                    continue;
+                }
+                let from = seq.kv.n_cached;
+                let slot = seq.kv.slot.expect("running sequences have a slot");
+                let last = from + n == seq.tokens.len();
+                self.batch.push_sequence(&seq.tokens[from..from + n], from as Pos, slot, Logits::from(last))?;
+            }
+            match self.ctx.decode(&self.batch) {
+                Ok(()) => return Ok(true),
+                // The accounting said it fits, but llama.cpp found no slot
+                // (a pool fragmented by padding): free more and retry.
+                Err(Error::NoKvSlot) if attempts < 8 => {
+                    attempts += 1;
+                    if !self.make_room() {
+                        return Ok(false);
+                    }
+                }
+                Err(e @ (Error::Poisoned { .. } | Error::Exception { .. })) => return Err(e),
+                Err(e) => {
+                    // This batch's sequences fail; the others go on.
+                    let failure = Failure::from(e);
+                    let planned: Vec<usize> = (0..self.running.len()).filter(|&i| self.plan[i] > 0).rev().collect();
+                    for i in planned {
+                        let mut seq = self.running.remove(i);
+                        if let Some(slot) = seq.kv.slot.take() {
+                            self.pool.release(&mut self.ctx, slot);
+                        }
+                        self.finish(seq, Cause::Failed(failure.clone()));
+                    }
+                    return Ok(false);
+                }
+            }
+        }
+    }
+
+    /// Ends a request: sends its last piece and final event, and keeps its
+    /// cells as a cached prefix (or frees them).
+    fn finish(&mut self, mut seq: Seq<'m>, cause: Cause) {
+        let (last, finish) = seq.end(&cause);
+        if let Some(piece) = last {
+            self.outbox.push((seq.events().clone(), Event::Piece(piece)));
+        }
+        log::debug!("request {} finished: {} ({:?})", seq.id, finish.reason, finish.usage);
+        self.meter.finished(cause.label());
+        self.meter.record(LatencySeries::EndToEnd, finish.timings.total);
+        self.outbox.push((seq.events().clone(), Event::Done(finish)));
+        if !seq.clock.ever_admitted() {
+            self.shared.queued.fetch_sub(1, Ordering::AcqRel);
+        }
+        self.pool.retire(&mut self.ctx, &mut seq);
+    }
+
+    fn finish_all(&mut self, cause: &Cause) {
+        while let Some(seq) = self.running.pop() {
+            self.finish(seq, cause.clone());
+        }
+        while let Some(seq) = self.waiting.pop_front() {
+            self.finish(seq, cause.clone());
+        }
+    }
+
+    /// Publishes the stats and this step's latency samples, then sends
+    /// the step's events.
+    fn publish(&mut self) {
+        let m = &mut self.meter;
+        m.set(Gauge::Running, self.running.len());
+        m.set(Gauge::Waiting, self.waiting.len());
+        m.set(Gauge::KvCellsUsed, self.pool.cells_used(&self.running));
+        m.set(Gauge::KvCellsTotal, self.pool.capacity());
+        m.set(Gauge::CachedPrefixCells, self.pool.cached_cells());
+        m.set(Gauge::CachedPrefixes, self.pool.cached_prefixes());
+        m.set_perf(if m.stats().steps > 0 { self.ctx.perf() } else { PerfCounters::default() });
+        m.publish(&self.shared.stats);
         for (to, event) in self.outbox.drain(..) {
             // A reader that went away cancels at the next step.
             let _ = to.try_send(event);
         }
     }
+}
+
+/// Prompt positions `seq` shares from another sequence instead of
+/// prefilling them.
+fn count_shared(meter: &mut Meter, seq: &mut Seq<'_>, positions: usize) {
+    seq.usage.cached_tokens += positions;
+    meter.count(Counter::PrefixHitTokens, positions as u64);
 }
