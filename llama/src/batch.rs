@@ -4,13 +4,10 @@ use std::fmt;
 
 use crate::error::{Error, Result};
 use crate::sys;
-use crate::vocab::Token;
-
-/// A sequence id: which of the context's independent token streams a token
-/// belongs to (`0..n_seq_max`).
-pub type SeqId = i32;
-/// A position inside a sequence.
-pub type Pos = i32;
+// Defined in the leaf module `types` (errors and contexts use them too);
+// kept here at their old paths.
+pub use crate::types::{Pos, SeqId};
+use crate::types::{Token, max_sequences};
 
 /// Whether a batch token computes an output: its logits (or, while
 /// embeddings are on, its embedding), read afterwards through
@@ -89,7 +86,7 @@ impl Batch {
             seq_rows: Vec::new(),
             logits: Vec::new(),
             capacity: capacity.clamp(1, i32::MAX as usize),
-            max_seqs_per_token: max_seqs_per_token.clamp(1, crate::context::max_sequences() as usize),
+            max_seqs_per_token: max_seqs_per_token.clamp(1, max_sequences() as usize),
             n_outputs: 0,
         }
     }

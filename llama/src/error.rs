@@ -2,9 +2,8 @@
 
 use std::path::PathBuf;
 
-use crate::batch::SeqId;
-use crate::context::Output;
 use crate::sys;
+use crate::types::{Output, SeqId};
 
 /// Everything that can go wrong in this crate.
 ///

@@ -1,13 +1,14 @@
 //! The crate's helpers at the C boundary, in one place: panics in Rust
 //! code that C calls back (which must not unwind into C), and C strings and
 //! paths in both directions.
+//!
+//! It imports nothing of the crate, so that the error module (which turns
+//! shim exception messages into [`Error`](crate::Error)) can use it.
 
 use std::any::Any;
-use std::ffi::{CStr, CString, c_char};
+use std::ffi::{CStr, CString, NulError, c_char};
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::path::Path;
-
-use crate::error::Result;
 
 /// A panic caught at the C boundary, kept to be resumed once C returned.
 pub(crate) type Panic = Box<dyn Any + Send>;
@@ -38,8 +39,9 @@ pub(crate) fn resume(slot: Option<Panic>) {
 /// A path as a C string: its bytes on Unix, its lossy UTF-8 elsewhere.
 ///
 /// # Errors
-/// [`Error::Nul`](crate::Error::Nul) for a path with a NUL byte.
-pub(crate) fn path_to_cstring(path: &Path) -> Result<CString> {
+/// A path with a NUL byte (`?` turns it into
+/// [`Error::Nul`](crate::Error::Nul)).
+pub(crate) fn path_to_cstring(path: &Path) -> Result<CString, NulError> {
     #[cfg(unix)]
     let bytes = {
         use std::os::unix::ffi::OsStrExt;
@@ -47,7 +49,7 @@ pub(crate) fn path_to_cstring(path: &Path) -> Result<CString> {
     };
     #[cfg(not(unix))]
     let bytes = path.to_string_lossy().into_owned().into_bytes();
-    Ok(CString::new(bytes)?)
+    CString::new(bytes)
 }
 
 /// A copy of the C string at `ptr` (invalid UTF-8 replaced), or an empty

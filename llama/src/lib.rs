@@ -91,6 +91,8 @@ mod state;
 #[cfg(feature = "testing")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub mod testing;
+mod thread;
+mod types;
 mod vocab;
 
 pub use adapter::LoraAdapter;

@@ -14,10 +14,14 @@
 //! any caller's thread can be assumed to have (a spawned Rust thread has
 //! 2 MiB by default). The stack is reserved address space: pages are only
 //! committed as the recursion touches them.
-
-use std::sync::mpsc;
+//!
+//! The stack estimates per input element live beside their inputs (the
+//! grammar's in `crate::sampler`), except [`REGEX_STACK_PER_BYTE`], which
+//! both the vocabulary and the samplers use. The kept helper thread is a
+//! [`Worker`] of `crate::thread`.
 
 use crate::error::{Error, Result};
+use crate::thread::{OnDrop, Worker};
 
 /// Inputs needing at most this much stack run on the caller's thread.
 /// Rust's spawned threads (and tokio's workers) get 2 MiB, the main thread
@@ -31,6 +35,13 @@ const HEADROOM: usize = 4 << 20;
 /// The largest stack requested for one call (a reservation of address
 /// space, not memory). Inputs that would need more are refused.
 pub(crate) const MAX_STACK: usize = 16 << 30;
+
+/// Stack bytes per byte of text matched by a `std::regex`; measured 327
+/// on x86-64 (libstdc++'s matcher, with deepseek-llm's regex
+/// pre-tokenizer: 3,203 characters survive a 1 MiB stack), times 4 for
+/// other compilers and targets. Used for the regex pre-tokenizers
+/// (`crate::vocab`) and lazy-grammar trigger patterns (`crate::sampler`).
+pub(crate) const REGEX_STACK_PER_BYTE: usize = 4 * 330;
 
 /// Runs `f`, on a helper thread with a stack of at least `needed` bytes
 /// when that is more than [`INLINE_STACK`]. A panic in `f` is resumed in
@@ -63,21 +74,13 @@ pub(crate) fn with_stack<R: Send>(what: &'static str, needed: usize, f: impl FnO
 /// round trip.
 #[derive(Default)]
 pub(crate) struct DeepStack {
-    worker: Option<Worker>,
+    /// The thread and its stack size.
+    worker: Option<(Worker, usize)>,
 }
-
-struct Worker {
-    stack: usize,
-    jobs: mpsc::Sender<Job>,
-    done: mpsc::Receiver<()>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-type Job = Box<dyn FnOnce() + Send + 'static>;
 
 impl std::fmt::Debug for DeepStack {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DeepStack").field("stack", &self.worker.as_ref().map(|w| w.stack)).finish()
+        f.debug_struct("DeepStack").field("stack", &self.worker.as_ref().map(|w| w.1)).finish()
     }
 }
 
@@ -96,59 +99,19 @@ impl DeepStack {
         let Some(size) = helper_stack(what, needed)? else {
             return Ok(f());
         };
-        if self.worker.as_ref().is_none_or(|w| w.stack < size) {
+        if self.worker.as_ref().is_none_or(|w| w.1 < size) {
             self.worker = None;
-            self.worker = Some(Worker::spawn(size).map_err(|_| too_large(what))?);
+            let worker = Worker::spawn("llama-deep-stack", Some(size), OnDrop::Join).map_err(|_| too_large(what))?;
+            self.worker = Some((worker, size));
         }
-        let worker = self.worker.as_mut().unwrap_or_else(|| unreachable!("spawned above"));
-        let mut result: Option<std::thread::Result<R>> = None;
-        let slot = &mut result;
-        let job: Box<dyn FnOnce() + Send + '_> = Box::new(move || {
-            *slot = Some(std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)));
-        });
-        // SAFETY: only the lifetime is erased. The job borrows `result` and
-        // whatever `f` borrows; this function does not return before the
-        // worker has run the job to its end (it signals `done` after) or
-        // dropped it unrun (the worker is gone: both channels are then
-        // closed), and nothing between the send and that point can unwind.
-        let job: Job = unsafe { std::mem::transmute::<Box<dyn FnOnce() + Send + '_>, Job>(job) };
-        let ran = worker.jobs.send(job).is_ok() && worker.done.recv().is_ok();
-        if !ran {
-            self.worker = None;
-            return Err(too_large(what));
-        }
-        match result {
+        let (worker, _) = self.worker.as_ref().unwrap_or_else(|| unreachable!("spawned above"));
+        match worker.call(f) {
             Some(Ok(r)) => Ok(r),
             Some(Err(payload)) => std::panic::resume_unwind(payload),
-            None => unreachable!("the worker signals done only after running the job"),
-        }
-    }
-}
-
-impl Worker {
-    fn spawn(stack: usize) -> std::io::Result<Worker> {
-        let (jobs, job_rx) = mpsc::channel::<Job>();
-        let (done_tx, done) = mpsc::channel();
-        let thread =
-            std::thread::Builder::new().name("llama-deep-stack".into()).stack_size(stack).spawn(move || {
-                for job in job_rx {
-                    job();
-                    if done_tx.send(()).is_err() {
-                        return;
-                    }
-                }
-            })?;
-        Ok(Worker { stack, jobs, done, thread: Some(thread) })
-    }
-}
-
-impl Drop for Worker {
-    fn drop(&mut self) {
-        // Closing the job channel ends the thread's loop.
-        let (closed, _) = mpsc::channel();
-        drop(std::mem::replace(&mut self.jobs, closed));
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
+            None => {
+                self.worker = None;
+                Err(too_large(what))
+            }
         }
     }
 }
@@ -168,25 +131,6 @@ fn helper_stack(what: &'static str, needed: usize) -> Result<Option<usize>> {
 
 fn too_large(what: &'static str) -> Error {
     Error::InputTooLarge { what, limit: MAX_STACK }
-}
-
-/// A pointer handed to a helper thread of [`with_stack`] that only runs
-/// while the owner waits for it (a scoped thread): the pointee is used by
-/// one thread at a time, as on the owner's thread.
-#[derive(Clone, Copy)]
-pub(crate) struct SendPtr<T>(pub(crate) *mut T);
-
-// SAFETY: see the type's doc: only used across a scoped thread that the
-// owning thread joins before touching the pointee again; the pointees
-// (samplers, vocabularies) have no thread affinity.
-unsafe impl<T> Send for SendPtr<T> {}
-
-impl<T> SendPtr<T> {
-    /// Reads the pointer (a method, so closures capture the whole
-    /// wrapper, not the raw field).
-    pub(crate) fn get(self) -> *mut T {
-        self.0
-    }
 }
 
 #[cfg(test)]

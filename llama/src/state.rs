@@ -141,7 +141,7 @@ fn check_readable(path: &Path) -> Result<std::ffi::CString> {
     if !meta.is_file() {
         return Err(Error::state(StateError::Mismatch, format!("{} is not a file", path.display())));
     }
-    path_to_cstring(path)
+    Ok(path_to_cstring(path)?)
 }
 
 impl Context<'_> {

@@ -64,7 +64,7 @@ impl<'m> Context<'m> {
             Some(lease) => {
                 // Creating it allocates buffers on the workers: guarded.
                 let mut runner = crate::rpc::Runner::start()?;
-                let call = crate::rpc::SendPtr((model.as_ptr(), raw));
+                let call = crate::thread::SendPtr((model.as_ptr(), raw));
                 let created = runner.run(lease, "creating a context", true, move || {
                     let call = call;
                     // SAFETY: as below, on the context's call thread.

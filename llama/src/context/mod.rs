@@ -394,7 +394,7 @@ impl Drop for Context<'_> {
                 std::mem::forget(self.abort.clone());
                 return;
             }
-            let call = crate::rpc::SendPtr(self.ptr.as_ptr());
+            let call = crate::thread::SendPtr(self.ptr.as_ptr());
             // SAFETY: as below, on the context's call thread.
             let freed = runner.run(lease, "freeing a context", false, move || unsafe {
                 let call = call;

@@ -5,34 +5,9 @@ use super::{Context, Produced};
 use crate::batch::{Batch, SeqId};
 use crate::error::{Error, Result};
 use crate::sys;
-
-/// Which output row of the last decode to read: the last one, or the row
-/// of a batch token (by its index in the batch). A `usize` converts into
-/// [`Output::Index`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Output {
-    /// The last output of the last decode (after [`Context::eval`], the
-    /// last token's).
-    Last,
-    /// The output of the batch token at this index (it must have asked
-    /// for logits, [`Logits::Yes`](crate::Logits::Yes)).
-    Index(usize),
-}
-
-impl From<usize> for Output {
-    fn from(i: usize) -> Output {
-        Output::Index(i)
-    }
-}
-
-impl std::fmt::Display for Output {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Output::Last => f.write_str("the last output"),
-            Output::Index(i) => write!(f, "batch index {i}"),
-        }
-    }
-}
+// Defined in the leaf module `types` (errors name it too); kept here at
+// its old path.
+pub use crate::types::Output;
 
 impl Context<'_> {
     /// Records the outputs of a decode through the KV cache: the tokens

@@ -6,6 +6,9 @@ use super::Context;
 use crate::error::{Error, Result};
 use crate::model::Model;
 use crate::sys;
+// Defined in the leaf module `types` (batches use it too); kept here at
+// its old path.
+pub use crate::types::max_sequences;
 
 /// The element type of the KV cache. Quantized types save memory at some
 /// cost in accuracy; a quantized V cache needs flash attention.
@@ -270,13 +273,6 @@ impl ContextParams {
         raw.no_perf = !p.perf;
         Ok(raw)
     }
-}
-
-/// The most sequences a context can have (256 in this llama.cpp).
-#[doc(alias = "llama_max_parallel_sequences")]
-pub fn max_sequences() -> u32 {
-    // SAFETY: returns a compile-time constant of llama.cpp.
-    unsafe { sys::llama_max_parallel_sequences() as u32 }
 }
 
 /// The largest `n_ctx`, `n_batch` and `n_ubatch` accepted: positions are

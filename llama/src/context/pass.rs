@@ -18,7 +18,7 @@ impl Context<'_> {
     unsafe fn call_pass(&mut self, batch: &Batch, code: &mut i32, encode: bool) -> Result<std::os::raw::c_int> {
         #[cfg(feature = "rpc")]
         if let (Some(runner), Some(lease)) = (self.rpc.as_mut(), self.model.rpc_lease()) {
-            let call = crate::rpc::SendPtr((self.ptr.as_ptr(), batch.raw()));
+            let call = crate::thread::SendPtr((self.ptr.as_ptr(), batch.raw()));
             let (shim, result) = runner.run(lease, if encode { "encoding" } else { "decoding" }, true, move || {
                 let call = call;
                 let mut code = 0;

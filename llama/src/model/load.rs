@@ -127,7 +127,7 @@ impl Model {
         for path in paths {
             check_model_file(path)?;
         }
-        let c_paths = paths.iter().map(|p| path_to_cstring(p)).collect::<Result<Vec<_>>>()?;
+        let c_paths = paths.iter().map(|p| path_to_cstring(p)).collect::<Result<Vec<_>, _>>()?;
         // The first file holds the metadata (of split models, too).
         preflight::check(paths[0], &c_paths[0], &params.metadata_overrides, params.vocab_only)?;
 
@@ -196,7 +196,7 @@ impl Model {
             // so that a worker that dies meanwhile is an error (the load
             // thread then stays blocked in llama.cpp, with what it holds).
             raw.progress_callback_user_data = std::ptr::null_mut();
-            let owned = crate::rpc::SendPtr((raw, c_paths, devices, overrides, tensor_split));
+            let owned = crate::thread::SendPtr((raw, c_paths, devices, overrides, tensor_split));
             let ptr = crate::rpc::run_once(lease, "loading the model", true, move || {
                 let owned = owned;
                 let (raw, c_paths, ..) = &owned.0;

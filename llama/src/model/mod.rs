@@ -446,7 +446,7 @@ impl Drop for Model {
             // worker is leaked instead (its buffers live behind the dead
             // connection, and llama.cpp would abort or wait for ever).
             if !lease.is_lost() {
-                let ptr = crate::rpc::SendPtr(self.ptr.as_ptr());
+                let ptr = crate::thread::SendPtr(self.ptr.as_ptr());
                 // SAFETY: as below, on the guarded thread.
                 let _ = crate::rpc::run_once(lease, "freeing the model", false, move || unsafe {
                     let ptr = ptr;

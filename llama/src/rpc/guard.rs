@@ -1,6 +1,11 @@
 //! Guarded calls: llama.cpp calls that may reach a worker run on a call
 //! thread with the shim's abort hook armed, so a worker that dies ends the
 //! call, not the process.
+//!
+//! A context's call thread is the crate's plain kept thread
+//! (`crate::thread::Worker`), and the pointers go to it in
+//! `crate::thread::SendPtr`; what this module adds is the guard around
+//! each call and the wait that gives up on a call lost with its worker.
 
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -8,6 +13,7 @@ use std::time::{Duration, Instant};
 use super::Lease;
 use crate::error::{Error, Result};
 use crate::sys;
+use crate::thread::{Job, OnDrop, Worker};
 
 /// Installs the shim's RPC guard (once).
 pub(super) fn install_guard() {
@@ -21,38 +27,24 @@ pub(super) fn install_guard() {
 const POLL: Duration = Duration::from_millis(20);
 const GRACE: Duration = Duration::from_secs(30);
 
-/// A raw pointer (or a struct of them) moved to the thread that makes a
-/// guarded call.
-pub(crate) struct SendPtr<T>(pub(crate) T);
-// SAFETY: only the guarded calls use it, each on one thread at a time,
-// while the caller waits (or, once the call is abandoned, never again).
-unsafe impl<T> Send for SendPtr<T> {}
-
-type Job = Box<dyn FnOnce() + Send>;
-
 /// The thread that makes a context's calls into llama.cpp while its model
 /// has layers on RPC workers (llama.cpp's OpenMP pool stays with one
 /// thread). When a worker dies during a call, the caller stops waiting and
 /// the thread stays blocked in llama.cpp for good, with what it holds.
+/// Dropping the runner closes its job channel, which ends the thread
+/// (unless it is blocked for good); it is not joined.
 #[derive(Debug)]
 pub(crate) struct Runner {
-    jobs: Option<mpsc::Sender<Job>>,
+    worker: Worker,
     /// A call was abandoned: the thread is blocked for good.
     lost: bool,
 }
 
 impl Runner {
     pub(crate) fn start() -> Result<Runner> {
-        let (tx, rx) = mpsc::channel::<Job>();
-        std::thread::Builder::new()
-            .name("llama-rpc-calls".into())
-            .spawn(move || {
-                for job in rx {
-                    job();
-                }
-            })
+        let worker = Worker::spawn("llama-rpc-calls", None, OnDrop::Detach)
             .map_err(|e| Error::Rpc { endpoint: String::new(), message: format!("cannot start a thread: {e}") })?;
-        Ok(Runner { jobs: Some(tx), lost: false })
+        Ok(Runner { worker, lost: false })
     }
 
     /// Whether a call was abandoned (its context is unusable).
@@ -75,22 +67,14 @@ impl Runner {
             return Err(Error::Rpc { endpoint: lease.0.join(","), message: "an earlier call was lost".into() });
         }
         let (tx, rx) = mpsc::sync_channel(1);
-        let jobs = self.jobs.as_ref().expect("jobs until drop");
-        jobs.send(guarded_job(catches, call, tx))
+        self.worker
+            .send(guarded_job(catches, call, tx))
             .map_err(|_| Error::Rpc { endpoint: lease.0.join(","), message: "the call thread is gone".into() })?;
         let result = wait(&rx, lease, what);
         if matches!(result, Err(Error::Rpc { .. })) {
             self.lost = true;
         }
         result
-    }
-}
-
-impl Drop for Runner {
-    fn drop(&mut self) {
-        // Closing the channel ends the thread (unless it is blocked for
-        // good); it is not joined.
-        self.jobs.take();
     }
 }
 

@@ -63,7 +63,7 @@ mod guard;
 mod serve;
 
 use guard::install_guard;
-pub(crate) use guard::{Runner, SendPtr, run_once};
+pub(crate) use guard::{Runner, run_once};
 pub use serve::{ServerOptions, serve};
 
 /// How long [`ModelParams::rpc_servers`](field@crate::ModelParams::rpc_servers)

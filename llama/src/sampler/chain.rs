@@ -6,8 +6,8 @@ use std::marker::PhantomData;
 use std::ptr::NonNull;
 
 use crate::error::{Error, Result};
-use crate::stack::SendPtr;
 use crate::sys;
+use crate::thread::SendPtr;
 use crate::vocab::{Token, Vocab};
 
 use super::custom::{CustomSampler, custom_sampler_new, resume_pending_panic_in_drop, sampler_name};

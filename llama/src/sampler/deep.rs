@@ -19,15 +19,15 @@
 //! regex pre-tokenizer, 327 bytes each; 128 KiB: 261 levels of nested
 //! parentheses, under 500 bytes each), and are multiplied by 4 for other
 //! compilers and targets. `tests/stack_depth.rs` overflows a small stack
-//! with each of these inputs when the helper is disabled.
+//! with each of these inputs when the helper is disabled. The regex size
+//! per byte, which the vocabulary's pre-tokenizers use too, is
+//! `crate::stack::REGEX_STACK_PER_BYTE`.
+
+use crate::stack::REGEX_STACK_PER_BYTE;
 
 /// Stack bytes per grammar rule level (parser, left-recursion check,
 /// stack advance); measured at most 500 on x86-64.
 pub(super) const GRAMMAR_STACK_PER_LEVEL: usize = 4 * 500;
-
-/// Stack bytes per byte of text matched by a `std::regex`; measured 327
-/// on x86-64 (libstdc++'s matcher).
-pub(crate) const REGEX_STACK_PER_BYTE: usize = 4 * 330;
 
 /// An upper bound on the rules, hence on the recursion depth, that
 /// llama.cpp's GBNF parser makes of `gbnf`: named rules (`::=`), groups,

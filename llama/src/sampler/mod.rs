@@ -18,15 +18,14 @@ use std::ptr::NonNull;
 
 use crate::context::{Context, Output};
 use crate::error::{Error, Result, check_shim};
-use crate::stack::{DeepStack, SendPtr, with_stack};
+use crate::stack::{DeepStack, REGEX_STACK_PER_BYTE, with_stack};
 use crate::sys;
+use crate::thread::SendPtr;
 use crate::vocab::{Token, Vocab};
 
 mod deep;
 mod scan;
 mod select;
-
-pub(crate) use deep::REGEX_STACK_PER_BYTE;
 
 /// The longest penalty window accepted (llama.cpp allocates it up front,
 /// and a huge one throws `bad_alloc` through the C API).
@@ -121,7 +120,7 @@ fn init_grammar(
 /// Whether the grammar sampler `grammar` allows `token` next: its `apply`
 /// on a one-candidate list (cheap, unlike masking the whole vocabulary).
 /// Runs on the caller's stack, which must be the grammar's (see `deep`).
-fn grammar_allows(grammar: SendPtr<sys::llama_sampler>, token: Token) -> Result<bool> {
+fn grammar_allows(grammar: SendPtr<*mut sys::llama_sampler>, token: Token) -> Result<bool> {
     let mut one = TokenData { id: token.0, logit: 0.0, p: 0.0 };
     let mut cur = sys::llama_token_data_array { data: &mut one, size: 1, selected: -1, sorted: false };
     // SAFETY: a live grammar sampler of a chain the caller owns, and a
@@ -214,7 +213,7 @@ impl<'m> Sampler<'m> {
 
     /// The stack that calls into the chain need now.
     fn stack_needed(&self) -> usize {
-        let lazy = if self.lazy_patterns { self.lazy_bytes.saturating_mul(deep::REGEX_STACK_PER_BYTE) } else { 0 };
+        let lazy = if self.lazy_patterns { self.lazy_bytes.saturating_mul(REGEX_STACK_PER_BYTE) } else { 0 };
         self.grammar_stack.max(lazy)
     }
 

@@ -4,8 +4,8 @@
 use super::scan::{argmax, scan_top_k};
 use super::{Kind, SamplePath, Sampler, TokenData, grammar_allows, resume_pending_panic};
 use crate::error::{Error, Result, check_shim};
-use crate::stack::SendPtr;
 use crate::sys;
+use crate::thread::SendPtr;
 use crate::vocab::Token;
 
 /// How many of the best tokens a greedy chain behind grammars checks one

@@ -4,25 +4,16 @@ use std::fmt;
 use std::ptr::NonNull;
 
 use crate::error::{Error, Result, check_shim, try_reserve};
-use crate::sampler::REGEX_STACK_PER_BYTE;
-use crate::stack::{SendPtr, with_stack};
+use crate::stack::{REGEX_STACK_PER_BYTE, with_stack};
 use crate::sys;
+use crate::thread::SendPtr;
 
 mod detokenizer;
 
 pub use detokenizer::Detokenizer;
-
-/// A token id. Valid ids are `0..vocab.n_tokens()`; every call that takes a
-/// `Token` checks that before llama.cpp sees it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
-#[repr(transparent)]
-pub struct Token(pub i32);
-
-impl fmt::Display for Token {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
-    }
-}
+// Defined in the leaf module `types` (batches and samplers use it too);
+// kept here at its old path.
+pub use crate::types::Token;
 
 /// The attribute bits of a token (`LLAMA_TOKEN_ATTR_*`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
