@@ -81,9 +81,12 @@ export LLAMA_SYS_USE_PKG_CONFIG=1
 export LD_LIBRARY_PATH="$prefix/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 bin="$(first_test_binary)"
 [[ -n "$bin" ]] || die "cargo built no test binary"
-ldd "$bin" | grep -q "libllama.so.* => $prefix/lib/" \
-    || die "$bin does not load $prefix/lib/libllama.so: $(ldd "$bin" | grep -E 'llama|ggml')"
-say "shared: $(basename "$bin") loads $(ldd "$bin" | sed -n 's/.*\(libllama[^ ]*\) => \([^ ]*\).*/\1 from \2/p')"
+# ldd's output is read whole first: `ldd | grep -q` under pipefail fails
+# whenever grep exits before ldd has written everything (SIGPIPE).
+libs="$(ldd "$bin")"
+grep -q "libllama.so.* => $prefix/lib/" <<<"$libs" \
+    || die "$bin does not load $prefix/lib/libllama.so: $(grep -E 'llama|ggml' <<<"$libs")"
+say "shared: $(basename "$bin") loads $(sed -n 's/.*\(libllama[^ ]*\) => \([^ ]*\).*/\1 from \2/p' <<<"$libs")"
 cargo test -p llama-suite "${FEATURES[@]}" "${TESTS[@]}" -- "${FILTERS[@]}"
 unset PKG_CONFIG_PATH LLAMA_SYS_USE_PKG_CONFIG
 
@@ -101,7 +104,8 @@ done
 [[ -n "$static_lib" ]] || die "no native static install in target/llama-sys/build-*/: build the workspace first"
 export LLAMA_SYS_LIB_DIR="$static_lib"
 bin="$(first_test_binary)"
-if ldd "$bin" | grep -q 'libllama'; then die "$bin loads a shared libllama: $(ldd "$bin" | grep llama)"; fi
+libs="$(ldd "$bin")"
+if grep -q 'libllama' <<<"$libs"; then die "$bin loads a shared libllama: $(grep llama <<<"$libs")"; fi
 say "static: $(basename "$bin") links the archives in $static_lib (no libllama.so)"
 cargo test -p llama-suite "${FEATURES[@]}" "${TESTS[@]}" -- "${FILTERS[@]}"
 
