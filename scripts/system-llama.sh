@@ -26,9 +26,14 @@ JOBS="${JOBS:-2}"
 # The real-model tests that need no llama.cpp test data (SOURCE_DIR is
 # empty for an installed llama.cpp). plan compares llama.cpp's memory
 # breakdown byte for byte, through the shim's own declaration of it.
-# The suite's `it` binary, filtered to those subjects (libtest's filters).
+# The suite's `it` binary, filtered (libtest's filters) to every path
+# through libllama: generation, the engine's batched decode, the grammar
+# sampler, embeddings, memory plans. One engine and one embedding test:
+# their others are the same calls at greater length (the native stage
+# runs them all).
 TESTS=(--test it)
-FILTERS=(generate::real:: engine::real:: json_schema::real:: embed:: plan::)
+FILTERS=(generate::real:: engine::real::sixteen_copy_tasks_at_once_are_all_right json_schema::real::
+    embed::batched_equals_one_at_a_time plan::)
 # The workspace's default features without `rpc`: these installs have no
 # RPC backend (a backend feature the install lacks is a build error).
 # `native` stays: tests/it/plan.rs expects the CPU_REPACK buffer that a native

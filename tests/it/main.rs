@@ -8,8 +8,8 @@
 //! allocator (`out_of_memory`), a global logger (`lora_lock`) or metrics
 //! recorder (`engine_metrics`), resident-memory measurement (`leaks`),
 //! child processes per case (`never_abort`, `hardening`, `stack_depth`),
-//! threads sharing one model with nothing else running (`threads`), and
-//! the compiler as the test (`compile_fail`).
+//! and threads sharing one model with nothing else running (`threads`).
+//! The compiler as the test is `llama/tests/compile_fail.rs`.
 
 mod chat_template;
 mod embed;
@@ -30,4 +30,5 @@ mod server;
 mod shim_context;
 mod state;
 mod synthetic;
+mod thread_safety;
 mod tokenizer_vectors;

@@ -1,16 +1,12 @@
-//! The lifetime and thread-safety promises of the safe API, checked by the
-//! compiler: each program in `tests/compile_fail/` must fail to compile
-//! with the error its `.stderr` file records (a borrow, lifetime or trait
-//! error, never a typo), and the positive side (`Model: Send + Sync`,
-//! `Context: Send`, `Sampler: Send`, and the smaller types a server moves
-//! between threads: `AbortHandle`, `Batch`, `Detokenizer`, `Session`,
-//! `Generation`, `Error`) is checked below, both as trait bounds and by
-//! moving the values to other threads.
-//!
-//! Regenerate the `.stderr` files after a compiler upgrade with
-//! `TRYBUILD=overwrite cargo test --test compile_fail`, and review them.
+//! The thread-safety promises of the safe API, the positive side of
+//! `llama/tests/compile_fail.rs` (where the compiler refuses what these
+//! types must not allow): `Model: Send + Sync`, `Context: Send`,
+//! `Sampler: Send`, and the smaller types a server moves between threads
+//! (`AbortHandle`, `Batch`, `Detokenizer`, `Session`, `Generation`,
+//! `Error`), checked as trait bounds and by moving the values to other
+//! threads.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use llama::generate::{GenerateOptions, Generation, Session};
 use llama::{
@@ -19,33 +15,11 @@ use llama::{
 };
 use llama_suite::synthetic::{TinyModelSpec, tiny_llama_path};
 
-/// Serialises the tests of this file: `compile_fail` writes the process
-/// environment, which must not happen while another thread may read it.
-static ENV_LOCK: Mutex<()> = Mutex::new(());
-
-#[test]
-fn compile_fail() {
-    let _guard = ENV_LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    // trybuild type-checks the cases (`cargo check`) in its own target
-    // folder, where llama-sys's build script would configure and compile
-    // llama.cpp from scratch (minutes) only to link nothing. `DOCS_RS`
-    // makes that build script skip the native build, exactly as on docs.rs;
-    // the Rust code, and so every diagnostic, is the same.
-    // SAFETY: the other test of this binary holds `ENV_LOCK` for its whole
-    // run, and this thread holds it now, so no other thread reads or writes
-    // the environment during this call.
-    unsafe { std::env::set_var("DOCS_RS", "1") };
-    let cases = trybuild::TestCases::new();
-    cases.compile_fail("tests/compile_fail/*.rs");
-}
-
 fn assert_send<T: Send>() {}
 fn assert_sync<T: Sync>() {}
 
 #[test]
 fn send_and_sync_promises() {
-    let _guard = ENV_LOCK.lock().unwrap_or_else(|e| e.into_inner());
-
     // As trait bounds.
     assert_send::<Model>();
     assert_sync::<Model>();
@@ -141,7 +115,6 @@ fn assert_static<T: 'static>() {}
 
 #[test]
 fn an_owned_context_moves_into_a_spawned_thread() {
-    let _guard = ENV_LOCK.lock().unwrap_or_else(|e| e.into_inner());
     assert_send::<OwnedContext>();
     assert_static::<OwnedContext>();
     assert_send::<Service>();
