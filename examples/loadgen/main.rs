@@ -1,5 +1,5 @@
 //! A load generator for OpenAI-compatible servers: this repository's
-//! `examples/server` or llama.cpp's `llama-server`, on 127.0.0.1.
+//! `src/bin/server` or llama.cpp's `llama-server`, on 127.0.0.1.
 //!
 //! Every request is a streamed `POST /v1/completions` with a token-id
 //! prompt, `temperature: 0` and `ignore_eos`, so each generates exactly
@@ -8,7 +8,7 @@
 //! for Gemma 3, deterministic in `--seed` (`llama_suite::token_prompts`).
 //!
 //! ```sh
-//! cargo run --release --example server -- --port 8080 &
+//! cargo run --release --bin server -- --port 8080 &
 //! L=target/release/examples/loadgen
 //! # N concurrent clients, each sending M requests one after the other
 //! $L --url http://127.0.0.1:8080 --clients 1,4,8,16 --requests 4 --prompt-tokens 128 --max-tokens 128
@@ -17,7 +17,7 @@
 //! # one 4,000-token prompt, then 7 short requests 50 ms apart
 //! $L --url http://127.0.0.1:8080 --scenario long-short --shorts 7 --gap-ms 50
 //! # a 10-minute soak at 8 clients, sampling the server's RSS
-//! $L --url http://127.0.0.1:8080 --clients 8 --duration-s 600 --pid "$(pgrep -f examples/server)"
+//! $L --url http://127.0.0.1:8080 --clients 8 --duration-s 600 --pid "$(pgrep -f src/bin/server)"
 //! ```
 //!
 //! Each row reports requests, errors, incomplete responses, requests/s,

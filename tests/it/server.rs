@@ -1,4 +1,4 @@
-//! The OpenAI-compatible server example (`examples/server`), started on an
+//! The OpenAI-compatible server example (`src/bin/server`), started on an
 //! ephemeral loopback port with the default model and driven over HTTP:
 //! every endpoint, streamed and not, every error status, cancellation on
 //! disconnect, graceful shutdown, and greedy outputs equal to the engine's.
@@ -28,7 +28,7 @@ fn example(name: &str) -> std::path::PathBuf {
 }
 
 fn exe() -> std::path::PathBuf {
-    example("server")
+    std::path::PathBuf::from(env!("CARGO_BIN_EXE_server"))
 }
 
 fn model_path() -> std::path::PathBuf {

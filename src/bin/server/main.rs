@@ -1,8 +1,8 @@
 //! An OpenAI-compatible HTTP server over `llama::engine`.
 //!
 //! ```text
-//! cargo run --release --example server                       # the default model on 127.0.0.1:8080
-//! cargo run --release --example server -- --port 0 --api-key secret --parallel 8 --embeddings
+//! cargo run --release --bin server                       # the default model on 127.0.0.1:8080
+//! cargo run --release --bin server -- --port 0 --api-key secret --parallel 8 --embeddings
 //! ```
 //!
 //! Endpoints: `POST /v1/chat/completions`, `POST /v1/completions`,
