@@ -12,6 +12,10 @@ mod abi;
 mod bindings;
 #[path = "build/cmake_tool.rs"]
 mod cmake_tool;
+#[path = "build/cpu_variants.rs"]
+mod cpu_variants;
+#[path = "build/dispatch.rs"]
+mod dispatch;
 #[path = "build/env.rs"]
 mod env;
 #[path = "build/features.rs"]
@@ -38,6 +42,7 @@ fn main() {
     for path in ["build.rs", "build", "shim"] {
         println!("cargo:rerun-if-changed={path}");
     }
+    println!("cargo::rustc-check-cfg=cfg(llama_sys_cpu_dispatch)");
     let manifest_dir = env::cargo_path("CARGO_MANIFEST_DIR");
     let out_dir = env::cargo_path("OUT_DIR");
 
@@ -50,10 +55,10 @@ fn main() {
     let features = Features::from_enabled(env::feature);
     let target = target();
     let built = match source::locate(&manifest_dir, &shared) {
-        Source::Tree(tree) => build_tree(&tree, &features, &target, &shared),
+        Source::Tree(tree) => build_tree(&tree, &features, &target, &shared, &out_dir),
         Source::System(request) => link_installed(request, &features, &target),
     };
-    write_paths(&out_dir, &built.source_dir);
+    write_paths(&out_dir, &built);
     // The regeneration script copies both files into src/.
     std::fs::write(out_dir.join(abi::FILE_NAME), abi::render(&built.headers)).expect("write the header list");
     #[cfg(feature = "bindgen")]
@@ -70,17 +75,28 @@ struct Built {
     /// The llama.cpp source tree (`llama_sys::SOURCE_DIR`); empty for an
     /// installed llama.cpp.
     source_dir: PathBuf,
+    /// The CPU variants linked in (`llama_sys::CPU_VARIANTS`); empty
+    /// without runtime dispatch.
+    cpu_variants: Vec<String>,
+    /// Where an installed llama.cpp may keep backend modules
+    /// (`llama_sys::INSTALLED_BACKEND_DIRS`); empty for a built one.
+    backend_dirs: Vec<PathBuf>,
 }
 
 /// Builds a llama.cpp source tree with CMake into the target directory.
-fn build_tree(tree: &Tree, features: &Features, target: &Target, shared: &Path) -> Built {
+fn build_tree(tree: &Tree, features: &Features, target: &Target, shared: &Path, out_dir: &Path) -> Built {
     println!("llama-sys: building llama.cpp from {} ({:?})", tree.root.display(), tree.origin);
     println!("cargo:root={}", tree.root.display());
     let commit = tree.commit();
     let headers = check_abi(abi::Layout::Tree(&tree.root), commit.clone());
     let sanitizer = sanitizer(target);
     let cmake = cmake_tool::find(&shared.join("cmake-wheel"), tree.origin == Origin::Checkout);
-    let install = native::build(tree, features, target, sanitizer, &cmake, shared);
+    let setting = cpu_variants::Setting::parse(env::var("LLAMA_SYS_CPU_VARIANTS").as_deref())
+        .unwrap_or_else(|e| source::fail(&e));
+    let cpu_dispatch = cpu_variants::dispatches(features.native, &target.os, &target.arch, &target.env, &setting);
+    let install = native::build(tree, features, target, sanitizer, cpu_dispatch, &cmake, shared);
+    let dispatch =
+        cpu_dispatch.then(|| dispatch::build(tree, &install, &setting, &target.arch, &cmake, shared, out_dir));
 
     let lib_dir = install.prefix.join("lib");
     println!("cargo:include={}", install.prefix.join("include").display());
@@ -102,11 +118,17 @@ fn build_tree(tree: &Tree, features: &Features, target: &Target, shared: &Path) 
         print_lib(runtime);
     }
     println!("cargo:rustc-link-search=native={}", lib_dir.display());
+    if let Some(dispatch) = &dispatch {
+        println!("cargo:rustc-link-search=native={}", dispatch.lib_dir.display());
+        println!("cargo:rustc-cfg=llama_sys_cpu_dispatch");
+        println!("cargo:cpu_variants={}", dispatch.variants.join(","));
+    }
     if let Some(cuda) = features.cuda.then(|| env::var("CUDA_PATH")).flatten() {
         cuda_search_paths(Path::new(&cuda));
     }
-    features::link_libs(features, target).into_iter().for_each(print_lib);
-    Built { headers, include_dirs, source_dir: tree.root.clone() }
+    features::link_libs(features, target, dispatch.is_some()).into_iter().for_each(print_lib);
+    let cpu_variants = dispatch.map(|d| d.variants).unwrap_or_default();
+    Built { headers, include_dirs, source_dir: tree.root.clone(), cpu_variants, backend_dirs: Vec::new() }
 }
 
 /// Links an installed llama.cpp (`LLAMA_SYS_LIB_DIR` or pkg-config).
@@ -142,7 +164,16 @@ fn link_installed(request: system::Request, features: &Features, target: &Target
 
     compile_shim(std::slice::from_ref(&system.include_dir), None, true);
     system::link(&system, features, target, print_lib);
-    Built { headers, include_dirs: vec![system.include_dir.clone()], source_dir: PathBuf::new() }
+    // A GGML_BACKEND_DL install keeps its modules in its bin/ (or its
+    // GGML_BACKEND_DIR, which ggml searches by itself) or beside the libraries.
+    let backend_dirs = vec![system.lib_dir.join("..").join("bin"), system.lib_dir.clone()];
+    Built {
+        headers,
+        include_dirs: vec![system.include_dir.clone()],
+        source_dir: PathBuf::new(),
+        cpu_variants: Vec::new(),
+        backend_dirs,
+    }
 }
 
 /// docs.rs builds without network and without the native library. The
@@ -156,7 +187,16 @@ fn docs_rs(manifest_dir: &Path, out_dir: &Path) {
         println!("cargo:include={}", root.join("include").display());
     }
     println!("cargo:commit={}", pinned::PINNED_COMMIT);
-    write_paths(out_dir, &root);
+    write_paths(
+        out_dir,
+        &Built {
+            headers: Vec::new(),
+            include_dirs: Vec::new(),
+            source_dir: root,
+            cpu_variants: Vec::new(),
+            backend_dirs: Vec::new(),
+        },
+    );
     std::fs::write(out_dir.join(abi::FILE_NAME), abi::CHECKED_IN).expect("write the header list");
     // With `bindgen`, lib.rs includes OUT_DIR/bindings.rs: the checked-in
     // bindings are the ones for these headers.
@@ -288,10 +328,20 @@ fn cuda_search_paths(cuda: &Path) {
     println!("cargo:rustc-link-search=native={}", cuda.join("lib64").join("stubs").display());
 }
 
-fn write_paths(out_dir: &Path, root: &Path) {
+fn write_paths(out_dir: &Path, built: &Built) {
+    let dirs: Vec<String> = built.backend_dirs.iter().map(|d| d.display().to_string()).collect();
     let code = format!(
-        "/// The llama.cpp source tree this crate was built from (empty on docs.rs and for an installed llama.cpp).\npub const SOURCE_DIR: &str = {:?};\n",
-        root.display().to_string()
+        "/// The llama.cpp source tree this crate was built from (empty on docs.rs and for an installed llama.cpp).\n\
+         pub const SOURCE_DIR: &str = {:?};\n\
+         /// The variants of ggml's CPU backend linked into this build for runtime dispatch, from the least to the \
+         most demanding (empty without dispatch: a `native` build, `LLAMA_SYS_CPU_VARIANTS=none`, a target other \
+         than x86-64 Linux, an installed llama.cpp).\npub const CPU_VARIANTS: &[&str] = &{:?};\n\
+         /// Where the installed llama.cpp this crate links may keep its backend modules (a `GGML_BACKEND_DL` \
+         build): its bin/ and lib/ folders. Empty for a llama.cpp built by this crate.\n\
+         pub const INSTALLED_BACKEND_DIRS: &[&str] = &{:?};\n",
+        built.source_dir.display().to_string(),
+        built.cpu_variants,
+        dirs
     );
     std::fs::write(out_dir.join("paths.rs"), code).expect("write paths.rs");
 }

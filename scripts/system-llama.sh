@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # llama-sys's system-library mode, end to end:
 #
-# 1. shared: the pinned llama.cpp (vendor/llama.cpp, which a workspace build
-#    fetches) configured, built and installed by its own CMake into
-#    target/system-llama/prefix with its default options and shared
-#    libraries; then the real-model tests built against it through
-#    pkg-config (LLAMA_SYS_USE_PKG_CONFIG=1 and the llama.pc it installed),
-#    run with LD_LIBRARY_PATH pointing at it, and checked to load its
-#    libllama.so;
+# 1. shared, with backend modules: the pinned llama.cpp (vendor/llama.cpp,
+#    which a workspace build fetches) configured, built and installed by its
+#    own CMake into target/system-llama/prefix with shared libraries and
+#    GGML_BACKEND_DL (its CPU backend a module, bin/libggml-cpu.so, for
+#    x86-64-v3: DL builds cannot be GGML_NATIVE); then the real-model tests
+#    built against it through pkg-config (LLAMA_SYS_USE_PKG_CONFIG=1 and the
+#    llama.pc it installed), run with LD_LIBRARY_PATH pointing at it,
+#    checked to load its libllama.so and no CPU backend at link time: they
+#    pass only if `llama::init` loads the module from the install;
 # 2. static: the static archives that llama-sys's own build installed with
 #    llama.cpp's CMake (target/llama-sys/build-*/, the native configuration),
 #    linked through LLAMA_SYS_LIB_DIR, and checked to load no libllama.so;
@@ -68,7 +70,7 @@ for line in sys.stdin:
 
 # 1. Shared libraries through pkg-config.
 prefix="$OUT/prefix"
-if [[ ! -f "$prefix/lib/pkgconfig/llama.pc" ]]; then
+if [[ ! -f "$prefix/lib/pkgconfig/llama.pc" || ! -f "$prefix/bin/libggml-cpu.so" ]]; then
     rm -rf "$OUT"
     start=$(date +%s)
     # Outside git: llama.cpp's CMake would take this repository's commit.
@@ -76,6 +78,8 @@ if [[ ! -f "$prefix/lib/pkgconfig/llama.pc" ]]; then
         -DBUILD_SHARED_LIBS=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF \
         -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_COMMON=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF \
         -DLLAMA_BUILD_COMMIT="${PINNED_COMMIT:0:7}" \
+        -DGGML_BACKEND_DL=ON -DGGML_NATIVE=OFF -DGGML_SSE42=ON -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON \
+        -DGGML_F16C=ON -DGGML_BMI2=ON \
         -DCMAKE_INSTALL_PREFIX="$prefix" -DCMAKE_INSTALL_LIBDIR=lib >/dev/null
     "$cmake_bin" --build "$OUT/build" -j "$JOBS" >/dev/null
     "$cmake_bin" --install "$OUT/build" >/dev/null
@@ -91,6 +95,7 @@ bin="$(first_test_binary)"
 libs="$(ldd "$bin")"
 grep -q "libllama.so.* => $prefix/lib/" <<<"$libs" \
     || die "$bin does not load $prefix/lib/libllama.so: $(grep -E 'llama|ggml' <<<"$libs")"
+if grep -q "libggml-cpu" <<<"$libs"; then die "$bin links a CPU backend; it must load the module: $libs"; fi
 say "shared: $(basename "$bin") loads $(sed -n 's/.*\(libllama[^ ]*\) => \([^ ]*\).*/\1 from \2/p' <<<"$libs")"
 cargo test -p llama-suite "${FEATURES[@]}" "${TESTS[@]}" -- "${FILTERS[@]}"
 unset PKG_CONFIG_PATH LLAMA_SYS_USE_PKG_CONFIG

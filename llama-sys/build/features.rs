@@ -67,6 +67,9 @@ pub struct Options {
     pub build_commit: String,
     /// `LLAMA_SYS_SANITIZE`: build llama.cpp (and the shim) with a sanitizer.
     pub sanitizer: Option<Sanitizer>,
+    /// Runtime CPU dispatch (build/cpu_variants.rs): this build has no CPU
+    /// backend of its own; the variants are built and linked beside it.
+    pub cpu_dispatch: bool,
 }
 
 /// A sanitizer for the C/C++ side (`LLAMA_SYS_SANITIZE`). The Rust side
@@ -162,6 +165,7 @@ pub fn cmake_defines(f: &Features, t: &Target, o: &Options) -> Vec<(&'static str
         // Apple clang ships no OpenMP runtime; ggml's own thread pool is used there.
         ("GGML_OPENMP", on(f.openmp && !t.apple())),
         ("GGML_NATIVE", on(f.native)),
+        ("GGML_CPU", on(!o.cpu_dispatch)),
         ("GGML_CUDA", on(f.cuda)),
         ("GGML_METAL", on(f.metal)),
         ("GGML_VULKAN", on(f.vulkan)),
@@ -171,7 +175,7 @@ pub fn cmake_defines(f: &Features, t: &Target, o: &Options) -> Vec<(&'static str
     if let Some(sanitizer) = o.sanitizer {
         d.extend(sanitizer.cmake_defines());
     }
-    if !f.native && t.arch == "x86_64" {
+    if !f.native && !o.cpu_dispatch && t.arch == "x86_64" {
         for (feature, option) in X86_CPU_OPTIONS {
             d.push((option, on(t.has(feature))));
         }
@@ -206,10 +210,15 @@ pub enum Lib {
     Framework(&'static str),
 }
 
+/// The archive of the dispatching CPU backend: every variant and the
+/// dispatcher (build/dispatch.rs).
+pub const CPU_DISPATCH_LIB: &str = "ggml-cpu-dispatch";
+
 /// The libraries to link, dependents before their dependencies:
-/// llama, ggml, the enabled backends, ggml-cpu, ggml-base, then the system
+/// llama, ggml, the enabled backends, ggml-cpu (or, with `cpu_dispatch`,
+/// the variants and their dispatcher), ggml-base, then the system
 /// libraries they need.
-pub fn link_libs(f: &Features, t: &Target) -> Vec<Lib> {
+pub fn link_libs(f: &Features, t: &Target, cpu_dispatch: bool) -> Vec<Lib> {
     let mut libs = vec![Lib::Static("llama"), Lib::Static("ggml")];
     if f.cuda {
         libs.push(Lib::Static("ggml-cuda"));
@@ -226,7 +235,7 @@ pub fn link_libs(f: &Features, t: &Target) -> Vec<Lib> {
     if f.rpc {
         libs.push(Lib::Static("ggml-rpc"));
     }
-    libs.push(Lib::Static("ggml-cpu"));
+    libs.push(Lib::Static(if cpu_dispatch { CPU_DISPATCH_LIB } else { "ggml-cpu" }));
     libs.push(Lib::Static("ggml-base"));
 
     if f.cuda {

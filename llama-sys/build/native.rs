@@ -22,6 +22,10 @@ use crate::source::{self, Tree};
 pub struct Install {
     /// The cmake install prefix: lib/, include/, lib/cmake/.
     pub prefix: PathBuf,
+    /// Our CMake defines (without the user's), for the CPU variant build.
+    pub defines: Vec<(&'static str, String)>,
+    /// `CMAKE_BUILD_TYPE`.
+    pub build_type: String,
 }
 
 pub fn build(
@@ -29,10 +33,37 @@ pub fn build(
     f: &Features,
     t: &Target,
     sanitizer: Option<Sanitizer>,
+    cpu_dispatch: bool,
     cmake: &Path,
     build_root: &Path,
 ) -> Install {
-    let build_type = match env::var("LLAMA_SYS_BUILD_TYPE") {
+    let options = Options {
+        build_type: build_type(sanitizer),
+        cuda_architectures: env::var("LLAMA_CUDA_ARCHITECTURES"),
+        blas_vendor: env::var("LLAMA_BLAS_VENDOR"),
+        build_number: "0".to_owned(),
+        build_commit: src.commit().map_or_else(|| "unknown".to_owned(), |c| c.chars().take(7).collect()),
+        sanitizer,
+        cpu_dispatch,
+    };
+    let ours = features::cmake_defines(f, t, &options);
+    let defines = with_user_defines(&ours);
+    // With the CPU backend off, ggml's registry registers none by itself;
+    // GGML_USE_CPU makes it call `ggml_backend_cpu_reg`, which the
+    // dispatcher (build/dispatch.rs) defines.
+    let cxxflags: &[&str] = if cpu_dispatch { &["-DGGML_USE_CPU"] } else { &[] };
+    let (prefix, _lock) = keyed_folder(src, cmake, build_root, "build", &defines, cxxflags);
+    let mut config = config(src, cmake, &prefix, &options.build_type, &defines);
+    for flag in cxxflags {
+        config.cxxflag(flag);
+    }
+    config.build();
+    Install { prefix, defines: ours, build_type: options.build_type }
+}
+
+/// `LLAMA_SYS_BUILD_TYPE`, else Release (RelWithDebInfo under a sanitizer).
+fn build_type(sanitizer: Option<Sanitizer>) -> String {
+    match env::var("LLAMA_SYS_BUILD_TYPE") {
         Some(b) if ["Release", "Debug", "RelWithDebInfo", "MinSizeRel"].contains(&b.as_str()) => b,
         Some(b) => {
             source::fail(&format!("LLAMA_SYS_BUILD_TYPE={b} is not one of Release, Debug, RelWithDebInfo, MinSizeRel"))
@@ -40,20 +71,28 @@ pub fn build(
         // A sanitizer report needs file and line numbers.
         None if sanitizer.is_some() => "RelWithDebInfo".to_owned(),
         None => "Release".to_owned(),
-    };
-    let options = Options {
-        build_type,
-        cuda_architectures: env::var("LLAMA_CUDA_ARCHITECTURES"),
-        blas_vendor: env::var("LLAMA_BLAS_VENDOR"),
-        build_number: "0".to_owned(),
-        build_commit: src.commit().map_or_else(|| "unknown".to_owned(), |c| c.chars().take(7).collect()),
-        sanitizer,
-    };
-    let mut defines: Vec<(String, String)> =
-        features::cmake_defines(f, t, &options).into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
-    defines.extend(user_defines());
+    }
+}
 
-    // Everything that changes the result goes into the folder's name.
+/// Our defines followed by the user's (`LLAMA_SYS_CMAKE_DEFINES`), which win.
+pub fn with_user_defines(ours: &[(&'static str, String)]) -> Vec<(String, String)> {
+    let mut defines: Vec<(String, String)> = ours.iter().map(|(k, v)| ((*k).to_owned(), v.clone())).collect();
+    defines.extend(user_defines());
+    defines
+}
+
+/// `<build_root>/<name>-<key>`, locked for this build script: the key
+/// hashes everything that changes the result (source, cmake, compilers and
+/// their flags, the target, the defines), so each configuration has a
+/// folder of its own that every profile shares.
+pub fn keyed_folder(
+    src: &Tree,
+    cmake: &Path,
+    build_root: &Path,
+    name: &str,
+    defines: &[(String, String)],
+    cxxflags: &[&str],
+) -> (PathBuf, std::fs::File) {
     let mut key = Sha256::new();
     key.update(src.root.to_string_lossy().as_bytes());
     key.update(cmake.to_string_lossy().as_bytes());
@@ -63,14 +102,28 @@ pub fn build(
         let value = if name == "TARGET" { env::cargo(name) } else { env::var(name).unwrap_or_default() };
         key.update(format!("\0{name}={value}").as_bytes());
     }
-    for (k, v) in &defines {
+    for (k, v) in defines {
         key.update(format!("\0{k}={v}").as_bytes());
     }
+    for flag in cxxflags {
+        key.update(format!("\0cxxflag={flag}").as_bytes());
+    }
     let key: String = key.finalize().iter().take(8).map(|b| format!("{b:02x}")).collect();
-    let prefix = build_root.join(format!("build-{key}"));
+    let prefix = build_root.join(format!("{name}-{key}"));
     std::fs::create_dir_all(&prefix).unwrap();
-    let _lock = lock(&build_root.join(format!("build-{key}.lock")));
+    let lock = lock(&build_root.join(format!("{name}-{key}.lock")));
+    (prefix, lock)
+}
 
+/// A cmake crate configuration of `src` into `prefix` (its build folder is
+/// `prefix/build`).
+pub fn config(
+    src: &Tree,
+    cmake: &Path,
+    prefix: &Path,
+    build_type: &str,
+    defines: &[(String, String)],
+) -> cmake::Config {
     if cmake != Path::new("cmake") {
         // The cmake crate takes its executable from the CMAKE variable only.
         // SAFETY: a build script is single-threaded here; nothing else reads
@@ -78,12 +131,11 @@ pub fn build(
         unsafe { std::env::set_var("CMAKE", cmake) };
     }
     let mut config = cmake::Config::new(&src.root);
-    config.out_dir(&prefix).profile(&options.build_type).no_default_flags(true);
-    for (k, v) in &defines {
+    config.out_dir(prefix).profile(build_type).no_default_flags(true);
+    for (k, v) in defines {
         config.define(k, v);
     }
-    config.build();
-    Install { prefix }
+    config
 }
 
 /// `LLAMA_SYS_CMAKE_DEFINES="GGML_AVX512=OFF;CMAKE_CUDA_COMPILER=/opt/cuda/bin/nvcc"`:

@@ -85,7 +85,7 @@ fn native_leaves_the_cpu_options_to_march_native() {
 #[test]
 fn default_link_line_is_in_dependency_order() {
     assert_eq!(
-        link_libs(&defaults(), &linux()),
+        link_libs(&defaults(), &linux(), false),
         vec![
             Lib::Static("llama"),
             Lib::Static("ggml"),
@@ -104,13 +104,13 @@ fn default_link_line_is_in_dependency_order() {
 fn openmp_off_drops_gomp() {
     let f = Features { openmp: false, ..defaults() };
     assert_eq!(define(&cmake_defines(&f, &linux(), &options()), "GGML_OPENMP").as_deref(), Some("OFF"));
-    assert!(!link_libs(&f, &linux()).contains(&Lib::Dylib("gomp")));
+    assert!(!link_libs(&f, &linux(), false).contains(&Lib::Dylib("gomp")));
 }
 
 #[test]
 fn openmp_with_clang_links_libomp() {
     let t = Target { clang: true, ..linux() };
-    let libs = link_libs(&defaults(), &t);
+    let libs = link_libs(&defaults(), &t, false);
     assert!(libs.contains(&Lib::Dylib("omp")));
     assert!(!libs.contains(&Lib::Dylib("gomp")));
 }
@@ -143,7 +143,7 @@ fn cuda_sets_architectures_disables_nccl_and_links_the_runtime() {
     assert_eq!(define(&d, "CMAKE_CUDA_ARCHITECTURES").as_deref(), Some("native"));
     let o = Options { cuda_architectures: Some("86;89".into()), ..options() };
     assert_eq!(define(&cmake_defines(&f, &linux(), &o), "CMAKE_CUDA_ARCHITECTURES").as_deref(), Some("86;89"));
-    let libs = link_libs(&f, &linux());
+    let libs = link_libs(&f, &linux(), false);
     let pos = |l: Lib| libs.iter().position(|x| *x == l).unwrap();
     assert!(pos(Lib::Static("ggml")) < pos(Lib::Static("ggml-cuda")));
     assert!(pos(Lib::Static("ggml-cuda")) < pos(Lib::Static("ggml-cpu")));
@@ -160,7 +160,7 @@ fn metal_embeds_its_shaders_and_links_the_frameworks() {
     assert_eq!(define(&d, "GGML_METAL_EMBED_LIBRARY").as_deref(), Some("ON"));
     // No OpenMP runtime on Apple clang.
     assert_eq!(define(&d, "GGML_OPENMP").as_deref(), Some("OFF"));
-    let libs = link_libs(&f, &macos());
+    let libs = link_libs(&f, &macos(), false);
     for fw in ["Metal", "MetalKit", "Foundation", "Accelerate"] {
         assert!(libs.contains(&Lib::Framework(fw)), "{fw}");
     }
@@ -174,11 +174,11 @@ fn metal_embeds_its_shaders_and_links_the_frameworks() {
 fn vulkan_links_the_loader() {
     let f = Features { vulkan: true, ..defaults() };
     assert_eq!(define(&cmake_defines(&f, &linux(), &options()), "GGML_VULKAN").as_deref(), Some("ON"));
-    let libs = link_libs(&f, &linux());
+    let libs = link_libs(&f, &linux(), false);
     assert!(libs.contains(&Lib::Static("ggml-vulkan")));
     assert!(libs.contains(&Lib::Dylib("vulkan")));
     let windows = Target { os: "windows".into(), env: "msvc".into(), ..linux() };
-    assert!(link_libs(&f, &windows).contains(&Lib::Dylib("vulkan-1")));
+    assert!(link_libs(&f, &windows, false).contains(&Lib::Dylib("vulkan-1")));
 }
 
 #[test]
@@ -187,7 +187,7 @@ fn rpc_builds_the_backend_without_machine_dependent_rdma() {
     let d = cmake_defines(&f, &linux(), &options());
     assert_eq!(define(&d, "GGML_RPC").as_deref(), Some("ON"));
     assert_eq!(define(&d, "GGML_RPC_RDMA").as_deref(), Some("OFF"));
-    assert!(link_libs(&f, &linux()).contains(&Lib::Static("ggml-rpc")));
+    assert!(link_libs(&f, &linux(), false).contains(&Lib::Static("ggml-rpc")));
 }
 
 #[test]
@@ -196,7 +196,7 @@ fn blas_defaults_to_openblas_or_accelerate() {
     let d = cmake_defines(&f, &linux(), &options());
     assert_eq!(define(&d, "GGML_BLAS").as_deref(), Some("ON"));
     assert_eq!(define(&d, "GGML_BLAS_VENDOR").as_deref(), Some("OpenBLAS"));
-    assert!(link_libs(&f, &linux()).contains(&Lib::Dylib("openblas")));
+    assert!(link_libs(&f, &linux(), false).contains(&Lib::Dylib("openblas")));
     assert_eq!(define(&cmake_defines(&f, &macos(), &options()), "GGML_BLAS_VENDOR").as_deref(), Some("Apple"));
     let o = Options { blas_vendor: Some("Intel10_64lp".into()), ..options() };
     assert_eq!(define(&cmake_defines(&f, &linux(), &o), "GGML_BLAS_VENDOR").as_deref(), Some("Intel10_64lp"));
@@ -205,7 +205,7 @@ fn blas_defaults_to_openblas_or_accelerate() {
 #[test]
 fn all_backends_link_before_the_cpu_backend() {
     let f = Features { cuda: true, metal: true, vulkan: true, rpc: true, blas: true, ..defaults() };
-    let libs = link_libs(&f, &linux());
+    let libs = link_libs(&f, &linux(), false);
     let statics: Vec<_> = libs.iter().filter_map(|l| if let Lib::Static(n) = l { Some(*n) } else { None }).collect();
     assert_eq!(
         statics,

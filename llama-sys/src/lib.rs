@@ -22,6 +22,15 @@ include!(concat!(env!("OUT_DIR"), "/paths.rs"));
 
 pub mod shim;
 
+mod cpu;
+pub use cpu::{cpu_variant, cpu_variant_forced, cpu_variant_score};
+
+#[cfg(test)]
+#[path = "../build/cpu_variants.rs"]
+#[allow(dead_code)]
+mod cpu_variants;
+#[cfg(test)]
+mod cpu_variants_tests;
 #[cfg(test)]
 #[path = "../build/features.rs"]
 #[allow(dead_code)]

@@ -24,7 +24,28 @@ pub fn init() {
             sys::llama_log_set(Some(log_trampoline), std::ptr::null_mut());
             sys::llama_backend_init();
         }
-        let unused = unused_cpu_features_of(&raw_system_info());
+        load_backend_modules();
+        if let Some(variant) = sys::cpu_variant() {
+            log::info!(
+                target: "llama",
+                "CPU kernels: the {variant} variant (ggml's score {}; {} variants built: {})",
+                sys::cpu_variant_score(),
+                sys::CPU_VARIANTS.len(),
+                sys::CPU_VARIANTS.join(", ")
+            );
+        }
+        if sys::cpu_variant_forced() == Some(false) {
+            log::warn!(
+                target: "llama",
+                "LLAMA_CPU_VARIANT={} is ignored: it is not one of the variants built ({}) or this CPU cannot run \
+                 it; using {}",
+                std::env::var("LLAMA_CPU_VARIANT").unwrap_or_default(),
+                sys::CPU_VARIANTS.join(", "),
+                sys::cpu_variant().unwrap_or("none")
+            );
+        }
+        // With runtime dispatch the best variant for this CPU runs already.
+        let unused = if sys::CPU_VARIANTS.is_empty() { unused_cpu_features_of(&raw_system_info()) } else { Vec::new() };
         if !unused.is_empty() {
             log::warn!(
                 target: "llama",
@@ -35,6 +56,41 @@ pub fn init() {
             );
         }
     });
+}
+
+/// An installed llama.cpp built with `GGML_BACKEND_DL` registers no
+/// backend by itself: its backends (the CPU one too) are modules that its
+/// tools load at start-up. Load them the same way (`ggml_backend_load_all`:
+/// the install's `GGML_BACKEND_DIR`, the executable's folder, the current
+/// one), then from the install's own bin/ and lib/ folders. A llama.cpp
+/// built by this crate has its backends registered already.
+fn load_backend_modules() {
+    // SAFETY: the registry functions take no arguments (or a NUL-terminated
+    // path that lives across the call) and are called from `init` only,
+    // which `Once` serialises.
+    unsafe {
+        if sys::ggml_backend_reg_count() > 0 {
+            return;
+        }
+        sys::ggml_backend_load_all();
+        for dir in sys::INSTALLED_BACKEND_DIRS {
+            if sys::ggml_backend_reg_count() > 0 {
+                break;
+            }
+            if let Ok(dir) = std::ffi::CString::new(*dir) {
+                sys::ggml_backend_load_all_from_path(dir.as_ptr());
+            }
+        }
+        if sys::ggml_backend_reg_count() == 0 {
+            log::warn!(
+                target: "llama",
+                "llama.cpp has no backend: it was built with GGML_BACKEND_DL and no backend module was found \
+                 (searched its GGML_BACKEND_DIR, the executable's folder, the current folder and {:?}); set \
+                 GGML_BACKEND_PATH to a module, or install llama.cpp's backends",
+                sys::INSTALLED_BACKEND_DIRS
+            );
+        }
+    }
 }
 
 thread_local! {
@@ -88,6 +144,26 @@ pub(crate) fn last_error_or(fallback: &str) -> String {
         let e = e.borrow();
         if e.is_empty() { fallback.to_owned() } else { e.trim().to_owned() }
     })
+}
+
+/// The variant of ggml's CPU backend running on this CPU, with runtime
+/// CPU dispatch (the default build on x86-64 Linux): `x64`, `sse42`,
+/// `sandybridge`, …, `haswell`, `skylakex`, `icelake`, `zen4`, … as ggml
+/// names them, chosen once per process as the best this CPU supports by
+/// ggml's own score (or by the environment variable `LLAMA_CPU_VARIANT`,
+/// if that names a variant built in that this CPU can run). `None` in a
+/// build without dispatch: `native`, `LLAMA_SYS_CPU_VARIANTS=none`, other
+/// targets, an installed llama.cpp.
+pub fn cpu_variant() -> Option<&'static str> {
+    init();
+    sys::cpu_variant()
+}
+
+/// The variants of ggml's CPU backend built into this binary for
+/// [`cpu_variant`] to choose from, from the least to the most demanding;
+/// empty without runtime dispatch.
+pub fn cpu_variants() -> &'static [&'static str] {
+    sys::CPU_VARIANTS
 }
 
 /// The CPU features and backends llama.cpp was built with, e.g.

@@ -97,8 +97,8 @@ mod vocab;
 
 pub use adapter::LoraAdapter;
 pub use backend::{
-    Device, DeviceKind, devices, init, supports_gpu_offload, supports_mlock, supports_mmap, supports_rpc, system_info,
-    time_us, unused_cpu_features, version,
+    Device, DeviceKind, cpu_variant, cpu_variants, devices, init, supports_gpu_offload, supports_mlock, supports_mmap,
+    supports_rpc, system_info, time_us, unused_cpu_features, version,
 };
 pub use batch::{Batch, Logits, Pos, SeqId};
 pub use chat::{ChatFormat, ChatMessage, ChatTemplate, apply_chat_template, builtin_chat_templates};

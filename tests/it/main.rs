@@ -12,6 +12,7 @@
 //! The compiler as the test is `llama/tests/compile_fail.rs`.
 
 mod chat_template;
+mod cpu_dispatch;
 mod embed;
 mod engine;
 mod ergonomics;

@@ -180,12 +180,13 @@ fn unused_cpu_features_name_what_the_build_leaves_out() {
     let info = llama::system_info();
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-        if cfg!(feature = "native") {
-            // -march=native: everything this CPU has.
-            assert_eq!(unused, Vec::<&str>::new(), "{info}");
+        if cfg!(feature = "native") || !llama::cpu_variants().is_empty() {
+            // -march=native, or runtime dispatch to the best variant for
+            // this CPU: everything it has.
+            assert_eq!(unused, Vec::<&str>::new(), "{:?}: {info}", llama::cpu_variant());
         } else if !cfg!(target_feature = "avx") {
-            // The portable build for rustc's baseline x86-64 target (CI's
-            // `--no-default-features` run): SSE only.
+            // One CPU backend for rustc's baseline x86-64 target
+            // (LLAMA_SYS_CPU_VARIANTS=none): SSE only.
             for feature in ["AVX", "AVX2", "FMA", "F16C"] {
                 assert!(unused.contains(&feature), "{feature} not in {unused:?}: {info}");
             }
