@@ -7,8 +7,9 @@
 //! ```
 //!
 //! Each PROMPT is a comma-separated list of token ids. Prints
-//! `variant NAME score S forced F` (`none` and 0 without runtime dispatch;
-//! F is `unset`, `yes` or `ignored`), then for each prompt the N token ids
+//! `variant NAME score S forced F built B` (`none` and 0 without runtime
+//! dispatch; F is `unset`, `yes` or `ignored`; B the number of variants
+//! built in), then for each prompt the N token ids
 //! greedy decoding generates, space-separated, one context per prompt on
 //! one thread.
 
@@ -48,9 +49,10 @@ fn run() -> Result<(), String> {
         Some(false) => "ignored",
     };
     println!(
-        "variant {} score {} forced {forced}",
+        "variant {} score {} forced {forced} built {}",
         llama::cpu_variant().unwrap_or("none"),
-        llama_sys::cpu_variant_score()
+        llama_sys::cpu_variant_score(),
+        llama::cpu_variants().len()
     );
     let params = ContextParams::default().n_ctx(256).n_batch(256).n_ubatch(256).n_threads(1);
     for prompt in &prompts {

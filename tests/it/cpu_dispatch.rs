@@ -52,7 +52,13 @@ fn parse(out: &Output, what: &str) -> Run {
     );
     let mut lines = stdout.lines();
     let head: Vec<&str> = lines.next().unwrap_or_default().split_whitespace().collect();
-    assert!(matches!(head.as_slice(), ["variant", _, "score", _, "forced", _]), "{what}: {stdout}");
+    assert!(matches!(head.as_slice(), ["variant", _, "score", _, "forced", _, "built", _]), "{what}: {stdout}");
+    assert_eq!(
+        head[7].parse::<usize>().ok(),
+        Some(llama::cpu_variants().len()),
+        "{what}: the example was built with other features than this test (`cargo test --test it` builds no \
+         examples): build it with the same ones, e.g. `cargo build --example cpu_dispatch --no-default-features`"
+    );
     let tokens = lines.map(|l| l.split_whitespace().map(|t| Token(t.parse().unwrap())).collect()).collect();
     Run { variant: head[1].to_owned(), forced: head[5].to_owned(), tokens }
 }
