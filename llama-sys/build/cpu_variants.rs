@@ -67,6 +67,14 @@ pub fn dispatches(native: bool, os: &str, arch: &str, env: &str, setting: &Setti
     !native && os == "linux" && baseline(arch).is_some() && env != "msvc" && *setting != Setting::None
 }
 
+/// Variants `all` leaves out; naming one in the list builds it.
+/// sapphirerapids is the one with ggml's AMX kernels, which crash at the
+/// pinned commit on the default model (SIGSEGV in `ggml_backend_amx_mul_mat`,
+/// seen on an Intel Xeon with AMX on 2026-12-03; llama.cpp issue 20824).
+/// Without it such a CPU gets the best variant below (zen4: AVX-512 with
+/// VBMI, VNNI and BF16).
+pub const LEFT_OUT_OF_ALL: &[&str] = &["sapphirerapids"];
+
 /// The variants to build, in the order ggml's CMakeLists.txt defines them
 /// (`available`, found in the configured build), or why not.
 pub fn select(setting: &Setting, available: &[String], arch: &str) -> Result<Vec<String>, String> {
@@ -75,7 +83,7 @@ pub fn select(setting: &Setting, available: &[String], arch: &str) -> Result<Vec
         return Err(format!("ggml defines no `{base}` CPU variant here (found: {})", available.join(", ")));
     }
     match setting {
-        Setting::All => Ok(available.to_vec()),
+        Setting::All => Ok(available.iter().filter(|v| !LEFT_OUT_OF_ALL.contains(&v.as_str())).cloned().collect()),
         Setting::None => Ok(Vec::new()),
         Setting::Only(names) => {
             if let Some(unknown) = names.iter().find(|n| !available.contains(n)) {

@@ -135,10 +135,28 @@ const X86_CPU_OPTIONS: &[(&str, &str)] = &[
     ("avx512vbmi", "GGML_AVX512_VBMI"),
     ("avx512vnni", "GGML_AVX512_VNNI"),
     ("avx512bf16", "GGML_AVX512_BF16"),
-    ("amx-tile", "GGML_AMX_TILE"),
-    ("amx-int8", "GGML_AMX_INT8"),
-    ("amx-bf16", "GGML_AMX_BF16"),
 ];
+
+/// ggml's AMX kernels (Sapphire Rapids and later) are left out of every
+/// build: at the pinned commit its AMX matrix multiplication crashes
+/// (SIGSEGV in `ggml_backend_amx_mul_mat`) on the first decode of the
+/// default model (Q4_K_M), seen here on an Intel Xeon with AMX on
+/// 2026-12-03, and upstream (llama.cpp issue 20824: Q4_K_M, "works on
+/// another machine"). These options stay off whatever the target's
+/// features say.
+const X86_AMX_OPTIONS: &[&str] = &["GGML_AMX_TILE", "GGML_AMX_INT8", "GGML_AMX_BF16"];
+
+/// Compiler flags that keep a native (`-march=native`) x86-64 build from
+/// compiling ggml's AMX kernels on a CPU that has AMX (see
+/// [`X86_AMX_OPTIONS`]): an explicit `-mno-*` wins over what `-march`
+/// implies, wherever it stands on the command line (GCC and clang).
+pub fn compile_flags(f: &Features, t: &Target) -> &'static [&'static str] {
+    if f.native && t.arch == "x86_64" && t.env != "msvc" {
+        &["-mno-amx-tile", "-mno-amx-int8", "-mno-amx-bf16"]
+    } else {
+        &[]
+    }
+}
 
 fn on(b: bool) -> String {
     if b { "ON" } else { "OFF" }.to_owned()
@@ -178,6 +196,9 @@ pub fn cmake_defines(f: &Features, t: &Target, o: &Options) -> Vec<(&'static str
     if !f.native && !o.cpu_dispatch && t.arch == "x86_64" {
         for (feature, option) in X86_CPU_OPTIONS {
             d.push((option, on(t.has(feature))));
+        }
+        for option in X86_AMX_OPTIONS {
+            d.push((option, on(false)));
         }
     }
     if f.cuda {

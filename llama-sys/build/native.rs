@@ -51,10 +51,16 @@ pub fn build(
     // With the CPU backend off, ggml's registry registers none by itself;
     // GGML_USE_CPU makes it call `ggml_backend_cpu_reg`, which the
     // dispatcher (build/dispatch.rs) defines.
-    let cxxflags: &[&str] = if cpu_dispatch { &["-DGGML_USE_CPU"] } else { &[] };
-    let (prefix, _lock) = keyed_folder(src, cmake, build_root, "build", &defines, cxxflags);
+    let dispatch_flags: &[&str] = if cpu_dispatch { &["-DGGML_USE_CPU"] } else { &[] };
+    // For C and C++ alike (native builds without ggml's AMX kernels).
+    let flags = features::compile_flags(f, t);
+    let cxxflags: Vec<&str> = flags.iter().chain(dispatch_flags).copied().collect();
+    let (prefix, _lock) = keyed_folder(src, cmake, build_root, "build", &defines, &cxxflags);
     let mut config = config(src, cmake, &prefix, &options.build_type, &defines);
-    for flag in cxxflags {
+    for flag in flags {
+        config.cflag(flag);
+    }
+    for flag in &cxxflags {
         config.cxxflag(flag);
     }
     config.build();

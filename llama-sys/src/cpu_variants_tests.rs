@@ -71,6 +71,16 @@ fn selection_keeps_ggml_order_and_always_the_baseline() {
 }
 
 #[test]
+fn all_leaves_the_amx_variant_out_unless_it_is_named() {
+    let available = names(&["x64", "haswell", "zen4", "sapphirerapids"]);
+    assert_eq!(select(&Setting::All, &available, "x86_64").unwrap(), names(&["x64", "haswell", "zen4"]));
+    assert_eq!(
+        select(&Setting::Only(names(&["sapphirerapids"])), &available, "x86_64").unwrap(),
+        names(&["x64", "sapphirerapids"])
+    );
+}
+
+#[test]
 fn the_variant_build_is_ggmls_module_build_without_other_backends() {
     let main: Vec<(&'static str, String)> = vec![
         ("CMAKE_BUILD_TYPE", "Release".into()),

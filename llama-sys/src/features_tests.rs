@@ -2,7 +2,7 @@
 //! Metal and Vulkan cannot be compiled on the CI machines, so these tests are
 //! what proves their flags and link lines.
 
-use crate::features::{Features, Lib, Options, Target, cmake_defines, link_libs};
+use crate::features::{Features, Lib, Options, Target, cmake_defines, compile_flags, link_libs};
 
 fn linux() -> Target {
     Target { os: "linux".into(), arch: "x86_64".into(), env: "gnu".into(), ..Target::default() }
@@ -132,6 +132,26 @@ fn portable_build_takes_cpu_features_from_the_target() {
     let baseline = cmake_defines(&f, &linux(), &options());
     assert_eq!(define(&baseline, "GGML_AVX2").as_deref(), Some("OFF"));
     assert_eq!(define(&baseline, "GGML_AVX").as_deref(), Some("OFF"));
+}
+
+#[test]
+fn amx_stays_off_whatever_the_target_says() {
+    // A target with every AMX feature (-C target-cpu=sapphirerapids).
+    let t = Target {
+        cpu_features: ["avx2", "avx512f", "amx-tile", "amx-int8", "amx-bf16"].map(String::from).to_vec(),
+        ..linux()
+    };
+    let d = cmake_defines(&defaults(), &t, &options());
+    assert_eq!(define(&d, "GGML_AVX512").as_deref(), Some("ON"));
+    for off in ["GGML_AMX_TILE", "GGML_AMX_INT8", "GGML_AMX_BF16"] {
+        assert_eq!(define(&d, off).as_deref(), Some("OFF"), "{off}");
+    }
+    assert!(compile_flags(&defaults(), &t).is_empty());
+    // Native: -march=native would switch them on; the explicit -mno-* wins.
+    let native = Features { native: true, ..defaults() };
+    assert_eq!(compile_flags(&native, &linux()), ["-mno-amx-tile", "-mno-amx-int8", "-mno-amx-bf16"]);
+    assert!(compile_flags(&native, &macos()).is_empty());
+    assert!(compile_flags(&native, &Target { env: "msvc".into(), ..linux() }).is_empty());
 }
 
 #[test]
