@@ -22,6 +22,8 @@ mod env;
 mod features;
 #[path = "build/fetch.rs"]
 mod fetch;
+#[path = "build/gpu.rs"]
+mod gpu;
 #[path = "build/installed.rs"]
 mod installed;
 #[path = "build/native.rs"]
@@ -94,6 +96,7 @@ fn build_tree(tree: &Tree, features: &Features, target: &Target, shared: &Path, 
     let setting = cpu_variants::Setting::parse(env::var("LLAMA_SYS_CPU_VARIANTS").as_deref())
         .unwrap_or_else(|e| source::fail(&e));
     let cpu_dispatch = cpu_variants::dispatches(features.native, &target.os, &target.arch, &target.env, &setting);
+    gpu::check(features.vulkan, features.cuda, &target.os, env::var).unwrap_or_else(|e| source::fail(&e));
     let install = native::build(tree, features, target, sanitizer, cpu_dispatch, &cmake, shared);
     let dispatch =
         cpu_dispatch.then(|| dispatch::build(tree, &install, &setting, &target.arch, &cmake, shared, out_dir));
@@ -126,7 +129,7 @@ fn build_tree(tree: &Tree, features: &Features, target: &Target, shared: &Path, 
     if let Some(cuda) = features.cuda.then(|| env::var("CUDA_PATH")).flatten() {
         cuda_search_paths(Path::new(&cuda));
     }
-    features::link_libs(features, target, dispatch.is_some()).into_iter().for_each(print_lib);
+    features::link_libs(features, target, dispatch.is_some(), !install.cuda_no_vmm).into_iter().for_each(print_lib);
     let cpu_variants = dispatch.map(|d| d.variants).unwrap_or_default();
     Built { headers, include_dirs, source_dir: tree.root.clone(), cpu_variants, backend_dirs: Vec::new() }
 }

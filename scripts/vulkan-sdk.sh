@@ -20,7 +20,7 @@ version="1.4.309.0-1"
 sha256="8d329d465e16168afff58b1bd0dd6db46aac2cc3f56054a481b25a04e90b345a"
 url="http://deb.debian.org/debian/pool/main/v/vulkan-loader/libvulkan-dev_${version}_amd64.deb"
 
-packages=(mesa-vulkan-drivers glslc libvulkan-dev)
+packages=(mesa-vulkan-drivers glslc libvulkan-dev spirv-headers)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -43,7 +43,7 @@ pub fn build(
     let tools = Tools::find();
 
     let defines = native::with_user_defines(&cpu_variants::variant_defines(&install.defines));
-    let (prefix, _lock) = native::keyed_folder(src, cmake, build_root, "cpu-variants", &defines, &[]);
+    let (prefix, _lock) = native::keyed_folder(src, cmake, build_root, "cpu-variants", &defines, &[], &[]);
     let build_dir = prefix.join("build");
 
     // Configure, and build ggml-base, which the variant modules link.

@@ -58,8 +58,16 @@ impl Target {
 pub struct Options {
     /// `CMAKE_BUILD_TYPE`: Release unless the user asks for a debug llama.cpp.
     pub build_type: String,
-    /// `CMAKE_CUDA_ARCHITECTURES`; `None` means `native`.
+    /// `CMAKE_CUDA_ARCHITECTURES` (`LLAMA_CUDA_ARCHITECTURES`); `None`
+    /// leaves ggml's default: `native` with the `native` feature, else its
+    /// portable list (CUDA 13: 75-virtual, 80-virtual, 86-real, 89-real,
+    /// 90-virtual and the 100/120 families).
     pub cuda_architectures: Option<String>,
+    /// `LLAMA_SYS_CUDA_NO_VMM`: ggml's CUDA backend without virtual memory
+    /// management, which is the one part that calls NVIDIA's driver
+    /// library (`libcuda`) directly: for a build machine without the
+    /// driver (NVIDIA's PyPI packages have no `libcuda.so` stub).
+    pub cuda_no_vmm: bool,
     /// `GGML_BLAS_VENDOR`; `None` means OpenBLAS (Apple: Accelerate).
     pub blas_vendor: Option<String>,
     /// Build number and commit baked into llama.cpp's build info.
@@ -202,8 +210,10 @@ pub fn cmake_defines(f: &Features, t: &Target, o: &Options) -> Vec<(&'static str
         }
     }
     if f.cuda {
-        let archs = o.cuda_architectures.clone().unwrap_or_else(|| "native".to_owned());
-        d.push(("CMAKE_CUDA_ARCHITECTURES", archs));
+        if let Some(archs) = &o.cuda_architectures {
+            d.push(("CMAKE_CUDA_ARCHITECTURES", archs.clone()));
+        }
+        d.push(("GGML_CUDA_NO_VMM", on(o.cuda_no_vmm)));
         // NCCL is linked only "if found", which makes the link line depend
         // on the machine: keep it off.
         d.push(("GGML_CUDA_NCCL", on(false)));
@@ -238,8 +248,9 @@ pub const CPU_DISPATCH_LIB: &str = "ggml-cpu-dispatch";
 /// The libraries to link, dependents before their dependencies:
 /// llama, ggml, the enabled backends, ggml-cpu (or, with `cpu_dispatch`,
 /// the variants and their dispatcher), ggml-base, then the system
-/// libraries they need.
-pub fn link_libs(f: &Features, t: &Target, cpu_dispatch: bool) -> Vec<Lib> {
+/// libraries they need (NVIDIA's driver library only with `cuda_driver`:
+/// see [`Options::cuda_no_vmm`]).
+pub fn link_libs(f: &Features, t: &Target, cpu_dispatch: bool, cuda_driver: bool) -> Vec<Lib> {
     let mut libs = vec![Lib::Static("llama"), Lib::Static("ggml")];
     if f.cuda {
         libs.push(Lib::Static("ggml-cuda"));
@@ -260,8 +271,11 @@ pub fn link_libs(f: &Features, t: &Target, cpu_dispatch: bool) -> Vec<Lib> {
     libs.push(Lib::Static("ggml-base"));
 
     if f.cuda {
-        for lib in ["cudart", "cublas", "cublasLt", "cuda"] {
+        for lib in ["cudart", "cublas", "cublasLt"] {
             libs.push(Lib::Dylib(lib));
+        }
+        if cuda_driver {
+            libs.push(Lib::Dylib("cuda"));
         }
     }
     if f.vulkan {

@@ -151,7 +151,7 @@ pub fn libs(installed: &Installed, linkage: Linkage, features: &Features, target
                 rpc: installed.has("ggml-rpc"),
                 blas: installed.has("ggml-blas"),
             };
-            Ok(link_libs(&built, target, false))
+            Ok(link_libs(&built, target, false, true))
         }
         Linkage::Dynamic => {
             let mut libs = vec![Lib::Dylib("llama"), Lib::Dylib("ggml")];

@@ -26,6 +26,8 @@ pub struct Install {
     pub defines: Vec<(&'static str, String)>,
     /// `CMAKE_BUILD_TYPE`.
     pub build_type: String,
+    /// Built without CUDA's VMM, so without NVIDIA's driver library.
+    pub cuda_no_vmm: bool,
 }
 
 pub fn build(
@@ -40,6 +42,7 @@ pub fn build(
     let options = Options {
         build_type: build_type(sanitizer),
         cuda_architectures: env::var("LLAMA_CUDA_ARCHITECTURES"),
+        cuda_no_vmm: env::flag("LLAMA_SYS_CUDA_NO_VMM"),
         blas_vendor: env::var("LLAMA_BLAS_VENDOR"),
         build_number: "0".to_owned(),
         build_commit: src.commit().map_or_else(|| "unknown".to_owned(), |c| c.chars().take(7).collect()),
@@ -55,7 +58,7 @@ pub fn build(
     // For C and C++ alike (native builds without ggml's AMX kernels).
     let flags = features::compile_flags(f, t);
     let cxxflags: Vec<&str> = flags.iter().chain(dispatch_flags).copied().collect();
-    let (prefix, _lock) = keyed_folder(src, cmake, build_root, "build", &defines, &cxxflags);
+    let (prefix, _lock) = keyed_folder(src, cmake, build_root, "build", &defines, &cxxflags, &gpu_toolchains(f));
     let mut config = config(src, cmake, &prefix, &options.build_type, &defines);
     for flag in flags {
         config.cflag(flag);
@@ -64,7 +67,7 @@ pub fn build(
         config.cxxflag(flag);
     }
     config.build();
-    Install { prefix, defines: ours, build_type: options.build_type }
+    Install { prefix, defines: ours, build_type: options.build_type, cuda_no_vmm: options.cuda_no_vmm }
 }
 
 /// `LLAMA_SYS_BUILD_TYPE`, else Release (RelWithDebInfo under a sanitizer).
@@ -87,10 +90,25 @@ pub fn with_user_defines(ours: &[(&'static str, String)]) -> Vec<(String, String
     defines
 }
 
+/// Where the enabled GPU backends' toolchains are: part of the main
+/// build's key (when set), not of the CPU variants' build, which has no
+/// GPU backend.
+fn gpu_toolchains(f: &Features) -> Vec<&'static str> {
+    let mut names = Vec::new();
+    if f.vulkan {
+        names.push("VULKAN_SDK");
+    }
+    if f.cuda {
+        names.extend(["CUDA_PATH", "CUDAToolkit_ROOT"]);
+    }
+    names
+}
+
 /// `<build_root>/<name>-<key>`, locked for this build script: the key
 /// hashes everything that changes the result (source, cmake, compilers and
-/// their flags, the target, the defines), so each configuration has a
-/// folder of its own that every profile shares.
+/// their flags, the target, the defines, the environment variables
+/// `toolchains` that are set), so each configuration has a folder of its
+/// own that every profile shares.
 pub fn keyed_folder(
     src: &Tree,
     cmake: &Path,
@@ -98,6 +116,7 @@ pub fn keyed_folder(
     name: &str,
     defines: &[(String, String)],
     cxxflags: &[&str],
+    toolchains: &[&str],
 ) -> (PathBuf, std::fs::File) {
     let mut key = Sha256::new();
     key.update(src.root.to_string_lossy().as_bytes());
@@ -107,6 +126,11 @@ pub fn keyed_folder(
         // crate reads them too, without rerun lines).
         let value = if name == "TARGET" { env::cargo(name) } else { env::var(name).unwrap_or_default() };
         key.update(format!("\0{name}={value}").as_bytes());
+    }
+    for name in toolchains {
+        if let Some(value) = env::var(name) {
+            key.update(format!("\0{name}={value}").as_bytes());
+        }
     }
     for (k, v) in defines {
         key.update(format!("\0{k}={v}").as_bytes());

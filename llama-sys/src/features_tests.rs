@@ -85,7 +85,7 @@ fn native_leaves_the_cpu_options_to_march_native() {
 #[test]
 fn default_link_line_is_in_dependency_order() {
     assert_eq!(
-        link_libs(&defaults(), &linux(), false),
+        link_libs(&defaults(), &linux(), false, true),
         vec![
             Lib::Static("llama"),
             Lib::Static("ggml"),
@@ -104,13 +104,13 @@ fn default_link_line_is_in_dependency_order() {
 fn openmp_off_drops_gomp() {
     let f = Features { openmp: false, ..defaults() };
     assert_eq!(define(&cmake_defines(&f, &linux(), &options()), "GGML_OPENMP").as_deref(), Some("OFF"));
-    assert!(!link_libs(&f, &linux(), false).contains(&Lib::Dylib("gomp")));
+    assert!(!link_libs(&f, &linux(), false, true).contains(&Lib::Dylib("gomp")));
 }
 
 #[test]
 fn openmp_with_clang_links_libomp() {
     let t = Target { clang: true, ..linux() };
-    let libs = link_libs(&defaults(), &t, false);
+    let libs = link_libs(&defaults(), &t, false, true);
     assert!(libs.contains(&Lib::Dylib("omp")));
     assert!(!libs.contains(&Lib::Dylib("gomp")));
 }
@@ -160,10 +160,16 @@ fn cuda_sets_architectures_disables_nccl_and_links_the_runtime() {
     let d = cmake_defines(&f, &linux(), &options());
     assert_eq!(define(&d, "GGML_CUDA").as_deref(), Some("ON"));
     assert_eq!(define(&d, "GGML_CUDA_NCCL").as_deref(), Some("OFF"));
-    assert_eq!(define(&d, "CMAKE_CUDA_ARCHITECTURES").as_deref(), Some("native"));
+    // Unset: ggml's own default (native with `native`, else its list).
+    assert_eq!(define(&d, "CMAKE_CUDA_ARCHITECTURES"), None);
+    assert_eq!(define(&d, "GGML_CUDA_NO_VMM").as_deref(), Some("OFF"));
     let o = Options { cuda_architectures: Some("86;89".into()), ..options() };
     assert_eq!(define(&cmake_defines(&f, &linux(), &o), "CMAKE_CUDA_ARCHITECTURES").as_deref(), Some("86;89"));
-    let libs = link_libs(&f, &linux(), false);
+    // Without NVIDIA's driver on the build machine: no VMM, no libcuda.
+    let no_vmm = Options { cuda_no_vmm: true, ..options() };
+    assert_eq!(define(&cmake_defines(&f, &linux(), &no_vmm), "GGML_CUDA_NO_VMM").as_deref(), Some("ON"));
+    assert!(!link_libs(&f, &linux(), false, false).contains(&Lib::Dylib("cuda")));
+    let libs = link_libs(&f, &linux(), false, true);
     let pos = |l: Lib| libs.iter().position(|x| *x == l).unwrap();
     assert!(pos(Lib::Static("ggml")) < pos(Lib::Static("ggml-cuda")));
     assert!(pos(Lib::Static("ggml-cuda")) < pos(Lib::Static("ggml-cpu")));
@@ -180,7 +186,7 @@ fn metal_embeds_its_shaders_and_links_the_frameworks() {
     assert_eq!(define(&d, "GGML_METAL_EMBED_LIBRARY").as_deref(), Some("ON"));
     // No OpenMP runtime on Apple clang.
     assert_eq!(define(&d, "GGML_OPENMP").as_deref(), Some("OFF"));
-    let libs = link_libs(&f, &macos(), false);
+    let libs = link_libs(&f, &macos(), false, true);
     for fw in ["Metal", "MetalKit", "Foundation", "Accelerate"] {
         assert!(libs.contains(&Lib::Framework(fw)), "{fw}");
     }
@@ -194,11 +200,11 @@ fn metal_embeds_its_shaders_and_links_the_frameworks() {
 fn vulkan_links_the_loader() {
     let f = Features { vulkan: true, ..defaults() };
     assert_eq!(define(&cmake_defines(&f, &linux(), &options()), "GGML_VULKAN").as_deref(), Some("ON"));
-    let libs = link_libs(&f, &linux(), false);
+    let libs = link_libs(&f, &linux(), false, true);
     assert!(libs.contains(&Lib::Static("ggml-vulkan")));
     assert!(libs.contains(&Lib::Dylib("vulkan")));
     let windows = Target { os: "windows".into(), env: "msvc".into(), ..linux() };
-    assert!(link_libs(&f, &windows, false).contains(&Lib::Dylib("vulkan-1")));
+    assert!(link_libs(&f, &windows, false, true).contains(&Lib::Dylib("vulkan-1")));
 }
 
 #[test]
@@ -207,7 +213,7 @@ fn rpc_builds_the_backend_without_machine_dependent_rdma() {
     let d = cmake_defines(&f, &linux(), &options());
     assert_eq!(define(&d, "GGML_RPC").as_deref(), Some("ON"));
     assert_eq!(define(&d, "GGML_RPC_RDMA").as_deref(), Some("OFF"));
-    assert!(link_libs(&f, &linux(), false).contains(&Lib::Static("ggml-rpc")));
+    assert!(link_libs(&f, &linux(), false, true).contains(&Lib::Static("ggml-rpc")));
 }
 
 #[test]
@@ -216,7 +222,7 @@ fn blas_defaults_to_openblas_or_accelerate() {
     let d = cmake_defines(&f, &linux(), &options());
     assert_eq!(define(&d, "GGML_BLAS").as_deref(), Some("ON"));
     assert_eq!(define(&d, "GGML_BLAS_VENDOR").as_deref(), Some("OpenBLAS"));
-    assert!(link_libs(&f, &linux(), false).contains(&Lib::Dylib("openblas")));
+    assert!(link_libs(&f, &linux(), false, true).contains(&Lib::Dylib("openblas")));
     assert_eq!(define(&cmake_defines(&f, &macos(), &options()), "GGML_BLAS_VENDOR").as_deref(), Some("Apple"));
     let o = Options { blas_vendor: Some("Intel10_64lp".into()), ..options() };
     assert_eq!(define(&cmake_defines(&f, &linux(), &o), "GGML_BLAS_VENDOR").as_deref(), Some("Intel10_64lp"));
@@ -225,7 +231,7 @@ fn blas_defaults_to_openblas_or_accelerate() {
 #[test]
 fn all_backends_link_before_the_cpu_backend() {
     let f = Features { cuda: true, metal: true, vulkan: true, rpc: true, blas: true, ..defaults() };
-    let libs = link_libs(&f, &linux(), false);
+    let libs = link_libs(&f, &linux(), false, true);
     let statics: Vec<_> = libs.iter().filter_map(|l| if let Lib::Static(n) = l { Some(*n) } else { None }).collect();
     assert_eq!(
         statics,

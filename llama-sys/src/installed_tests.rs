@@ -74,7 +74,7 @@ fn a_static_install_links_like_the_bundled_build() {
     let installed = Installed::read(GGML_CONFIG, Some(LLAMA_CONFIG));
     let got = libs(&installed, Linkage::Static, &Features::default(), &linux()).unwrap();
     // The bundled build's own list for the same configuration.
-    let bundled = crate::features::link_libs(&Features { openmp: true, ..Features::default() }, &linux(), false);
+    let bundled = crate::features::link_libs(&Features { openmp: true, ..Features::default() }, &linux(), false, true);
     assert_eq!(got, bundled);
     assert_eq!(
         got[..4],

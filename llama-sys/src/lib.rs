@@ -38,6 +38,12 @@ mod features;
 #[cfg(test)]
 mod features_tests;
 #[cfg(test)]
+#[path = "../build/gpu.rs"]
+#[allow(dead_code)]
+mod gpu;
+#[cfg(test)]
+mod gpu_tests;
+#[cfg(test)]
 #[path = "../build/installed.rs"]
 #[allow(dead_code)]
 mod installed;

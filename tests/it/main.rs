@@ -13,6 +13,8 @@
 
 mod chat_template;
 mod cpu_dispatch;
+#[cfg(any(feature = "vulkan", feature = "cuda"))]
+mod device;
 mod embed;
 mod engine;
 mod ergonomics;

@@ -281,7 +281,8 @@ impl Planner {
         let (n_ctx, n_ctx_seq, n_seq_max, n_ubatch) =
             unsafe { (sys::llama_n_ctx(c), sys::llama_n_ctx_seq(c), sys::llama_n_seq_max(c), sys::llama_n_ubatch(c)) };
         // SAFETY: as above.
-        let memory = unsafe { MemoryBreakdown::of_context(c)? };
+        let mut memory = unsafe { MemoryBreakdown::of_context(c)? };
+        memory.add_allocation_padding();
         Ok(MemoryPlan { n_ctx, n_ctx_seq, n_seq_max, n_ubatch, type_k: params.type_k, type_v: params.type_v, memory })
     }
 
@@ -292,6 +293,25 @@ impl Planner {
     /// As [`analytic::ModelShape::read`].
     pub fn shape(&self) -> Result<analytic::ModelShape> {
         analytic::ModelShape::read(&self.path)
+    }
+}
+
+/// Bytes ggml-vulkan's pinned host buffers allocate beyond what they are
+/// asked for (ggml-vulkan.cpp, `ggml_backend_vk_host_buffer_type_alloc_buffer`:
+/// `size += 32; // Behave like the CPU buffer type`). A no_alloc plan
+/// measures what is asked; a live context's breakdown reports the buffer.
+const VULKAN_HOST_PADDING: u64 = 32;
+
+impl MemoryBreakdown {
+    /// What allocating the planned buffers adds beyond their measured
+    /// sizes: one compute buffer per buffer type, and Vulkan's pinned
+    /// host buffers pad each allocation.
+    fn add_allocation_padding(&mut self) {
+        for buffer in &mut self.buffers {
+            if buffer.buffer == "Vulkan_Host" && buffer.compute > 0 {
+                buffer.compute += VULKAN_HOST_PADDING;
+            }
+        }
     }
 }
 

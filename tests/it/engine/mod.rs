@@ -1,5 +1,5 @@
 //! The continuous-batching engine (`llama::engine`): exact on the synthetic
 //! model, teacher-forced on the real one.
 
-mod real;
+pub(crate) mod real;
 mod synthetic;

@@ -101,7 +101,7 @@ fn sixteen_concurrent_greedy_streams_pass_the_teacher_forced_check() {
 }
 
 /// A prompt of `n` random words repeated three times, and the words.
-fn copy_task(seed: u64, n: usize) -> (String, Vec<&'static str>) {
+pub(crate) fn copy_task(seed: u64, n: usize) -> (String, Vec<&'static str>) {
     const WORDS: [&str; 32] = [
         "apple", "river", "stone", "cloud", "tiger", "piano", "garden", "silver", "window", "candle", "forest",
         "rocket", "orange", "bridge", "pencil", "winter", "dragon", "mirror", "castle", "violet", "hammer", "island",

@@ -1,0 +1,205 @@
+//! The device tier (features `vulkan` and `cuda`): the default model on the
+//! first GPU device, checked against the CPU. In CI that device is Mesa's
+//! lavapipe (Vulkan on the CPU, `GGML_VK_VISIBLE_DEVICES=0`); on a GPU
+//! machine it is the GPU. Without a GPU device these tests fail: a build
+//! with a GPU feature asked for one.
+//!
+//! lavapipe is slow (a few tokens per second) and compiles every shader
+//! pipeline on first use, so the tests share one loaded model per
+//! placement and generate few tokens.
+
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+
+use llama::embed::{EmbedParams, Embedder, cosine_similarity};
+use llama::engine::{Engine, EngineConfig, Request};
+use llama::plan::{Budget, FitGoal, HOST, Planner};
+use llama::{
+    AddBos, Batch, ContextParams, Device, DeviceKind, Error, LoadMode, Model, ModelParams, Output, Pooling, Sampler,
+    Token,
+};
+use llama_suite::teacher::rescore;
+
+use crate::engine::real::copy_task;
+
+/// As the engine's real-model tests: the largest distance of a chosen
+/// token's logit below the best one in the CPU's re-scoring.
+const MARGIN: f32 = 1.0;
+
+/// Gemma 3 270M has 18 layers: 9 is half.
+const HALF: i32 = 9;
+
+fn path() -> PathBuf {
+    llama_suite::model_cache::model_path().unwrap_or_else(|e| panic!("the real model is needed: {e}"))
+}
+
+/// The first GPU device (discrete or integrated).
+fn gpu() -> Device {
+    let devices = llama::devices();
+    devices.iter().find(|d| matches!(d.kind, DeviceKind::Gpu | DeviceKind::IntegratedGpu)).cloned().unwrap_or_else(
+        || {
+            panic!(
+                "no GPU device among {:?}: on a machine without a GPU, a `vulkan` build runs on Mesa's lavapipe \
+                 with GGML_VK_VISIBLE_DEVICES=0 (docs/gpu.md)",
+                devices.iter().map(|d| (&d.name, d.kind)).collect::<Vec<_>>()
+            )
+        },
+    )
+}
+
+/// Read, not mapped: the host part of the weights is then exactly the
+/// tensors' sizes, as the plan counts them.
+fn on_gpu(layers: i32) -> ModelParams {
+    ModelParams::default().n_gpu_layers(layers).load_mode(LoadMode::Read)
+}
+
+fn cpu_model() -> &'static Model {
+    static MODEL: OnceLock<Model> = OnceLock::new();
+    MODEL.get_or_init(|| Model::load(path(), &ModelParams::default()).unwrap())
+}
+
+/// Every layer on the GPU.
+fn gpu_model() -> Arc<Model> {
+    static MODEL: OnceLock<Arc<Model>> = OnceLock::new();
+    MODEL.get_or_init(|| Arc::new(Model::load(path(), &on_gpu(99)).unwrap())).clone()
+}
+
+fn tokens(text: &str) -> Vec<Token> {
+    cpu_model().vocab().tokenize(text, AddBos::Yes).unwrap()
+}
+
+/// Greedy tokens after `prompt`, one decode per token.
+fn greedy(model: &Model, prompt: &[Token], n: usize) -> Vec<Token> {
+    let mut ctx = model.new_context(&ContextParams::default().n_ctx(256).n_threads(2)).unwrap();
+    ctx.decode(&Batch::from_tokens(prompt, 0)).unwrap();
+    let mut sampler = Sampler::greedy();
+    let mut out = Vec::with_capacity(n);
+    for pos in prompt.len()..prompt.len() + n {
+        let token = sampler.sample(&mut ctx, Output::Last).unwrap();
+        out.push(token);
+        ctx.decode(&Batch::from_tokens(&[token], pos as i32)).unwrap();
+    }
+    out
+}
+
+/// Weights on `device` and on the host in a context of `model`.
+fn weights(model: &Model, device: &str) -> (u64, u64) {
+    let mut ctx = model.new_context(&ContextParams::default().n_ctx(256).n_threads(2)).unwrap();
+    let devices = ctx.memory_breakdown().unwrap().devices();
+    let on = |name: &str| devices.iter().filter(|d| d.device == name).map(|d| d.weights).sum::<u64>();
+    (on(device), on(HOST))
+}
+
+#[test]
+fn the_gpu_is_listed_with_its_memory_beside_the_dispatched_cpu() {
+    let gpu = gpu();
+    // A GPU build keeps runtime CPU dispatch (x86-64 Linux without
+    // `native`): the CPU device is still listed, running a chosen variant.
+    if cfg!(all(target_arch = "x86_64", target_os = "linux", not(feature = "native"))) {
+        let variant = llama::cpu_variant();
+        assert!(variant.is_some() && llama::cpu_variants().len() > 1, "{variant:?}");
+    }
+    assert!(llama::devices().iter().any(|d| d.kind == DeviceKind::Cpu));
+    let backend = if cfg!(feature = "cuda") { "CUDA" } else { "Vulkan" };
+    assert!(gpu.name.starts_with(backend), "{gpu:?}");
+    assert!(gpu.memory_total > 0 && gpu.memory_free > 0 && gpu.memory_free <= gpu.memory_total, "{gpu:?}");
+    eprintln!(
+        "{} ({}): {:.1} of {:.1} GiB free",
+        gpu.name,
+        gpu.description,
+        gpu.memory_free as f64 / f64::from(1 << 30),
+        gpu.memory_total as f64 / f64::from(1 << 30)
+    );
+}
+
+#[test]
+fn greedy_on_the_gpu_and_split_in_half_passes_the_teacher_forced_check() {
+    let device = gpu().name;
+    let prompt = tokens("The Eiffel Tower is located in the city of");
+    let half = Model::load(path(), &on_gpu(HALF)).unwrap();
+    // The layers went where they were sent: more on the device with all of
+    // them there, more on the host with half.
+    let (all_device, all_host) = weights(&gpu_model(), &device);
+    let (half_device, half_host) = weights(&half, &device);
+    eprintln!("weights on {device} / host: all layers {all_device} / {all_host}, half {half_device} / {half_host}");
+    assert!(half_device > 0 && all_device > half_device && half_host > all_host, "{device}");
+    for (what, model) in [("all layers", &*gpu_model()), ("half the layers", &half)] {
+        let generated = greedy(model, &prompt, 16);
+        let check = rescore(cpu_model(), &prompt, &generated).unwrap();
+        let text = cpu_model().vocab().decode(&generated).unwrap();
+        eprintln!("{what} on {device}: {text:?}, worst gap {}", check.worst());
+        assert!(check.worst() <= MARGIN, "{what}: {text:?} gaps {:?}", check.gaps);
+        assert!(text.contains("Paris"), "{what}: {text:?}");
+        // The check can fail: the same tokens one position early.
+        let shifted = rescore(cpu_model(), &prompt, &generated[1..]).unwrap();
+        assert!(shifted.worst() > 5.0 * MARGIN, "{what}: a shifted stream passes: {:?}", shifted.gaps);
+    }
+}
+
+#[test]
+fn the_plan_per_device_equals_the_live_context_and_fit_names_the_device() {
+    let device = gpu().name;
+    let planner = Planner::new(path(), &on_gpu(99)).unwrap();
+    let base = ContextParams::default().n_threads(2).n_batch(512).n_ubatch(512);
+    let model = gpu_model();
+    for params in [base.clone().n_ctx(512), base.clone().n_ctx(2048).n_seq_max(2)] {
+        let plan = planner.plan(&params).unwrap();
+        let mut ctx = model.new_context(&params).unwrap();
+        let live = ctx.memory_breakdown().unwrap();
+        assert_eq!(plan.memory, live, "{params:?}: plan vs live");
+        let on_device = live.devices().into_iter().find(|d| d.device == device).expect("buffers on the device");
+        assert!(on_device.weights > 0 && on_device.kv > 0 && on_device.compute > 0, "{on_device:?}");
+    }
+
+    // A budget on the device: the largest context whose plan stays within
+    // it, the next step up (256 cells more) over it.
+    let device_bytes = |n_ctx: u32| {
+        let plan = planner.plan(&base.clone().n_ctx(n_ctx)).unwrap();
+        plan.memory.devices().into_iter().find(|d| d.device == device).unwrap().total()
+    };
+    let budget = device_bytes(1024);
+    let fit = planner.fit(&base, &Budget::host(u64::MAX).device(&device, budget), FitGoal::MaxContext { n_seq: 1 });
+    let fit = fit.unwrap();
+    assert!(!fit.capped);
+    assert!(fit.plan.n_ctx >= 1024, "{}", fit.plan.n_ctx);
+    assert!(device_bytes(fit.plan.n_ctx) <= budget);
+    assert!(device_bytes(fit.plan.n_ctx + 256) > budget, "the next step up fits too: {}", fit.plan.n_ctx);
+
+    // Not even the weights fit: the error names the device.
+    match planner.fit(&base, &Budget::host(u64::MAX).device(&device, 1 << 20), FitGoal::MaxContext { n_seq: 1 }) {
+        Err(Error::DoesNotFit { device: named, budget, .. }) => assert_eq!((named, budget), (device, 1 << 20)),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn eight_copy_tasks_at_once_on_the_gpu_are_all_right() {
+    let engine = Engine::start(gpu_model(), EngineConfig::default().n_ctx(2048).n_threads(2)).unwrap();
+    let tasks: Vec<_> = (0..8).map(|i| copy_task(i + 1, 6)).collect();
+    let completions: Vec<_> = tasks
+        .iter()
+        .map(|(prompt, _)| engine.submit(Request::text(prompt.clone()).max_tokens(16).stop(["\n"])).unwrap())
+        .collect();
+    for (i, (completion, (_, words))) in completions.into_iter().zip(&tasks).enumerate() {
+        let out = completion.wait();
+        assert_eq!(out.text.trim(), words.join(" "), "copy task {i}");
+    }
+    let stats = engine.stats();
+    assert!(stats.steps < 8 * 16, "the streams ran batched: {stats:?}");
+}
+
+#[test]
+fn embeddings_on_the_gpu_equal_the_cpus() {
+    let texts = ["The cat sat on the mat.", "Paris is the capital of France.", "1 2 3 4 5 6 7 8 9 10"];
+    let params = EmbedParams::default().pooling(Pooling::Mean).n_threads(2).n_threads_batch(2);
+    let on_cpu = Embedder::new(cpu_model(), &params).unwrap().embed(&texts).unwrap();
+    let gpu = gpu_model();
+    let on_gpu = Embedder::new(&gpu, &params).unwrap().embed(&texts).unwrap();
+    for (i, (a, b)) in on_cpu.iter().zip(&on_gpu).enumerate() {
+        let c = cosine_similarity(a, b);
+        eprintln!("text {i}: cosine CPU vs GPU {c:.7}");
+        assert!(c >= 0.9999, "text {i}: cosine {c}");
+    }
+    // Different texts stay apart on the GPU (the check can fail).
+    assert!(cosine_similarity(&on_gpu[0], &on_gpu[1]) < 0.999);
+}
