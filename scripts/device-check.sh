@@ -24,6 +24,8 @@
 #   (teacher-forced greedy against the CPU, plan vs live per device, the
 #   engine at 1 and 16 streams). Everything it prints goes to
 #   $OUT/device-check.log as well (the device tool returns $OUT).
+#   DEVICE_CHECK_CUDA=OFF runs the same steps without CUDA, on any machine:
+#   a rehearsal of the script (device_check then stops at "no GPU device").
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PACK="$ROOT/target/device-check"
@@ -67,9 +69,20 @@ prepare() {
     for bin in device_check bench; do
         strip -o "$PACK/$bin" "$ROOT/target/device-check-cargo/release/examples/$bin"
     done
-    # The source, less what the CUDA build does not read.
-    tar -C "$ROOT/vendor" -cJf "$PACK/llama.cpp.tar.xz" \
-        --exclude=llama.cpp/.git --exclude='llama.cpp/ggml/src/ggml-vulkan' --exclude='llama.cpp/ggml/src/ggml-metal' \
+    # The source with tools/ and common/ (for llama-bench), from the pinned
+    # sdist (llama-sys keeps only the library's part), less what the CUDA
+    # build does not read.
+    local tarball stage="$ROOT/target/device-check-src"
+    tarball="$(pinned_sdist "$ROOT")" || die "cannot get the pinned sdist"
+    rm -rf "$stage" && mkdir -p "$stage"
+    local top
+    # awk reads the whole list: `| head -1` would end tar with SIGPIPE,
+    # which pipefail turns into a failure.
+    top="$(tar -tzf "$tarball" | awk -F/ 'NR == 1 { print $1 }')"
+    tar -xzf "$tarball" -C "$stage" --strip-components=2 "$top/vendor/llama.cpp"
+    rm -rf "$stage/llama.cpp/.git"
+    tar -C "$stage" -cJf "$PACK/llama.cpp.tar.xz" \
+        --exclude='llama.cpp/ggml/src/ggml-vulkan' --exclude='llama.cpp/ggml/src/ggml-metal' \
         --exclude='llama.cpp/ggml/src/ggml-sycl' --exclude='llama.cpp/ggml/src/ggml-opencl' \
         --exclude='llama.cpp/ggml/src/ggml-cann' --exclude='llama.cpp/ggml/src/ggml-musa' \
         --exclude='llama.cpp/ggml/src/ggml-webgpu' --exclude='llama.cpp/ggml/src/ggml-zdnn' \
@@ -88,29 +101,39 @@ prepare() {
 
 run() {
     [[ -x "$PACK/device_check" ]] || die "no $PACK/device_check: run \`bash scripts/device-check.sh prepare\` here first and carry target/device-check"
-    local out="${OUT:-$PACK/out}"
+    local out="${OUT:-$ROOT/target/device-check-out}"
     mkdir -p "$out"
     exec > >(tee "$out/device-check.log") 2>&1
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
     local jobs
     jobs="$(nproc)"
     local src=/tmp/device-check-src build=/tmp/device-check-build start
-    if [[ ! -f "$PREFIX/.built" ]]; then
+    local cuda="${DEVICE_CHECK_CUDA:-ON}" targets=(llama-bench ggml-cpu llama) generator=()
+    [[ $cuda == ON ]] && targets+=(ggml-cuda)
+    command -v ninja >/dev/null && generator=(-G Ninja)
+    if [[ ! -f "$PREFIX/.built-cuda-$cuda" ]]; then
         start=$(date +%s)
         rm -rf "$src" && mkdir -p "$src" && tar -C "$src" -xJf "$PACK/llama.cpp.tar.xz"
         # shellcheck disable=SC2046
-        cmake -G Ninja -S "$src/llama.cpp" -B "$build" $(cmake_options) \
-            -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="${LLAMA_CUDA_ARCHITECTURES:-90}" -DGGML_CUDA_NCCL=OFF \
+        cmake "${generator[@]}" -S "$src/llama.cpp" -B "$build" $(cmake_options) \
+            -DGGML_CUDA="$cuda" -DCMAKE_CUDA_ARCHITECTURES="${LLAMA_CUDA_ARCHITECTURES:-90}" -DGGML_CUDA_NCCL=OFF \
             -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_COMMON=ON -DLLAMA_BUILD_COMMIT="$(cat "$PACK/commit")" >/dev/null
-        cmake --build "$build" -j "$jobs" --target llama-bench ggml-cuda ggml-cpu llama >/dev/null
+        cmake --build "$build" -j "$jobs" --target "${targets[@]}" >/dev/null
+        # Copied, not `cmake --install`, which wants every tool built. The
+        # libraries in lib/, where the Rust binaries were linked to find
+        # them; the backend modules in bin/ too, beside llama-bench (ggml
+        # looks beside the executable; llama::init in the install's lib/
+        # and bin/).
         rm -rf "$PREFIX"
-        cmake --install "$build" >/dev/null
+        mkdir -p "$PREFIX/lib" "$PREFIX/bin"
+        cp -a "$build"/bin/*.so* "$PREFIX/lib/"
+        cp -a "$build"/bin/libggml-c[pu]*.so "$PREFIX/bin/"
         cp "$build/bin/llama-bench" "$PREFIX/bin/"
-        touch "$PREFIX/.built"
-        say "llama.cpp with CUDA built and installed into $PREFIX in $(($(date +%s) - start)) s"
+        touch "$PREFIX/.built-cuda-$cuda"
+        say "llama.cpp (GGML_CUDA=$cuda) built and installed into $PREFIX in $(($(date +%s) - start)) s"
     fi
     export LD_LIBRARY_PATH="$PREFIX/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-    local model=/tmp/device-check-model.gguf threads=8
+    local model=/tmp/device-check-model.gguf threads=$((jobs < 16 ? jobs : 16))
     "$PACK/device_check" --write-model "$model" -t "$threads" -n 256 || say "device_check failed"
     say "our bench, then llama-bench of the same source and options (every layer on the GPU)"
     "$PACK/bench" -m "$model" -p 512 -n 128 -r 5 -t "$threads" --ngl 99 || say "bench failed"
