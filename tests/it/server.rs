@@ -3,7 +3,7 @@
 //! every endpoint, streamed and not, every error status, cancellation on
 //! disconnect, graceful shutdown, and greedy outputs equal to the engine's.
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -322,6 +322,42 @@ fn bad_requests_get_openai_errors_with_the_right_status() {
     assert_error(s, &b, 400);
     let (s, b) = raw(&json!({"prompt": "x ".repeat(2500)}).to_string());
     assert_error(s, &b, 413);
+
+    // JSON only: a web page's "simple" cross-site request (text/plain, a
+    // form: no CORS preflight) is refused before it runs anything; a
+    // charset parameter is fine.
+    let typed = |content_type: &str| {
+        let body = json!({"prompt": "x", "max_tokens": 1}).to_string();
+        read(
+            server
+                .agent
+                .post(format!("{}/v1/completions", server.base))
+                .header("Content-Type", content_type)
+                .send(body)
+                .unwrap(),
+        )
+    };
+    for content_type in ["text/plain", "application/x-www-form-urlencoded", "text/plain; charset=application/json"] {
+        let (s, b) = typed(content_type);
+        assert_error(s, &b, 415);
+        assert_eq!(b["error"]["code"], "unsupported_media_type", "{content_type}");
+    }
+    assert_eq!(typed("application/json; charset=utf-8").0, 200);
+
+    // A body announced over the limit is answered from its Content-Length
+    // at once, not waited for.
+    let addr = server.base.strip_prefix("http://").unwrap();
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    stream
+        .write_all(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+              Content-Length: 1000000000\r\n\r\n{\"prompt\"",
+        )
+        .unwrap();
+    let mut head = [0u8; 12];
+    stream.read_exact(&mut head).expect("an answer before the announced body");
+    assert_eq!(&head, b"HTTP/1.1 413", "{}", String::from_utf8_lossy(&head));
     let (s, b) = server.post("/v1/completions", &json!({"prompt": "word ".repeat(600)}));
     assert_error(s, &b, 400);
     assert!(b["error"]["message"].as_str().unwrap().contains("tokens"), "{b}");

@@ -5,7 +5,6 @@ use std::convert::Infallible;
 use std::sync::Arc;
 
 use axum::Router;
-use axum::body::Body;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
@@ -104,9 +103,12 @@ async fn submit(
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, format!("submit failed: {e}")))?
 }
 
-async fn completions(State(state): State<Arc<AppState>>, body: Body) -> Result<Response, ApiError> {
+async fn completions(
+    State(state): State<Arc<AppState>>,
+    request: axum::extract::Request,
+) -> Result<Response, ApiError> {
     count("completions");
-    let req: CompletionRequest = read_json(body, state.config.body_limit).await?;
+    let req: CompletionRequest = read_json(request, state.config.body_limit).await?;
     let ready = ready(&state)?;
     let vocab = ready.model.vocab();
     let n = choices(req.sampling.n)?;
@@ -285,9 +287,9 @@ fn chat_prompt(ready: &Ready, req: &ChatRequest) -> Result<(Prompt, Option<Strin
     Ok((Prompt::Text { text, add_bos, special: Special::Markup }, grammar))
 }
 
-async fn chat(State(state): State<Arc<AppState>>, body: Body) -> Result<Response, ApiError> {
+async fn chat(State(state): State<Arc<AppState>>, request: axum::extract::Request) -> Result<Response, ApiError> {
     count("chat");
-    let req: ChatRequest = read_json(body, state.config.body_limit).await?;
+    let req: ChatRequest = read_json(request, state.config.body_limit).await?;
     let ready = ready(&state)?;
     let n = choices(req.sampling.n)?;
     let max_tokens = max_tokens(&state, req.max_completion_tokens.or(req.max_tokens), state.config.max_tokens_cap)?;
@@ -411,9 +413,9 @@ fn sse(
     Sse::new(head.chain(body).chain(tail).chain(done)).keep_alive(KeepAlive::default()).into_response()
 }
 
-async fn embeddings(State(state): State<Arc<AppState>>, body: Body) -> Result<Response, ApiError> {
+async fn embeddings(State(state): State<Arc<AppState>>, request: axum::extract::Request) -> Result<Response, ApiError> {
     count("embeddings");
-    let req: EmbeddingRequest = read_json(body, state.config.body_limit).await?;
+    let req: EmbeddingRequest = read_json(request, state.config.body_limit).await?;
     let ready = ready(&state)?;
     let Some(worker) = &ready.embeddings else {
         return Err(ApiError::new(StatusCode::NOT_FOUND, "embeddings are off: start the server with --embeddings")
