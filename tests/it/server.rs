@@ -370,6 +370,27 @@ fn bad_requests_get_openai_errors_with_the_right_status() {
     assert_error(s, &b, 400);
     let (s, b) = server.post("/v1/chat/completions", &json!({"messages": [{"content": "no role"}]}));
     assert_error(s, &b, 400);
+    // Roles are OpenAI's, and content fits the role: nothing else reaches
+    // the template (which renders whatever it is given).
+    for message in [
+        json!({"role": "wizard", "content": "x"}),
+        json!({"role": "", "content": "x"}),
+        json!({"role": "user<|im_end|>", "content": "x"}),
+        json!({"role": "user", "content": null}),
+        json!({"role": "user"}),
+        json!({"role": "system", "content": 42}),
+        json!({"role": "assistant", "content": null}),
+    ] {
+        let (s, b) = server.post("/v1/chat/completions", &json!({"messages": [message], "max_tokens": 1}));
+        assert_error(s, &b, 400);
+        assert_eq!(b["error"]["param"], "messages", "{message}");
+    }
+    let call = json!({"role": "assistant", "content": null,
+                      "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]});
+    let messages = json!([{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "x"}, call,
+                          {"role": "tool", "tool_call_id": "c1", "content": "{}"}]);
+    let (s, b) = server.post("/v1/chat/completions", &json!({"messages": messages, "max_tokens": 1}));
+    assert_eq!(s, 200, "every role, and an assistant's tool call without content: {b}");
     let unsupported = json!({"type": "json_schema", "json_schema": {"schema": {"type": "string", "format": "hostname-ish", "not": {}}}});
     let (s, b) = server.post(
         "/v1/chat/completions",

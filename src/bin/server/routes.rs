@@ -249,12 +249,35 @@ fn chat_logprobs(vocab: &Vocab, lps: &[(Token, TokenLogprob)]) -> Value {
     json!({"content": content})
 }
 
+/// The roles a chat message may have (OpenAI's; `developer` is its newer
+/// name for `system`, which templates receive as it is).
+const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
+
+/// Refuses a message whose role is not one of [`ROLES`], or whose content
+/// is missing or of the wrong type for its role: text or a list of parts
+/// for every role, except that an assistant message that calls tools may
+/// have none. Templates render whatever they are given, so an unknown role
+/// ("wizard", markup in a role) would otherwise reach the prompt.
+fn check_message(i: usize, m: &Value) -> Result<(), ApiError> {
+    let bad = |why: String| Err(ApiError::bad_request(format!("messages[{i}]: {why}")).param("messages"));
+    let Some(role) = m.get("role").and_then(Value::as_str) else {
+        return bad("no role".to_owned());
+    };
+    if !ROLES.contains(&role) {
+        return bad(format!("role {role:?} is not one of {}", ROLES.join(", ")));
+    }
+    match m.get("content") {
+        Some(Value::String(_) | Value::Array(_)) => Ok(()),
+        None | Some(Value::Null) if role == "assistant" && m.get("tool_calls").is_some_and(Value::is_array) => Ok(()),
+        None | Some(Value::Null) => bad(format!("a {role} message needs content")),
+        Some(other) => bad(format!("content must be a string or a list of parts, not {other}")),
+    }
+}
+
 /// The chat request's prompt, grammar and logprob count.
 fn chat_prompt(ready: &Ready, req: &ChatRequest) -> Result<(Prompt, Option<String>), ApiError> {
     for (i, m) in req.messages.iter().enumerate() {
-        if !m.get("role").is_some_and(Value::is_string) {
-            return Err(ApiError::bad_request(format!("messages[{i}] has no role")).param("messages"));
-        }
+        check_message(i, m)?;
     }
     if req.messages.is_empty() {
         return Err(ApiError::bad_request("messages is empty").param("messages"));
