@@ -14,6 +14,7 @@
 //! SIGTERM stops accepting, lets requests in flight finish for up to
 //! `--shutdown-grace` seconds, then ends the rest, and exits 0.
 
+mod content;
 mod embeddings;
 mod generation;
 mod limits;
@@ -95,6 +96,12 @@ struct Args {
     /// Largest request body, in bytes (413 over it).
     #[arg(long, default_value_t = 8 << 20)]
     body_limit: usize,
+    /// Let chat message content become control tokens, as llama.cpp's
+    /// server does: a client can then write `<end_of_turn>` and open a turn
+    /// of its own. Off: content is plain text, only the template's markup
+    /// is markup.
+    #[arg(long)]
+    special_in_content: bool,
     /// Serve /v1/embeddings (a second context, mean pooling unless the
     /// model defines its own).
     #[arg(long)]
@@ -164,6 +171,7 @@ async fn serve(args: Args) -> Result<(), String> {
             model_name,
             max_tokens_cap: args.max_tokens.max(1),
             body_limit: args.body_limit,
+            special_in_content: args.special_in_content,
         },
         ready: OnceLock::new(),
         failed: OnceLock::new(),

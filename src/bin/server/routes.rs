@@ -17,6 +17,7 @@ use llama::engine::{Prompt, Request, TokenLogprob};
 use llama::{AddBos, Special, Token, Vocab};
 use serde_json::{Value, json};
 
+use crate::content::{self, ContentError};
 use crate::generation::{self, Choice, Delta, MAX_CHOICES};
 use crate::limits::{self, read_json};
 use crate::openai::{
@@ -275,7 +276,11 @@ fn check_message(i: usize, m: &Value) -> Result<(), ApiError> {
 }
 
 /// The chat request's prompt, grammar and logprob count.
-fn chat_prompt(ready: &Ready, req: &ChatRequest) -> Result<(Prompt, Option<String>), ApiError> {
+fn chat_prompt(
+    ready: &Ready,
+    req: &ChatRequest,
+    special_in_content: bool,
+) -> Result<(Prompt, Option<String>), ApiError> {
     for (i, m) in req.messages.iter().enumerate() {
         check_message(i, m)?;
     }
@@ -289,13 +294,6 @@ fn chat_prompt(ready: &Ready, req: &ChatRequest) -> Result<(Prompt, Option<Strin
     for (k, v) in req.chat_template_kwargs.iter().flatten() {
         options = options.var(k.clone(), v.clone());
     }
-    let messages: Vec<llama::ChatMessage> = serde_json::from_value(Value::Array(req.messages.clone()))
-        .map_err(|e| ApiError::bad_request(format!("invalid messages: {e}")).param("messages"))?;
-    let text = ready.chat.render(&messages, &options).map_err(generation::engine_error)?;
-    let vocab = ready.model.vocab();
-    // The template writes BOS itself when the model wants one.
-    let bos = vocab.bos().and_then(|b| vocab.text(b).ok()).filter(|b| !b.is_empty());
-    let add_bos = if bos.is_some_and(|b| text.starts_with(b)) { AddBos::No } else { AddBos::Yes };
     let grammar = match &req.response_format {
         None | Some(ResponseFormat::Text) => None,
         Some(ResponseFormat::JsonObject) => Some(llama::json_schema::json_grammar().to_owned()),
@@ -307,6 +305,31 @@ fn chat_prompt(ready: &Ready, req: &ChatRequest) -> Result<(Prompt, Option<Strin
             )
         }
     };
+    let vocab = ready.model.vocab();
+    let invalid = |e: String| ApiError::bad_request(format!("invalid messages: {e}")).param("messages");
+    // Content as plain text (crate::content), unless the operator asked
+    // for llama.cpp's behaviour.
+    if !special_in_content {
+        match content::plain_content_tokens(&ready.chat, vocab, &req.messages, &options) {
+            Ok(Some(tokens)) => return Ok((Prompt::Tokens(tokens), grammar)),
+            Ok(None) => {}
+            Err(ContentError::Llama(e)) => return Err(generation::engine_error(e)),
+            Err(ContentError::Messages(e)) => return Err(invalid(e)),
+            Err(ContentError::Mangled) => {
+                return Err(ApiError::bad_request(
+                    "a message holds the text of the model's control tokens, and this chat template changes \
+                     message content, so it cannot be kept as plain text",
+                )
+                .param("messages"));
+            }
+        }
+    }
+    let messages: Vec<llama::ChatMessage> =
+        serde_json::from_value(Value::Array(req.messages.clone())).map_err(|e| invalid(e.to_string()))?;
+    let text = ready.chat.render(&messages, &options).map_err(generation::engine_error)?;
+    // The template writes BOS itself when the model wants one.
+    let bos = vocab.bos().and_then(|b| vocab.text(b).ok()).filter(|b| !b.is_empty());
+    let add_bos = if bos.is_some_and(|b| text.starts_with(b)) { AddBos::No } else { AddBos::Yes };
     Ok((Prompt::Text { text, add_bos, special: Special::Markup }, grammar))
 }
 
@@ -323,7 +346,7 @@ async fn chat(State(state): State<Arc<AppState>>, request: axum::extract::Reques
         }
         (false, None) => None,
     };
-    let (prompt, grammar) = chat_prompt(ready, &req)?;
+    let (prompt, grammar) = chat_prompt(ready, &req, state.config.special_in_content)?;
     let stops = req.sampling.stop_list();
     let vocab = ready.model.vocab();
     let requests = (0..n)

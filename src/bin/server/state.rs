@@ -21,6 +21,9 @@ pub struct Config {
     /// requests without `max_tokens`.
     pub max_tokens_cap: usize,
     pub body_limit: usize,
+    /// Message content may hold control tokens (llama.cpp's behaviour), not
+    /// only the template's markup (`--special-in-content`).
+    pub special_in_content: bool,
 }
 
 /// Set once the model has loaded and the engine runs.
