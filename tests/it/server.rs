@@ -277,6 +277,11 @@ fn every_endpoint_answers_as_openai_does() {
     let decoded: Vec<f32> = bytes.chunks(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
     // JSON carries each f32 as its shortest decimal: the same f32 back.
     assert_eq!(decoded, vectors[1].iter().map(|&x| x as f32).collect::<Vec<_>>());
+    // At most 2048 texts per request, as OpenAI allows; refused before any
+    // is embedded.
+    let (s, b) = server.post("/v1/embeddings", &json!({"input": vec!["x"; 2049]}));
+    assert_error(s, &b, 400);
+    assert_eq!(b["error"]["param"], "input");
 
     let metrics = server.metrics();
     for name in [

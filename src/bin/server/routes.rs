@@ -459,6 +459,10 @@ fn sse(
     Sse::new(head.chain(body).chain(tail).chain(done)).keep_alive(KeepAlive::default()).into_response()
 }
 
+/// Texts per embeddings request, as OpenAI allows: the body limit alone
+/// would let one request queue hundreds of thousands of short texts.
+const MAX_EMBEDDING_INPUTS: usize = 2048;
+
 async fn embeddings(State(state): State<Arc<AppState>>, request: axum::extract::Request) -> Result<Response, ApiError> {
     count("embeddings");
     let req: EmbeddingRequest = read_json(request, state.config.body_limit).await?;
@@ -481,6 +485,13 @@ async fn embeddings(State(state): State<Arc<AppState>>, request: axum::extract::
     };
     if texts.is_empty() {
         return Err(ApiError::bad_request("input is empty").param("input"));
+    }
+    if texts.len() > MAX_EMBEDDING_INPUTS {
+        return Err(ApiError::bad_request(format!(
+            "input has {} texts; at most {MAX_EMBEDDING_INPUTS} per request",
+            texts.len()
+        ))
+        .param("input"));
     }
     let (vectors, tokens) = worker.embed(texts).await.map_err(generation::engine_error)?;
     let data: Vec<Value> = vectors
