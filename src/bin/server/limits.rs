@@ -1,11 +1,11 @@
 //! What stands before the handlers: the API key (compared in constant
 //! time), a token-bucket rate limit per key or client address, and
-//! reading a JSON body under a size limit.
+//! reading a JSON body under a size limit and a timeout.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{StatusCode, header};
@@ -108,13 +108,14 @@ fn is_json(content_type: &str) -> bool {
     essence.eq_ignore_ascii_case("application/json")
 }
 
-/// Reads a JSON request body of at most `limit` bytes: 415 unless the
-/// request says it is JSON (a web page can send a "simple" cross-site
-/// request, `text/plain` or a form, to a server on the user's loopback
-/// address without a CORS preflight; JSON needs one), 413 as soon as its
-/// `Content-Length` announces more than the limit (before reading any of
-/// it) or once more arrives, 400 for bad JSON or a field of the wrong type.
-pub async fn read_json<T: DeserializeOwned>(request: Request, limit: usize) -> Result<T, ApiError> {
+/// Reads a JSON request body of at most `limit` bytes within `timeout`:
+/// 415 unless the request says it is JSON (a web page can send a "simple"
+/// cross-site request, `text/plain` or a form, to a server on the user's
+/// loopback address without a CORS preflight; JSON needs one), 413 as soon
+/// as its `Content-Length` announces more than the limit (before reading
+/// any of it) or once more arrives, 408 when the whole body has not
+/// arrived in time, 400 for bad JSON or a field of the wrong type.
+pub async fn read_json<T: DeserializeOwned>(request: Request, limit: usize, timeout: Duration) -> Result<T, ApiError> {
     let headers = request.headers();
     let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok());
     if !content_type.is_some_and(is_json) {
@@ -128,7 +129,8 @@ pub async fn read_json<T: DeserializeOwned>(request: Request, limit: usize) -> R
     if announced.is_some_and(|n| n > limit as u64) {
         return Err(too_large(limit));
     }
-    let bytes = axum::body::to_bytes(request.into_body(), limit).await.map_err(|e| {
+    let body = tokio::time::timeout(timeout, axum::body::to_bytes(request.into_body(), limit));
+    let bytes = body.await.map_err(|_| too_slow(timeout))?.map_err(|e| {
         // axum wraps http-body-util's LengthLimitError ("length limit exceeded").
         let too_large = format!("{e} {:?}", std::error::Error::source(&e)).contains("length limit");
         if too_large {
@@ -140,6 +142,11 @@ pub async fn read_json<T: DeserializeOwned>(request: Request, limit: usize) -> R
     serde_json::from_slice(&bytes).map_err(|e| ApiError::bad_request(format!("invalid request body: {e}")))
 }
 
+fn too_slow(timeout: Duration) -> ApiError {
+    ApiError::new(StatusCode::REQUEST_TIMEOUT, format!("the request body did not arrive within {timeout:?}"))
+        .code("request_timeout")
+}
+
 fn too_large(limit: usize) -> ApiError {
     ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, format!("the request body is over {limit} bytes"))
         .code("request_too_large")
@@ -147,8 +154,6 @@ fn too_large(limit: usize) -> ApiError {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
 
     #[test]

@@ -14,6 +14,7 @@
 //! SIGTERM stops accepting, lets requests in flight finish for up to
 //! `--shutdown-grace` seconds, then ends the rest, and exits 0.
 
+mod connections;
 mod content;
 mod embeddings;
 mod generation;
@@ -22,7 +23,6 @@ mod openai;
 mod routes;
 mod state;
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::AtomicU64;
@@ -34,6 +34,7 @@ use llama::engine::{Engine, EngineConfig};
 use llama::{KvType, Model, ModelParams, Pooling};
 use metrics_exporter_prometheus::PrometheusBuilder;
 
+use crate::connections::ConnectionLimits;
 use crate::embeddings::EmbeddingWorker;
 use crate::limits::RateLimiter;
 use crate::state::{AppState, Config, Ready};
@@ -96,6 +97,16 @@ struct Args {
     /// Largest request body, in bytes (413 over it).
     #[arg(long, default_value_t = 8 << 20)]
     body_limit: usize,
+    /// Seconds a request head may take to arrive; also how long an idle
+    /// keep-alive connection stays open.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    header_timeout: u64,
+    /// Seconds a request body may take to arrive (408 after).
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+    body_timeout: u64,
+    /// Most connections open at once; one more is answered 503 and closed.
+    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u64).range(1..))]
+    max_connections: u64,
     /// Let chat message content become control tokens, as llama.cpp's
     /// server does: a client can then write `<end_of_turn>` and open a turn
     /// of its own. Off: content is plain text, only the template's markup
@@ -171,6 +182,7 @@ async fn serve(args: Args) -> Result<(), String> {
             model_name,
             max_tokens_cap: args.max_tokens.max(1),
             body_limit: args.body_limit,
+            body_timeout: Duration::from_secs(args.body_timeout),
             special_in_content: args.special_in_content,
         },
         ready: OnceLock::new(),
@@ -216,7 +228,11 @@ async fn serve(args: Args) -> Result<(), String> {
         })
     };
 
-    let app = routes::router(state.clone()).into_make_service_with_connect_info::<SocketAddr>();
+    let app = routes::router(state.clone());
+    let limits = ConnectionLimits {
+        header_timeout: Duration::from_secs(args.header_timeout),
+        max_connections: usize::try_from(args.max_connections).unwrap_or(usize::MAX),
+    };
     let grace = Duration::from_secs(args.shutdown_grace);
     let stopper = state.clone();
     let shutdown = async move {
@@ -231,7 +247,7 @@ async fn serve(args: Args) -> Result<(), String> {
             }
         });
     };
-    axum::serve(listener, app).with_graceful_shutdown(shutdown).await.map_err(|e| e.to_string())?;
+    connections::serve(listener, app, limits, shutdown).await;
     if let Some(r) = state.ready.get() {
         r.engine.shutdown();
     }

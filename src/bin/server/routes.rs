@@ -109,7 +109,7 @@ async fn completions(
     request: axum::extract::Request,
 ) -> Result<Response, ApiError> {
     count("completions");
-    let req: CompletionRequest = read_json(request, state.config.body_limit).await?;
+    let req: CompletionRequest = read_json(request, state.config.body_limit, state.config.body_timeout).await?;
     let ready = ready(&state)?;
     let vocab = ready.model.vocab();
     let n = choices(req.sampling.n)?;
@@ -335,7 +335,7 @@ fn chat_prompt(
 
 async fn chat(State(state): State<Arc<AppState>>, request: axum::extract::Request) -> Result<Response, ApiError> {
     count("chat");
-    let req: ChatRequest = read_json(request, state.config.body_limit).await?;
+    let req: ChatRequest = read_json(request, state.config.body_limit, state.config.body_timeout).await?;
     let ready = ready(&state)?;
     let n = choices(req.sampling.n)?;
     let max_tokens = max_tokens(&state, req.max_completion_tokens.or(req.max_tokens), state.config.max_tokens_cap)?;
@@ -465,7 +465,7 @@ const MAX_EMBEDDING_INPUTS: usize = 2048;
 
 async fn embeddings(State(state): State<Arc<AppState>>, request: axum::extract::Request) -> Result<Response, ApiError> {
     count("embeddings");
-    let req: EmbeddingRequest = read_json(request, state.config.body_limit).await?;
+    let req: EmbeddingRequest = read_json(request, state.config.body_limit, state.config.body_timeout).await?;
     let ready = ready(&state)?;
     let Some(worker) = &ready.embeddings else {
         return Err(ApiError::new(StatusCode::NOT_FOUND, "embeddings are off: start the server with --embeddings")

@@ -21,6 +21,8 @@ pub struct Config {
     /// requests without `max_tokens`.
     pub max_tokens_cap: usize,
     pub body_limit: usize,
+    /// A request body must arrive whole within this (408).
+    pub body_timeout: std::time::Duration,
     /// Message content may hold control tokens (llama.cpp's behaviour), not
     /// only the template's markup (`--special-in-content`).
     pub special_in_content: bool,
