@@ -325,8 +325,12 @@ fn a_prompt_shares_the_cells_of_a_running_sequence() {
             (check.worst() == 0.0 && check.first_near_tie(DECISIVE).is_none()).then_some((longer, expected))
         })
         .expect("a decisive continuation of the base prompt");
-    let engine = Engine::start(model(), config()).unwrap();
-    let mut running = engine.submit(greedy(base.clone(), 200)).unwrap();
+    // No cached prefixes: the running sequence is the only source of shared
+    // cells. It runs until cancelled (3,500 tokens would take thousands of
+    // steps), so it is still running when the longer prompt arrives however
+    // late this thread submits it.
+    let engine = Engine::start(model(), config().max_cached_prefixes(0)).unwrap();
+    let mut running = engine.submit(greedy(base.clone(), 3_500)).unwrap();
     assert!(matches!(running.next(), Some(Event::Piece(_))));
     let out = engine.submit(greedy(longer, 4)).unwrap().wait();
     assert!(out.finish.usage.cached_tokens >= 192, "{:?}", out.finish.usage);
