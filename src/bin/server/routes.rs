@@ -94,14 +94,17 @@ fn max_tokens(state: &AppState, asked: Option<usize>, default: usize) -> Result<
     }
 }
 
-/// Tokenizing and checking prompts is CPU work: off the async runtime.
-async fn submit(
-    ready_engine: llama::engine::Engine,
-    requests: Vec<Request>,
-) -> Result<Vec<llama::engine::Completion>, ApiError> {
-    tokio::task::spawn_blocking(move || generation::submit_all(&ready_engine, requests))
+/// Request preparation (template rendering, schema conversion,
+/// tokenizing, detokenizing echoes, compiling grammars at submit) runs on
+/// the blocking pool: its cost grows with the request body, and on the
+/// async runtime it would hold one of the threads that serve every other
+/// client, `/health` included.
+async fn off_runtime<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(work)
         .await
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, format!("submit failed: {e}")))?
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, format!("request preparation failed: {e}")))?
 }
 
 async fn completions(
@@ -114,47 +117,31 @@ async fn completions(
     let vocab = ready.model.vocab();
     let n = choices(req.sampling.n)?;
     let max_tokens = max_tokens(&state, req.max_tokens, 16)?;
-    let prompts: Vec<Prompt> = match req.prompt {
-        PromptInput::Text(t) => vec![text_prompt(t)],
-        PromptInput::Texts(ts) => ts.into_iter().map(text_prompt).collect(),
-        PromptInput::Tokens(ids) => vec![Prompt::Tokens(ids.into_iter().map(Token).collect())],
-        PromptInput::TokenLists(lists) => {
-            lists.into_iter().map(|ids| Prompt::Tokens(ids.into_iter().map(Token).collect())).collect()
-        }
+    let req = Arc::new(req);
+    let (completions, echoes) = {
+        let (ready, req) = (state.clone(), req.clone());
+        off_runtime(move || {
+            let ready = self::ready(&ready)?;
+            let (prompts, echoes) = completion_prompts(ready.model.vocab(), &req, n)?;
+            let stops = req.sampling.stop_list();
+            let mut requests = Vec::with_capacity(prompts.len() * n);
+            for prompt in &prompts {
+                for j in 0..n {
+                    let sampling =
+                        generation::sampling_params(&req.sampling, ready.model.vocab(), req.logprobs, None, j)?;
+                    requests.push(
+                        Request::new(prompt.clone())
+                            .max_tokens(max_tokens)
+                            .stop(stops.clone())
+                            .stop_at_eog(!req.sampling.ignore_eos)
+                            .sampling(sampling),
+                    );
+                }
+            }
+            Ok((generation::submit_all(&ready.engine, requests)?, echoes))
+        })
+        .await?
     };
-    if prompts.is_empty() {
-        return Err(ApiError::bad_request("prompt is empty").param("prompt"));
-    }
-    if prompts.len() * n > MAX_CHOICES {
-        return Err(ApiError::bad_request(format!("prompts × n must be at most {MAX_CHOICES}")).param("n"));
-    }
-    let echoes: Vec<String> = if req.echo {
-        prompts
-            .iter()
-            .map(|p| match p {
-                Prompt::Text { text, .. } => Ok(text.clone()),
-                Prompt::Tokens(t) => vocab.detokenize(t, AddBos::No, Special::Plain).map_err(generation::engine_error),
-                _ => Ok(String::new()),
-            })
-            .collect::<Result<_, _>>()?
-    } else {
-        vec![String::new(); prompts.len()]
-    };
-    let stops = req.sampling.stop_list();
-    let mut requests = Vec::with_capacity(prompts.len() * n);
-    for prompt in &prompts {
-        for j in 0..n {
-            let sampling = generation::sampling_params(&req.sampling, vocab, req.logprobs, None, j)?;
-            requests.push(
-                Request::new(prompt.clone())
-                    .max_tokens(max_tokens)
-                    .stop(stops.clone())
-                    .stop_at_eog(!req.sampling.ignore_eos)
-                    .sampling(sampling),
-            );
-        }
-    }
-    let completions = submit(ready.engine.clone(), requests).await?;
     let (id, created, model) = (state.id("cmpl"), now(), state.config.model_name.clone());
     if req.sampling.stream {
         let include_usage = req.sampling.stream_options.as_ref().is_some_and(|o| o.include_usage);
@@ -207,6 +194,42 @@ async fn completions(
         "usage": usage,
     });
     Ok(axum::Json(body).into_response())
+}
+
+/// A completion request's prompts, and each one's echo (empty without
+/// `echo`).
+fn completion_prompts(
+    vocab: &Vocab,
+    req: &CompletionRequest,
+    n: usize,
+) -> Result<(Vec<Prompt>, Vec<String>), ApiError> {
+    let prompts: Vec<Prompt> = match &req.prompt {
+        PromptInput::Text(t) => vec![text_prompt(t.clone())],
+        PromptInput::Texts(ts) => ts.iter().cloned().map(text_prompt).collect(),
+        PromptInput::Tokens(ids) => vec![Prompt::Tokens(ids.iter().copied().map(Token).collect())],
+        PromptInput::TokenLists(lists) => {
+            lists.iter().map(|ids| Prompt::Tokens(ids.iter().copied().map(Token).collect())).collect()
+        }
+    };
+    if prompts.is_empty() {
+        return Err(ApiError::bad_request("prompt is empty").param("prompt"));
+    }
+    if prompts.len() * n > MAX_CHOICES {
+        return Err(ApiError::bad_request(format!("prompts × n must be at most {MAX_CHOICES}")).param("n"));
+    }
+    let echoes: Vec<String> = if req.echo {
+        prompts
+            .iter()
+            .map(|p| match p {
+                Prompt::Text { text, .. } => Ok(text.clone()),
+                Prompt::Tokens(t) => vocab.detokenize(t, AddBos::No, Special::Plain).map_err(generation::engine_error),
+                _ => Ok(String::new()),
+            })
+            .collect::<Result<_, _>>()?
+    } else {
+        vec![String::new(); prompts.len()]
+    };
+    Ok((prompts, echoes))
 }
 
 fn text_prompt(text: String) -> Prompt {
@@ -346,20 +369,30 @@ async fn chat(State(state): State<Arc<AppState>>, request: axum::extract::Reques
         }
         (false, None) => None,
     };
-    let (prompt, grammar) = chat_prompt(ready, &req, state.config.special_in_content)?;
-    let stops = req.sampling.stop_list();
-    let vocab = ready.model.vocab();
-    let requests = (0..n)
-        .map(|j| {
-            let sampling = generation::sampling_params(&req.sampling, vocab, top, grammar.as_deref(), j)?;
-            Ok(Request::new(prompt.clone())
-                .max_tokens(max_tokens)
-                .stop(stops.clone())
-                .stop_at_eog(!req.sampling.ignore_eos)
-                .sampling(sampling))
+    let req = Arc::new(req);
+    let completions = {
+        let (ready, req) = (state.clone(), req.clone());
+        off_runtime(move || {
+            let special_in_content = ready.config.special_in_content;
+            let ready = self::ready(&ready)?;
+            let (prompt, grammar) = chat_prompt(ready, &req, special_in_content)?;
+            let stops = req.sampling.stop_list();
+            let requests = (0..n)
+                .map(|j| {
+                    let sampling =
+                        generation::sampling_params(&req.sampling, ready.model.vocab(), top, grammar.as_deref(), j)?;
+                    Ok(Request::new(prompt.clone())
+                        .max_tokens(max_tokens)
+                        .stop(stops.clone())
+                        .stop_at_eog(!req.sampling.ignore_eos)
+                        .sampling(sampling))
+                })
+                .collect::<Result<Vec<_>, ApiError>>()?;
+            generation::submit_all(&ready.engine, requests)
         })
-        .collect::<Result<Vec<_>, ApiError>>()?;
-    let completions = submit(ready.engine.clone(), requests).await?;
+        .await?
+    };
+    let vocab = ready.model.vocab();
     let (id, created, model) = (state.id("chatcmpl"), now(), state.config.model_name.clone());
     if req.sampling.stream {
         let include_usage = req.sampling.stream_options.as_ref().is_some_and(|o| o.include_usage);
