@@ -66,12 +66,15 @@ fn counters_gauges_and_histograms_reach_the_installed_recorder() {
     let running = engine.submit(long()).unwrap();
     let waiting = engine.submit(long()).unwrap();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    // The recorder's own snapshot is what is checked: the engine's stats
+    // and a later read of the recorder could straddle a step.
     let busy = loop {
-        let stats = engine.stats();
-        if stats.running == 1 && stats.waiting == 1 {
-            break Series::read(&snapshotter);
+        let series = Series::read(&snapshotter);
+        let gauge = |name: &str| series.gauges.get(name).copied();
+        if gauge("llama_engine_running") == Some(1.0) && gauge("llama_engine_waiting") == Some(1.0) {
+            break series;
         }
-        assert!(std::time::Instant::now() < deadline, "never one running and one waiting: {stats:?}");
+        assert!(std::time::Instant::now() < deadline, "never one running and one waiting: {:?}", engine.stats());
         std::thread::yield_now();
     };
     running.cancel();

@@ -208,10 +208,10 @@ fn default_model_is_fetched_verified_and_cached() {
     let marker = path.with_file_name(format!("{DEFAULT_MODEL_FILE}{MARKER_SUFFIX}"));
     assert_eq!(fs::read_to_string(&marker).unwrap().trim(), DEFAULT_MODEL_SHA256);
 
-    // Cached now: the size and marker check is enough, no re-hash.
-    let again = Instant::now();
+    // Cached now (that the marker spares a re-hash is
+    // verify_cached_hashes_once_then_trusts_the_marker's subject, shown
+    // there without a clock).
     assert_eq!(default_model().unwrap(), path);
-    assert!(again.elapsed() < Duration::from_millis(200), "cached lookup took {:?}", again.elapsed());
 
     // Without LLAMA_MODEL, model_path_from falls back to the default model.
     assert_eq!(model_path_from(None).unwrap(), path);

@@ -341,7 +341,7 @@ fn a_prompt_shares_the_cells_of_a_running_sequence() {
 
 #[test]
 fn cancel_and_drop_free_the_cells() {
-    let engine = Engine::start(model(), config().max_cached_prefixes(0)).unwrap();
+    let engine = Engine::start(model(), config().n_ctx(16_384).max_cached_prefixes(0)).unwrap();
     let mut a = engine.submit(greedy(prompt(50, 1), 10_000)).unwrap();
     let mut b = engine.submit(greedy(prompt(60, 2), 10_000)).unwrap();
     assert!(matches!(a.next(), Some(Event::Piece(_))));
@@ -559,7 +559,7 @@ fn bad_requests_are_refused_at_submit_and_the_engine_keeps_serving() {
 
 #[test]
 fn a_full_queue_refuses_at_once() {
-    let engine = Engine::start(model(), config().max_running(1).max_queue(2)).unwrap();
+    let engine = Engine::start(model(), config().n_ctx(16_384).max_running(1).max_queue(2)).unwrap();
     let mut first = engine.submit(greedy(prompt(8, 1), 100_000)).unwrap();
     assert!(matches!(first.next(), Some(Event::Piece(_))));
     let waiting: Vec<Completion> = (0..2).map(|i| engine.submit(greedy(prompt(8, 2 + i), 2)).unwrap()).collect();
@@ -574,7 +574,7 @@ fn a_full_queue_refuses_at_once() {
 
 #[test]
 fn shutdown_ends_requests_in_flight_and_refuses_new_ones() {
-    let engine = Engine::start(model(), config().max_running(1)).unwrap();
+    let engine = Engine::start(model(), config().n_ctx(16_384).max_running(1)).unwrap();
     let mut running = engine.submit(greedy(prompt(8, 1), 100_000)).unwrap();
     let queued = engine.submit(greedy(prompt(8, 2), 4)).unwrap();
     assert!(matches!(running.next(), Some(Event::Piece(_))));
@@ -586,7 +586,7 @@ fn shutdown_ends_requests_in_flight_and_refuses_new_ones() {
     assert!(matches!(clone.submit(greedy(prompt(8, 3), 4)), Err(Error::EngineStopped(_))));
 
     // Dropping the last handle does the same.
-    let engine = Engine::start(model(), config()).unwrap();
+    let engine = Engine::start(model(), config().n_ctx(16_384)).unwrap();
     let mut c = engine.submit(greedy(prompt(8, 1), 100_000)).unwrap();
     assert!(matches!(c.next(), Some(Event::Piece(_))));
     drop(engine);
@@ -596,7 +596,7 @@ fn shutdown_ends_requests_in_flight_and_refuses_new_ones() {
 #[test]
 fn stop_strings_max_context_and_priorities() {
     let model = model();
-    let engine = Engine::start(model.clone(), config().max_running(1)).unwrap();
+    let engine = Engine::start(model.clone(), config().n_ctx(16_384).max_running(1)).unwrap();
     // A stop string taken from the greedy continuation itself.
     let p = prompt(12, 77);
     let full = engine.submit(greedy(p.clone(), 24)).unwrap().wait();
