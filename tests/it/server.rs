@@ -767,3 +767,35 @@ fn connections_over_the_cap_are_answered_503_and_closed() {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+#[test]
+fn an_embeddings_request_whose_client_went_away_stops() {
+    let server = Server::start(&["--embeddings"]);
+    // Minutes of work on two cores: 2,048 texts of about 250 tokens.
+    let texts: Vec<String> = (0..2048).map(|i| format!("{i}: {}", "many words in a long text ".repeat(40))).collect();
+    let body = json!({"input": texts}).to_string();
+    let mut client = raw(&server, Duration::from_secs(5));
+    let head = format!(
+        "POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    client.write_all(head.as_bytes()).unwrap();
+    client.write_all(body.as_bytes()).unwrap();
+    let gauge = |name: &str| metric(&server.metrics(), name, "");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while gauge("llama_server_embedding_running") != Some(1.0) {
+        assert!(Instant::now() < deadline, "the embedding thread never started the request");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(client);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while gauge("llama_server_embedding_running") != Some(0.0) {
+        assert!(Instant::now() < deadline, "the embedding thread kept working for a client that went away");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(gauge("llama_server_embedding_requests_abandoned_total"), Some(1.0));
+    // The thread serves the next request.
+    let (s, b) = server.post("/v1/embeddings", &json!({"input": "short"}));
+    assert_eq!(s, 200, "{b}");
+    assert_eq!(b["data"][0]["embedding"].as_array().map(Vec::len), Some(640));
+}
