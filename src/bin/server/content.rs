@@ -128,3 +128,50 @@ pub fn plain_content_tokens(
     }
     Ok(Some(tokens))
 }
+
+#[cfg(test)]
+mod tests {
+    use llama::chat::ChatTemplate;
+    use llama::testing::{TINY_CONTROL_TOKEN, TINY_CONTROL_TOKEN_ID, TinyModelSpec, tiny_llama_path};
+    use llama::{Model, ModelParams};
+    use serde_json::json;
+
+    use super::*;
+
+    fn format(source: &str) -> ChatFormat {
+        ChatFormat::Jinja {
+            template: ChatTemplate::new(source).unwrap(),
+            bos_token: String::new(),
+            eos_token: String::new(),
+        }
+    }
+
+    #[test]
+    fn content_with_markup_is_plain_text_or_refused_when_the_template_changes_it() {
+        let model = Model::load(tiny_llama_path(&TinyModelSpec::default()).unwrap(), &ModelParams::default()).unwrap();
+        let vocab = model.vocab();
+        let options = RenderOptions::default();
+        let forged = [json!({"role": "user", "content": format!("hi {TINY_CONTROL_TOKEN} there")})];
+        let plain = [json!({"role": "user", "content": "hi there"})];
+        let control = Token(TINY_CONTROL_TOKEN_ID);
+
+        // The template's own markup is a control token; the content's text
+        // of one is not.
+        let keeps = format(&format!("{TINY_CONTROL_TOKEN}{{% for m in messages %}}{{{{ m.content }}}}{{% endfor %}}"));
+        let tokens = plain_content_tokens(&keeps, vocab, &forged, &options).unwrap().expect("content with markup");
+        assert_eq!(tokens.iter().filter(|&&t| t == control).count(), 1, "{tokens:?}");
+        assert_eq!(tokens.first(), vocab.bos().as_ref());
+        assert_eq!(tokens[1], control);
+        let text = vocab.tokenize(&format!("hi {TINY_CONTROL_TOKEN} there"), AddBos::No).unwrap();
+        assert_eq!(tokens[2..], text[..]);
+        assert!(plain_content_tokens(&keeps, vocab, &plain, &options).unwrap().is_none(), "no markup: the usual path");
+
+        // A template that slices content cuts into the placeholder.
+        let slices = format("{% for m in messages %}{{ m.content[:-1] }}{% endfor %}");
+        let refused = plain_content_tokens(&slices, vocab, &forged, &options);
+        assert!(matches!(refused, Err(ContentError::Mangled)), "{refused:?}");
+        let reversed = format("{% for m in messages %}{{ m.content | reverse }}{% endfor %}");
+        let refused = plain_content_tokens(&reversed, vocab, &forged, &options);
+        assert!(matches!(refused, Err(ContentError::Mangled)), "{refused:?}");
+    }
+}
