@@ -12,7 +12,7 @@
 //!   `llama_sampler_sample` on the same chain;
 //! - `engine/N`: N concurrent requests through `llama::engine` (distinct
 //!   32-token prompts, 32 new tokens each, greedy), submit to last token;
-//!   throughput in generated tokens (`examples/serve_bench` measures the
+//!   throughput in generated tokens (`llama-serve/examples/serve_bench` measures the
 //!   engine's latencies and compares it with llama-server);
 //! - `validation/N`: what `Context::decode` checks in Rust before calling
 //!   llama.cpp, for an N-token batch (the batch fails the check at its last

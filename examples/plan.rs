@@ -39,7 +39,7 @@ struct Args {
     kv: Vec<KvType>,
     /// A memory budget (e.g. 2GiB, 512MiB, 1.5GB, bytes): prints the largest
     /// context that fits it for each sequence count (first KV type that fits).
-    #[arg(long, value_parser = llama_suite::size::parse_size)]
+    #[arg(long, value_parser = llama::plan::parse_size)]
     budget: Option<u64>,
     /// Flash attention.
     #[arg(long, default_value = "auto", value_parser = parse_fa)]

@@ -4,7 +4,7 @@
 # upstream commit 0c1e570), with the same CMake defines as llama-sys
 # (llama-sys/build/features.rs `cmake_defines`, default features native +
 # openmp), except that the common library, tools and server are switched on.
-# Used as the reference side of examples/serve_bench.
+# Used as the reference side of llama-serve/examples/serve_bench and loadgen.
 #
 # Everything lives under target/ (gitignored):
 #   target/llama-sys/download/llama_cpp_python-0.3.36.tar.gz  the sdist (shared with llama-sys)

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Side by side over HTTP: this repository's OpenAI server (src/bin/server)
+# Side by side over HTTP: this repository's OpenAI server (llama-serve)
 # and llama.cpp's llama-server (built from the same pinned source by
 # scripts/build-llama-server.sh), the same model, threads, slots, context
-# and batch, each driven by examples/loadgen with the same prompts.
+# and batch, each driven by llama-serve/examples/loadgen with the same prompts.
 # Servers run one at a time, each started fresh for each scenario (empty
 # caches), in interleaved rounds (ours, then llama-server, per scenario).
 #
@@ -23,7 +23,7 @@ PORT="${PORT:-18181}"
 OUT="${OUT:-target/loadgen/$(date -u +%Y%m%d-%H%M%S)}"
 LLAMA_SERVER=target/llama-tools/build/bin/llama-server
 mkdir -p "$OUT"
-cargo build --release --bin server --example loadgen
+cargo build --release -p llama-serve --features native --bin llama-serve --example loadgen
 [ -x "$LLAMA_SERVER" ] || { echo "build llama-server first: scripts/build-llama-server.sh" >&2; exit 1; }
 # The default model as src/model_cache.rs caches it (the tests fetch it), or LLAMA_MODEL.
 MODEL="${LLAMA_MODEL:-${LLAMA_CACHE_DIR:-$HOME/.cache/llama-rs}/gemma-3-270m-q4_k_m.gguf}"
@@ -36,7 +36,7 @@ trap stop_server EXIT
 start() { # backend, slots, context
   local backend="$1" np="$2" ctx="$3"
   case "$backend" in
-    ours) target/release/server -m "$MODEL" --port "$PORT" --threads "$THREADS" \
+    ours) target/release/llama-serve -m "$MODEL" --port "$PORT" --threads "$THREADS" \
             --parallel "$np" --ctx "$ctx" --batch 512 >"$OUT/$backend.log" 2>&1 & ;;
     llama-server) "$LLAMA_SERVER" -m "$MODEL" --port "$PORT" --host 127.0.0.1 -t "$THREADS" \
             -np "$np" -c "$ctx" -kvu -b 512 -ub 512 >"$OUT/$backend.log" 2>&1 & ;;

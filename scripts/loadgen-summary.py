@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Medians over rounds of examples/loadgen's JSON rows, ours beside
+"""Medians over rounds of llama-serve/examples/loadgen's JSON rows, ours beside
 llama-server's, with the ratio. Usage: loadgen-summary.py rows.jsonl"""
 import json
 import statistics

@@ -17,7 +17,7 @@ ROUNDS="${ROUNDS:-2}"
 THREADS="${THREADS:-2}"
 OUT="${OUT:-target/serve-bench/$(date -u +%Y%m%d-%H%M%S)}"
 mkdir -p "$OUT"
-cargo build --release --example serve_bench
+cargo build --release -p llama-serve --features native --example serve_bench
 B=target/release/examples/serve_bench
 [ -x target/llama-tools/build/bin/llama-server ] || { echo "build llama-server first: scripts/build-llama-server.sh" >&2; exit 1; }
 

@@ -7,7 +7,6 @@ pub mod bench;
 pub mod model_cache;
 pub mod python;
 pub mod safe_api;
-pub mod size;
 pub use llama::testing as synthetic;
 pub mod teacher;
 pub mod token_prompts;

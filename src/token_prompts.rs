@@ -1,5 +1,5 @@
-//! Deterministic token-id prompts for load drivers (`examples/serve_bench`,
-//! `examples/loadgen`), so that every backend gets exactly the same tokens.
+//! Deterministic token-id prompts for load drivers (`llama-serve/examples/serve_bench`,
+//! `llama-serve/examples/loadgen`), so that every backend gets exactly the same tokens.
 //!
 //! Prompts are BOS (id 2, Gemma's) followed by ids drawn uniformly from
 //! `1000..100000` (inside Gemma 3's 262,144-token vocabulary, clear of its

@@ -29,7 +29,6 @@ mod quantize;
 #[cfg(feature = "rpc")]
 mod rpc;
 mod sampling;
-mod server;
 mod shim_context;
 mod state;
 mod synthetic;

@@ -45,8 +45,10 @@ use crate::sys;
 
 pub mod analytic;
 mod fit;
+mod size;
 
 pub use fit::{Budget, Fit, FitGoal};
+pub use size::parse_size;
 
 /// One buffer type's share of the memory.
 #[derive(Clone, Debug, PartialEq, Eq)]

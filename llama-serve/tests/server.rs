@@ -1,5 +1,5 @@
-//! The OpenAI-compatible server example (`src/bin/server`), started on an
-//! ephemeral loopback port with the default model and driven over HTTP:
+//! The `llama-serve` binary, started on an ephemeral loopback port with
+//! the default model and driven over HTTP:
 //! every endpoint, streamed and not, every error status, cancellation on
 //! disconnect, graceful shutdown, and greedy outputs equal to the engine's.
 
@@ -28,7 +28,7 @@ fn example(name: &str) -> std::path::PathBuf {
 }
 
 fn exe() -> std::path::PathBuf {
-    std::path::PathBuf::from(env!("CARGO_BIN_EXE_server"))
+    std::path::PathBuf::from(env!("CARGO_BIN_EXE_llama-serve"))
 }
 
 fn model_path() -> std::path::PathBuf {
@@ -542,7 +542,7 @@ fn sigterm_lets_requests_in_flight_finish_then_exits_0() {
     assert_eq!(code.code(), Some(0));
 }
 
-/// Runs examples/loadgen against `server` with `--json`: its exit code,
+/// Runs llama-serve/examples/loadgen against `server` with `--json`: its exit code,
 /// its rows, its stderr.
 fn loadgen(server: &Server, args: &[&str]) -> (i32, Vec<Value>, String) {
     let out = Command::new(example("loadgen"))

@@ -29,6 +29,7 @@ pub struct Config {
 }
 
 /// Set once the model has loaded and the engine runs.
+#[derive(Debug)]
 pub struct Ready {
     pub model: Arc<Model>,
     pub engine: Engine,

@@ -1,8 +1,9 @@
 //! An OpenAI-compatible HTTP server over `llama::engine`.
 //!
 //! ```text
-//! cargo run --release --bin server                       # the default model on 127.0.0.1:8080
-//! cargo run --release --bin server -- --port 0 --api-key secret --parallel 8 --embeddings
+//! cargo install --path llama-serve          # or: cargo run --release -p llama-serve --
+//! llama-serve --model gemma-3-270m-q4_k_m.gguf                 # 127.0.0.1:8080
+//! LLAMA_MODEL=model.gguf llama-serve --port 0 --api-key secret --parallel 8 --embeddings
 //! ```
 //!
 //! Endpoints: `POST /v1/chat/completions`, `POST /v1/completions`,
@@ -24,7 +25,6 @@ mod routes;
 mod state;
 
 use std::path::PathBuf;
-use std::process::ExitCode;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -32,18 +32,25 @@ use std::time::Duration;
 use clap::{Parser, ValueEnum};
 use llama::engine::{Engine, EngineConfig};
 use llama::{KvType, Model, ModelParams, Pooling};
-use metrics_exporter_prometheus::PrometheusBuilder;
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
 use crate::connections::ConnectionLimits;
 use crate::embeddings::EmbeddingWorker;
 use crate::limits::RateLimiter;
 use crate::state::{AppState, Config, Ready};
 
+/// The command line.
 #[derive(Parser, Debug)]
-#[command(about = "OpenAI-compatible server for a GGUF model", args_override_self = true)]
-struct Args {
-    /// GGUF model file (default: $LLAMA_MODEL, else the cached default model).
-    #[arg(long, short = 'm')]
+#[command(
+    name = "llama-serve",
+    version,
+    about = "OpenAI-compatible server for a GGUF model",
+    args_override_self = true
+)]
+#[allow(missing_docs)]
+pub struct Args {
+    /// GGUF model file.
+    #[arg(long, short = 'm', env = "LLAMA_MODEL")]
     model: Option<PathBuf>,
     /// Address to bind (loopback by default).
     #[arg(long, default_value = "127.0.0.1")]
@@ -60,7 +67,7 @@ struct Args {
     /// Size the KV pool to this much memory instead of --ctx: weights, KV
     /// cells and compute buffers together, as llama.cpp allocates them
     /// (e.g. 2GiB, 900MiB).
-    #[arg(long, value_parser = llama_suite::size::parse_size)]
+    #[arg(long, value_parser = llama::plan::parse_size)]
     memory_budget: Option<u64>,
     /// Tokens per decode step (llama.cpp's n_batch), shared by decoding
     /// streams and prompt chunks.
@@ -144,38 +151,20 @@ enum KvKind {
     F32,
 }
 
-fn main() -> ExitCode {
-    let args = Args::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(serve(args)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e}");
-            ExitCode::FAILURE
-        }
-    }
+/// The model file `args` names (`--model` or `LLAMA_MODEL`).
+fn model_path(args: &Args) -> Result<PathBuf, String> {
+    args.model
+        .clone()
+        .filter(|p| !p.as_os_str().is_empty())
+        .ok_or_else(|| "no model: pass --model FILE.gguf or set LLAMA_MODEL".to_owned())
 }
 
-async fn serve(args: Args) -> Result<(), String> {
-    let model_path = match &args.model {
-        Some(p) => p.clone(),
-        None => llama_suite::model_cache::model_path().map_err(|e| e.to_string())?,
-    };
-    let prometheus = PrometheusBuilder::new()
-        .set_buckets(&[0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0])
-        .map_err(|e| e.to_string())?
-        .install_recorder()
-        .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
+/// The handlers' shared state for `args`, before the model has loaded.
+fn new_state(args: &Args, model_path: &std::path::Path, prometheus: PrometheusHandle) -> Arc<AppState> {
     let model_name = args.model_name.clone().unwrap_or_else(|| {
         model_path.file_stem().map_or_else(|| "model".to_owned(), |s| s.to_string_lossy().into_owned())
     });
-    let state = Arc::new(AppState {
+    Arc::new(AppState {
         config: Config {
             api_key: args.api_key.clone().filter(|k| !k.is_empty()),
             rate_limit: args.rate_limit.filter(|r| *r > 0.0).map(RateLimiter::new),
@@ -190,7 +179,60 @@ async fn serve(args: Args) -> Result<(), String> {
         prometheus,
         next_id: AtomicU64::new(0),
         started: state::now(),
-    });
+    })
+}
+
+/// The server's endpoints with the model loaded, without a listener: what
+/// [`serve`] puts behind its accept loop, for driving in-process (tests,
+/// or embedding the API in another axum application).
+#[derive(Debug, Clone)]
+pub struct App {
+    state: Arc<AppState>,
+}
+
+impl App {
+    /// Loads the model `args` names and starts its engine (and embedder),
+    /// blocking until they run. Metrics go to a recorder of its own, not
+    /// installed globally: `/metrics` shows only what this process's
+    /// global recorder collects.
+    ///
+    /// # Errors
+    /// No model named; the model or engine failed to load.
+    pub fn load(args: &Args) -> Result<App, String> {
+        let path = model_path(args)?;
+        let state = new_state(args, &path, PrometheusBuilder::new().build_recorder().handle());
+        let ready = load(
+            &path,
+            &model_params(args),
+            engine_config(args),
+            args.embeddings,
+            args.threads.unwrap_or(2),
+            Duration::ZERO,
+        )?;
+        let _ = state.ready.set(ready);
+        Ok(App { state })
+    }
+
+    /// The endpoints as an axum router.
+    pub fn router(&self) -> axum::Router {
+        routes::router(self.state.clone())
+    }
+}
+
+/// Serves until SIGINT or SIGTERM (see the crate docs); `Err` with a
+/// one-line message when it cannot start.
+///
+/// # Errors
+/// No model named, a port that cannot be bound, a metrics recorder
+/// already installed in this process.
+pub async fn serve(args: Args) -> Result<(), String> {
+    let model_path = model_path(&args)?;
+    let prometheus = PrometheusBuilder::new()
+        .set_buckets(&[0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0])
+        .map_err(|e| e.to_string())?
+        .install_recorder()
+        .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
+    let state = new_state(&args, &model_path, prometheus);
     let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
         .await
         .map_err(|e| format!("cannot bind {}:{}: {e}", args.host, args.port))?;
@@ -215,7 +257,7 @@ async fn serve(args: Args) -> Result<(), String> {
         let config = engine_config(&args);
         let (embeddings, threads) = (args.embeddings, args.threads.unwrap_or(2));
         let delay = Duration::from_millis(args.load_delay_ms);
-        let params = ModelParams::default().n_gpu_layers(args.gpu_layers).rpc_servers(args.rpc.clone());
+        let params = model_params(&args);
         tokio::task::spawn_blocking(move || match load(&args_model, &params, config, embeddings, threads, delay) {
             Ok(ready) => {
                 eprintln!("server: ready ({} KV cells)", ready.engine.pool_cells());
@@ -254,6 +296,10 @@ async fn serve(args: Args) -> Result<(), String> {
     let _ = loading.await;
     eprintln!("server: stopped");
     Ok(())
+}
+
+fn model_params(args: &Args) -> ModelParams {
+    ModelParams::default().n_gpu_layers(args.gpu_layers).rpc_servers(args.rpc.clone())
 }
 
 fn engine_config(args: &Args) -> EngineConfig {

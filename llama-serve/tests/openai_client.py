@@ -1,6 +1,6 @@
-"""Drives the server example with the official `openai` Python client.
+"""Drives llama-serve with the official `openai` Python client.
 
-Usage: python tests/openai_client.py PATH/TO/server [server args...]
+Usage: python llama-serve/tests/openai_client.py PATH/TO/llama-serve --model M.gguf [more args...]
 
 Starts the server on an ephemeral loopback port with an API key and
 embeddings, waits for /health, then checks: a completion, a streamed chat
