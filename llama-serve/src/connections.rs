@@ -92,7 +92,7 @@ pub async fn serve(
 async fn refuse(mut stream: TcpStream) {
     let error = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "too many open connections; try again shortly")
         .code("too_many_connections");
-    let body = error.body().to_string();
+    let body = serde_json::to_string(&error.body()).unwrap_or_default();
     let head = format!(
         "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
          retry-after: 1\r\nconnection: close\r\n\r\n",

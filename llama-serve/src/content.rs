@@ -58,6 +58,14 @@ fn holds_markup(vocab: &Vocab, text: &str) -> llama::Result<bool> {
     Ok(vocab.tokenize_special(text, AddBos::No)? != vocab.tokenize(text, AddBos::No)?)
 }
 
+/// Whether a rendered chat still needs the model's BOS: a template that
+/// wants one writes it itself (as `bos_token`), and a second one would
+/// change the prompt.
+pub fn bos_to_add(vocab: &Vocab, rendered: &str) -> AddBos {
+    let bos = vocab.bos().and_then(|b| vocab.text(b).ok()).filter(|b| !b.is_empty());
+    if bos.is_some_and(|b| rendered.starts_with(b)) { AddBos::No } else { AddBos::Yes }
+}
+
 /// Why content could not be kept as text.
 #[derive(Debug)]
 pub enum ContentError {
@@ -103,9 +111,7 @@ pub fn plain_content_tokens(
     let messages: Vec<ChatMessage> =
         serde_json::from_value(Value::Array(marked)).map_err(|e| ContentError::Messages(e.to_string()))?;
     let rendered = chat.render(&messages, options)?;
-    // The template writes BOS itself when the model wants one.
-    let bos = vocab.bos().and_then(|b| vocab.text(b).ok()).filter(|b| !b.is_empty());
-    let mut add_bos = if bos.is_some_and(|b| rendered.starts_with(b)) { AddBos::No } else { AddBos::Yes };
+    let mut add_bos = bos_to_add(vocab, &rendered);
     let mut tokens = Vec::new();
     let mut rest = rendered.as_str();
     loop {

@@ -174,8 +174,7 @@ fn new_state(args: &Args, model_path: &std::path::Path, prometheus: PrometheusHa
             body_timeout: Duration::from_secs(args.body_timeout),
             special_in_content: args.special_in_content,
         },
-        ready: OnceLock::new(),
-        failed: OnceLock::new(),
+        loaded: OnceLock::new(),
         prometheus,
         next_id: AtomicU64::new(0),
         started: state::now(),
@@ -209,7 +208,7 @@ impl App {
             args.threads.unwrap_or(2),
             Duration::ZERO,
         )?;
-        let _ = state.ready.set(ready);
+        let _ = state.loaded.set(Ok(ready));
         Ok(App { state })
     }
 
@@ -261,11 +260,11 @@ pub async fn serve(args: Args) -> Result<(), String> {
         tokio::task::spawn_blocking(move || match load(&args_model, &params, config, embeddings, threads, delay) {
             Ok(ready) => {
                 eprintln!("server: ready ({} KV cells)", ready.engine.pool_cells());
-                let _ = state.ready.set(ready);
+                let _ = state.loaded.set(Ok(ready));
             }
             Err(e) => {
                 eprintln!("error: {e}");
-                let _ = state.failed.set(e);
+                let _ = state.loaded.set(Err(e));
             }
         })
     };
@@ -284,13 +283,13 @@ pub async fn serve(args: Args) -> Result<(), String> {
         // their streams with an error, so the connections close.
         tokio::spawn(async move {
             tokio::time::sleep(grace).await;
-            if let Some(r) = stopper.ready.get() {
+            if let Some(r) = stopper.ready() {
                 r.engine.shutdown();
             }
         });
     };
     connections::serve(listener, app, limits, shutdown).await;
-    if let Some(r) = state.ready.get() {
+    if let Some(r) = state.ready() {
         r.engine.shutdown();
     }
     let _ = loading.await;

@@ -37,11 +37,21 @@ pub struct Ready {
     pub embeddings: Option<EmbeddingWorker>,
 }
 
+/// Where the server is in its life, as handlers see it.
+#[derive(Debug)]
+pub enum Lifecycle<'a> {
+    /// The model is loading: 503 with `Retry-After`.
+    Loading,
+    /// The model and its engine run.
+    Ready(&'a Ready),
+    /// Loading failed (why): 500.
+    Failed(&'a str),
+}
+
 pub struct AppState {
     pub config: Config,
-    pub ready: OnceLock<Ready>,
-    /// Why loading failed, if it did.
-    pub failed: OnceLock<String>,
+    /// Set once, when loading ends: the model and engine, or why not.
+    pub loaded: OnceLock<Result<Ready, String>>,
     pub prometheus: PrometheusHandle,
     pub next_id: AtomicU64,
     pub started: u64,
@@ -49,11 +59,27 @@ pub struct AppState {
 
 impl std::fmt::Debug for AppState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AppState").field("config", &self.config).field("ready", &self.ready.get().is_some()).finish()
+        f.debug_struct("AppState").field("config", &self.config).field("lifecycle", &self.lifecycle()).finish()
     }
 }
 
 impl AppState {
+    pub fn lifecycle(&self) -> Lifecycle<'_> {
+        match self.loaded.get() {
+            None => Lifecycle::Loading,
+            Some(Ok(ready)) => Lifecycle::Ready(ready),
+            Some(Err(why)) => Lifecycle::Failed(why),
+        }
+    }
+
+    /// The model and engine once they run.
+    pub fn ready(&self) -> Option<&Ready> {
+        match self.lifecycle() {
+            Lifecycle::Ready(ready) => Some(ready),
+            _ => None,
+        }
+    }
+
     /// `cmpl-…`/`chatcmpl-…` ids: unique in this process.
     pub fn id(&self, prefix: &str) -> String {
         let n = self.next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

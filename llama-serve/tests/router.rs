@@ -136,3 +136,68 @@ fn embeddings_are_unit_vectors_in_input_order() {
     assert_eq!(s, StatusCode::BAD_REQUEST);
     assert_eq!(b["error"]["param"], "input");
 }
+
+/// The `data:` payloads of a streamed response, parsed (`[DONE]` kept as
+/// a string).
+fn stream(path: &str, body: Value) -> Vec<Value> {
+    let (s, text) = call("POST", path, Some(body));
+    assert_eq!(s, StatusCode::OK, "{text}");
+    let text = text.as_str().expect("an event stream is not JSON").to_owned();
+    text.lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .map(|d| serde_json::from_str(d).unwrap_or_else(|_| json!(d)))
+        .collect()
+}
+
+#[test]
+fn streamed_chat_chunks_have_openai_s_shape() {
+    let body = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 0,
+                      "ignore_eos": true, "n": 2, "stream": true, "stream_options": {"include_usage": true}});
+    let events = stream("/v1/chat/completions", body);
+    assert_eq!(events.last(), Some(&json!("[DONE]")));
+    let chunks = &events[..events.len() - 1];
+    for c in chunks {
+        assert_eq!(c["object"], "chat.completion.chunk", "{c}");
+        assert!(c.get("usage").is_some(), "include_usage puts usage (null until the last) in every chunk: {c}");
+    }
+    // Each choice opens with the role, then 4 pieces, then `{}` with its
+    // finish reason; the usage chunk comes last, without choices.
+    for index in 0..2 {
+        let mine: Vec<&Value> = chunks.iter().filter(|c| c["choices"][0]["index"] == index).collect();
+        assert_eq!(mine[0]["choices"][0]["delta"], json!({"role": "assistant", "content": ""}));
+        assert_eq!(mine.len(), 1 + 4 + 1, "{mine:?}");
+        let last = &mine[5]["choices"][0];
+        assert_eq!(last["delta"], json!({}));
+        assert_eq!(last["finish_reason"], "length");
+        assert!(mine[1..5].iter().all(|c| c["choices"][0]["delta"]["content"].is_string() && c["usage"].is_null()));
+    }
+    let usage = chunks.last().unwrap();
+    assert_eq!(usage["choices"], json!([]));
+    assert_eq!(usage["usage"]["completion_tokens"], 8);
+    assert_eq!(usage["usage"]["total_tokens"], usage["usage"]["prompt_tokens"].as_u64().unwrap() + 8);
+}
+
+#[test]
+fn streamed_text_completion_echoes_then_continues() {
+    let body = json!({"prompt": [1, 300, 301], "max_tokens": 3, "temperature": 0, "ignore_eos": true, "echo": true,
+                      "logprobs": 2, "stream": true});
+    let events = stream("/v1/completions", body);
+    assert_eq!(events.last(), Some(&json!("[DONE]")));
+    let chunks = &events[..events.len() - 1];
+    assert!(chunks.iter().all(|c| c["object"] == "text_completion" && c.get("usage").is_none()));
+    let echo = &chunks[0]["choices"][0];
+    assert!(echo["text"].as_str().is_some_and(|t| !t.is_empty()), "the echo comes first: {echo}");
+    assert!(echo["logprobs"].is_null());
+    let pieces = &chunks[1..4];
+    for p in pieces {
+        let lp = &p["choices"][0]["logprobs"];
+        assert_eq!(lp["tokens"].as_array().map(Vec::len), Some(1), "{p}");
+        assert_eq!(lp["top_logprobs"][0].as_object().map(serde_json::Map::len), Some(2), "{p}");
+    }
+    assert_eq!(chunks[4]["choices"][0]["finish_reason"], "length");
+    // The whole response says the same.
+    let body = json!({"prompt": [1, 300, 301], "max_tokens": 3, "temperature": 0, "ignore_eos": true, "echo": true});
+    let (_, whole) = call("POST", "/v1/completions", Some(body));
+    let streamed: String = chunks.iter().filter_map(|c| c["choices"][0]["text"].as_str()).collect();
+    assert_eq!(whole["choices"][0]["text"].as_str(), Some(streamed.as_str()));
+}

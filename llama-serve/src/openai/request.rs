@@ -1,67 +1,8 @@
-//! The OpenAI request and response bodies this server speaks, and its
-//! error shape. Unknown request fields are ignored; a field of the wrong
-//! type is a 400.
+//! Request bodies. Unknown fields are ignored; a field of the wrong type
+//! is a 400.
 
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::Value;
-
-/// `{"error": {"message", "type", "param", "code"}}` with its HTTP status.
-#[derive(Debug)]
-pub struct ApiError {
-    pub status: StatusCode,
-    pub message: String,
-    pub kind: &'static str,
-    pub param: Option<String>,
-    pub code: Option<&'static str>,
-    /// Seconds, for 429 and 503 (`Retry-After`).
-    pub retry_after: Option<u64>,
-}
-
-impl ApiError {
-    pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
-        let kind = match status {
-            StatusCode::UNAUTHORIZED => "authentication_error",
-            StatusCode::NOT_FOUND => "not_found_error",
-            StatusCode::TOO_MANY_REQUESTS => "rate_limit_error",
-            s if s.is_server_error() => "server_error",
-            _ => "invalid_request_error",
-        };
-        ApiError { status, message: message.into(), kind, param: None, code: None, retry_after: None }
-    }
-    pub fn bad_request(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::BAD_REQUEST, message)
-    }
-    pub fn param(mut self, param: &str) -> Self {
-        self.param = Some(param.to_owned());
-        self
-    }
-    pub fn code(mut self, code: &'static str) -> Self {
-        self.code = Some(code);
-        self
-    }
-    pub fn retry_after(mut self, seconds: u64) -> Self {
-        self.retry_after = Some(seconds);
-        self
-    }
-    pub fn body(&self) -> Value {
-        serde_json::json!({"error": {
-            "message": self.message, "type": self.kind, "param": self.param, "code": self.code,
-        }})
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        ::metrics::counter!("llama_server_errors_total", "status" => self.status.as_u16().to_string()).increment(1);
-        let mut response = (self.status, axum::Json(self.body())).into_response();
-        if let Some(s) = self.retry_after {
-            response.headers_mut().insert(axum::http::header::RETRY_AFTER, s.into());
-        }
-        response
-    }
-}
 
 /// `stop`: one string or a list.
 #[derive(Debug, Deserialize, Default)]
@@ -189,37 +130,4 @@ pub struct EmbeddingRequest {
 pub enum EmbeddingInput {
     One(String),
     Many(Vec<String>),
-}
-
-#[derive(Debug, Serialize, Clone, Copy, Default)]
-pub struct Usage {
-    pub prompt_tokens: usize,
-    pub completion_tokens: usize,
-    pub total_tokens: usize,
-    pub prompt_tokens_details: PromptTokensDetails,
-}
-
-#[derive(Debug, Serialize, Clone, Copy, Default)]
-pub struct PromptTokensDetails {
-    pub cached_tokens: usize,
-}
-
-impl std::ops::AddAssign for Usage {
-    fn add_assign(&mut self, o: Usage) {
-        self.prompt_tokens += o.prompt_tokens;
-        self.completion_tokens += o.completion_tokens;
-        self.total_tokens += o.total_tokens;
-        self.prompt_tokens_details.cached_tokens += o.prompt_tokens_details.cached_tokens;
-    }
-}
-
-impl From<llama::engine::Usage> for Usage {
-    fn from(u: llama::engine::Usage) -> Self {
-        Usage {
-            prompt_tokens: u.prompt_tokens,
-            completion_tokens: u.completion_tokens,
-            total_tokens: u.prompt_tokens + u.completion_tokens,
-            prompt_tokens_details: PromptTokensDetails { cached_tokens: u.cached_tokens },
-        }
-    }
 }

@@ -1,0 +1,478 @@
+//! `/v1/completions` and `/v1/chat/completions`: each endpoint turns its
+//! request into engine requests (on the blocking pool, see
+//! [`off_runtime`]), then one core ([`respond`]) answers with the choices,
+//! whole or streamed, in the endpoint's shape.
+
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use axum::extract::State;
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use futures::StreamExt;
+use llama::chat::RenderOptions;
+use llama::engine::{Completion, Prompt, Request, TokenLogprob};
+use llama::{AddBos, Model, Special, Token, Vocab};
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use super::{choices, count, max_tokens, off_runtime, ready};
+use crate::content::{self, ContentError};
+use crate::generation::{self, Choice, Delta, MAX_CHOICES};
+use crate::limits::read_json;
+use crate::openai::{
+    ApiError, AssistantMessage, ChatChoice, ChatChunk, ChatChunkChoice, ChatCompletion, ChatDelta, ChatLogprobs,
+    ChatRequest, CompletionRequest, Header, Logprob, LogprobEntry, PromptInput, ResponseFormat, TextChoice,
+    TextCompletion, TextLogprobs, Usage,
+};
+use crate::state::{AppState, Ready, now};
+
+pub async fn completions(
+    State(state): State<Arc<AppState>>,
+    request: axum::extract::Request,
+) -> Result<Response, ApiError> {
+    count("completions");
+    let req: CompletionRequest = read_json(request, state.config.body_limit, state.config.body_timeout).await?;
+    let ready = ready(&state)?;
+    let n = choices(req.sampling.n)?;
+    let max_tokens = max_tokens(&state, req.max_tokens, 16)?;
+    let answer = Answer::asked_by(&req.sampling, n);
+    let logprobs = req.logprobs.is_some();
+    let (completions, echoes) = {
+        let state = state.clone();
+        off_runtime(move || {
+            let ready = super::ready(&state)?;
+            let vocab = ready.model.vocab();
+            let (prompts, echoes) = completion_prompts(vocab, &req, n)?;
+            let stops = req.sampling.stop_list();
+            let mut requests = Vec::with_capacity(prompts.len() * n);
+            for prompt in &prompts {
+                for j in 0..n {
+                    let sampling = generation::sampling_params(&req.sampling, vocab, req.logprobs, None, j)?;
+                    requests.push(
+                        Request::new(prompt.clone())
+                            .max_tokens(max_tokens)
+                            .stop(stops.clone())
+                            .stop_at_eog(!req.sampling.ignore_eos)
+                            .sampling(sampling),
+                    );
+                }
+            }
+            Ok((generation::submit_all(&ready.engine, requests)?, echoes))
+        })
+        .await?
+    };
+    respond(&state, ready, completions, Kind::Text { echoes, logprobs }, answer).await
+}
+
+pub async fn chat(State(state): State<Arc<AppState>>, request: axum::extract::Request) -> Result<Response, ApiError> {
+    count("chat");
+    let req: ChatRequest = read_json(request, state.config.body_limit, state.config.body_timeout).await?;
+    let ready = ready(&state)?;
+    let n = choices(req.sampling.n)?;
+    let max_tokens = max_tokens(&state, req.max_completion_tokens.or(req.max_tokens), state.config.max_tokens_cap)?;
+    let top = match (req.logprobs, req.top_logprobs) {
+        (true, top) => Some(top.unwrap_or(0)),
+        (false, Some(_)) => {
+            return Err(ApiError::bad_request("top_logprobs needs logprobs: true").param("top_logprobs"));
+        }
+        (false, None) => None,
+    };
+    let answer = Answer::asked_by(&req.sampling, n);
+    let completions = {
+        let state = state.clone();
+        off_runtime(move || {
+            let ready = super::ready(&state)?;
+            let (prompt, grammar) = chat_prompt(ready, &req, state.config.special_in_content)?;
+            let stops = req.sampling.stop_list();
+            let requests = (0..n)
+                .map(|j| {
+                    let sampling =
+                        generation::sampling_params(&req.sampling, ready.model.vocab(), top, grammar.as_deref(), j)?;
+                    Ok(Request::new(prompt.clone())
+                        .max_tokens(max_tokens)
+                        .stop(stops.clone())
+                        .stop_at_eog(!req.sampling.ignore_eos)
+                        .sampling(sampling))
+                })
+                .collect::<Result<Vec<_>, ApiError>>()?;
+            generation::submit_all(&ready.engine, requests)
+        })
+        .await?
+    };
+    respond(&state, ready, completions, Kind::Chat { logprobs: top.is_some() }, answer).await
+}
+
+/// Which endpoint answers, and what its answer needs besides the
+/// engine's output.
+enum Kind {
+    /// `/v1/completions`: each prompt's echo (empty without `echo`), and
+    /// whether `logprobs` was asked for.
+    Text { echoes: Vec<String>, logprobs: bool },
+    /// `/v1/chat/completions`, with or without `logprobs`.
+    Chat { logprobs: bool },
+}
+
+/// How the client wants its choices.
+#[derive(Clone, Copy)]
+struct Answer {
+    /// Choices per prompt.
+    n: usize,
+    stream: bool,
+    include_usage: bool,
+}
+
+impl Answer {
+    fn asked_by(sampling: &crate::openai::Sampling, n: usize) -> Answer {
+        let include_usage = sampling.stream_options.as_ref().is_some_and(|o| o.include_usage);
+        Answer { n, stream: sampling.stream, include_usage }
+    }
+}
+
+/// The core both endpoints share: the submitted choices as one response,
+/// or as a stream of chunks.
+async fn respond(
+    state: &AppState,
+    ready: &Ready,
+    completions: Vec<Completion>,
+    kind: Kind,
+    answer: Answer,
+) -> Result<Response, ApiError> {
+    let prefix = match kind {
+        Kind::Text { .. } => "cmpl",
+        Kind::Chat { .. } => "chatcmpl",
+    };
+    let header = Header { id: state.id(prefix), object: "", created: now(), model: state.config.model_name.clone() };
+    if answer.stream {
+        let frames = Frames { header, kind, answer, model: ready.model.clone() };
+        return Ok(sse(frames, completions));
+    }
+    let choices: Vec<Choice> = generation::collect(completions).await?;
+    let usage = generation::combined_usage(choices.iter().map(|c| c.usage), answer.n);
+    let vocab = ready.model.vocab();
+    Ok(match kind {
+        Kind::Text { echoes, logprobs } => {
+            let choices = choices
+                .iter()
+                .enumerate()
+                .map(|(index, c)| {
+                    let echo = &echoes[index / answer.n];
+                    TextChoice {
+                        index,
+                        text: format!("{echo}{}", c.text),
+                        logprobs: logprobs.then(|| text_logprobs(vocab, &c.logprobs, echo.len())),
+                        finish_reason: Some(c.finish_reason),
+                    }
+                })
+                .collect();
+            let header = Header { object: "text_completion", ..header };
+            axum::Json(TextCompletion { header, choices, usage: Some(Some(usage)) }).into_response()
+        }
+        Kind::Chat { logprobs } => {
+            let choices = choices
+                .iter()
+                .enumerate()
+                .map(|(index, c)| ChatChoice {
+                    index,
+                    message: AssistantMessage { role: "assistant", content: c.text.clone() },
+                    logprobs: logprobs.then(|| chat_logprobs(vocab, &c.logprobs)),
+                    finish_reason: c.finish_reason,
+                })
+                .collect();
+            let header = Header { object: "chat.completion", ..header };
+            axum::Json(ChatCompletion { header, choices, usage }).into_response()
+        }
+    })
+}
+
+/// A stream's chunks in the endpoint's shape.
+struct Frames {
+    header: Header,
+    kind: Kind,
+    answer: Answer,
+    /// The stream outlives the handler: it holds the model itself.
+    model: Arc<Model>,
+}
+
+impl Frames {
+    /// `null` in every chunk when the client asked for a usage chunk.
+    fn usage(&self) -> Option<Option<Usage>> {
+        self.answer.include_usage.then_some(None)
+    }
+
+    fn text(&self, choices: Vec<TextChoice>, usage: Option<Option<Usage>>) -> String {
+        json_text(&TextCompletion {
+            header: Header { object: "text_completion", ..self.header.clone() },
+            choices,
+            usage,
+        })
+    }
+
+    fn chat(&self, choices: Vec<ChatChunkChoice>, usage: Option<Option<Usage>>) -> String {
+        json_text(&ChatChunk {
+            header: Header { object: "chat.completion.chunk", ..self.header.clone() },
+            choices,
+            usage,
+        })
+    }
+
+    /// What comes before the engine's output: an echoed prompt is its
+    /// choices' first chunk; a chat choice opens with the assistant role.
+    fn head(&self) -> Vec<String> {
+        let n = self.answer.n;
+        match &self.kind {
+            Kind::Text { echoes, .. } => echoes
+                .iter()
+                .enumerate()
+                .flat_map(|(p, echo)| (0..n).map(move |j| (p * n + j, echo)))
+                .filter(|(_, echo)| !echo.is_empty())
+                .map(|(index, echo)| {
+                    let choice = TextChoice { index, text: echo.clone(), logprobs: None, finish_reason: None };
+                    self.text(vec![choice], self.usage())
+                })
+                .collect(),
+            Kind::Chat { .. } => (0..n)
+                .map(|index| {
+                    let delta = ChatDelta { role: Some("assistant"), content: Some(String::new()) };
+                    self.chat(vec![ChatChunkChoice { index, delta, logprobs: None, finish_reason: None }], self.usage())
+                })
+                .collect(),
+        }
+    }
+
+    /// Choice `index`'s next piece of text.
+    fn piece(&self, index: usize, text: String, logprob: Option<TokenLogprob>) -> String {
+        let vocab = self.model.vocab();
+        match &self.kind {
+            Kind::Text { .. } => {
+                let logprobs = logprob.map(|lp| text_logprobs(vocab, &[(lp.token, lp)], 0));
+                self.text(vec![TextChoice { index, text, logprobs, finish_reason: None }], self.usage())
+            }
+            Kind::Chat { .. } => {
+                let logprobs = logprob.map(|lp| chat_logprobs(vocab, &[(lp.token, lp)]));
+                let delta = ChatDelta { role: None, content: Some(text) };
+                self.chat(vec![ChatChunkChoice { index, delta, logprobs, finish_reason: None }], self.usage())
+            }
+        }
+    }
+
+    /// Choice `index`'s last chunk.
+    fn done(&self, index: usize, reason: &'static str) -> String {
+        match &self.kind {
+            Kind::Text { .. } => {
+                let choice = TextChoice { index, text: String::new(), logprobs: None, finish_reason: Some(reason) };
+                self.text(vec![choice], self.usage())
+            }
+            Kind::Chat { .. } => {
+                let choice =
+                    ChatChunkChoice { index, delta: ChatDelta::default(), logprobs: None, finish_reason: Some(reason) };
+                self.chat(vec![choice], self.usage())
+            }
+        }
+    }
+
+    /// The usage chunk (no choices) after every choice ended.
+    fn total(&self, usage: Usage) -> String {
+        match &self.kind {
+            Kind::Text { .. } => self.text(Vec::new(), Some(Some(usage))),
+            Kind::Chat { .. } => self.chat(Vec::new(), Some(Some(usage))),
+        }
+    }
+}
+
+/// Serialized for an SSE `data:` line. These bodies have string keys only,
+/// so serializing cannot fail; if it ever did, the client gets an error
+/// object in the stream rather than a dropped connection.
+fn json_text(body: &impl Serialize) -> String {
+    serde_json::to_string(body).unwrap_or_else(|e| {
+        json!({"error": {"message": format!("cannot serialize a chunk: {e}"), "type": "server_error",
+                         "param": null, "code": null}})
+        .to_string()
+    })
+}
+
+/// The SSE response: the head chunks, a chunk per piece and a last one
+/// per choice as they arrive, the usage chunk (when asked for) once every
+/// choice ended, then `data: [DONE]`; keep-alive comments while idle. A
+/// failure after the 200 is an error object in the stream.
+fn sse(frames: Frames, completions: Vec<Completion>) -> Response {
+    let data = |text: String| Ok::<_, Infallible>(SseEvent::default().data(text));
+    let frames = Arc::new(frames);
+    let head = futures::stream::iter(frames.head().into_iter().map(data).collect::<Vec<_>>());
+    let usages = Arc::new(Mutex::new(Vec::<(usize, Usage)>::new()));
+    let body = generation::merged(completions).map({
+        let (frames, usages) = (frames.clone(), usages.clone());
+        move |(index, delta)| match delta {
+            Delta::Piece { text, logprob } => data(frames.piece(index, text, logprob)),
+            Delta::Done(Ok(finish)) => {
+                usages.lock().unwrap_or_else(PoisonError::into_inner).push((index, Usage::from(finish.usage)));
+                data(frames.done(index, generation::finish_reason(&finish.reason).unwrap_or("stop")))
+            }
+            Delta::Done(Err(e)) => data(json_text(&e.body())),
+        }
+    });
+    let tail = futures::stream::once(async move {
+        frames.answer.include_usage.then(|| {
+            let mut all = usages.lock().unwrap_or_else(PoisonError::into_inner).clone();
+            all.sort_by_key(|&(index, _)| index);
+            data(frames.total(generation::combined_usage(all.into_iter().map(|(_, u)| u), frames.answer.n)))
+        })
+    })
+    .filter_map(|chunk| async move { chunk });
+    let done = futures::stream::once(async move { data("[DONE]".to_owned()) });
+    Sse::new(head.chain(body).chain(tail).chain(done)).keep_alive(KeepAlive::default()).into_response()
+}
+
+/// The legacy completions `logprobs` object; text offsets start at
+/// `offset` (after an echoed prompt).
+fn text_logprobs(vocab: &Vocab, lps: &[(Token, TokenLogprob)], offset: usize) -> TextLogprobs {
+    let mut out = TextLogprobs::default();
+    let mut at = offset;
+    for (t, lp) in lps {
+        let (text, _) = generation::token_text(vocab, *t);
+        out.text_offset.push(at);
+        at += text.len();
+        out.tokens.push(text);
+        out.token_logprobs.push(lp.logprob);
+        out.top_logprobs
+            .push(lp.top.iter().map(|&(t, l)| (generation::token_text(vocab, t).0, Value::from(l))).collect());
+    }
+    out
+}
+
+/// The chat `logprobs` object.
+fn chat_logprobs(vocab: &Vocab, lps: &[(Token, TokenLogprob)]) -> ChatLogprobs {
+    let entry = |t: Token, logprob: f32| {
+        let (token, bytes) = generation::token_text(vocab, t);
+        Logprob { token, logprob, bytes }
+    };
+    let content = lps
+        .iter()
+        .map(|(t, lp)| LogprobEntry {
+            token: entry(*t, lp.logprob),
+            top_logprobs: lp.top.iter().map(|&(t, l)| entry(t, l)).collect(),
+        })
+        .collect();
+    ChatLogprobs { content }
+}
+
+/// A completion request's prompts, and each one's echo (empty without
+/// `echo`).
+fn completion_prompts(
+    vocab: &Vocab,
+    req: &CompletionRequest,
+    n: usize,
+) -> Result<(Vec<Prompt>, Vec<String>), ApiError> {
+    let prompts: Vec<Prompt> = match &req.prompt {
+        PromptInput::Text(t) => vec![text_prompt(t.clone())],
+        PromptInput::Texts(ts) => ts.iter().cloned().map(text_prompt).collect(),
+        PromptInput::Tokens(ids) => vec![Prompt::Tokens(ids.iter().copied().map(Token).collect())],
+        PromptInput::TokenLists(lists) => {
+            lists.iter().map(|ids| Prompt::Tokens(ids.iter().copied().map(Token).collect())).collect()
+        }
+    };
+    if prompts.is_empty() {
+        return Err(ApiError::bad_request("prompt is empty").param("prompt"));
+    }
+    if prompts.len() * n > MAX_CHOICES {
+        return Err(ApiError::bad_request(format!("prompts × n must be at most {MAX_CHOICES}")).param("n"));
+    }
+    let echoes: Vec<String> = if req.echo {
+        prompts
+            .iter()
+            .map(|p| match p {
+                Prompt::Text { text, .. } => Ok(text.clone()),
+                Prompt::Tokens(t) => vocab.detokenize(t, AddBos::No, Special::Plain).map_err(generation::engine_error),
+                _ => Ok(String::new()),
+            })
+            .collect::<Result<_, _>>()?
+    } else {
+        vec![String::new(); prompts.len()]
+    };
+    Ok((prompts, echoes))
+}
+
+fn text_prompt(text: String) -> Prompt {
+    Prompt::Text { text, add_bos: AddBos::Yes, special: Special::Markup }
+}
+
+/// The roles a chat message may have (OpenAI's; `developer` is its newer
+/// name for `system`, which templates receive as it is).
+const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
+
+/// Refuses a message whose role is not one of [`ROLES`], or whose content
+/// is missing or of the wrong type for its role: text or a list of parts
+/// for every role, except that an assistant message that calls tools may
+/// have none. Templates render whatever they are given, so an unknown role
+/// ("wizard", markup in a role) would otherwise reach the prompt.
+fn check_message(i: usize, m: &Value) -> Result<(), ApiError> {
+    let bad = |why: String| Err(ApiError::bad_request(format!("messages[{i}]: {why}")).param("messages"));
+    let Some(role) = m.get("role").and_then(Value::as_str) else {
+        return bad("no role".to_owned());
+    };
+    if !ROLES.contains(&role) {
+        return bad(format!("role {role:?} is not one of {}", ROLES.join(", ")));
+    }
+    match m.get("content") {
+        Some(Value::String(_) | Value::Array(_)) => Ok(()),
+        None | Some(Value::Null) if role == "assistant" && m.get("tool_calls").is_some_and(Value::is_array) => Ok(()),
+        None | Some(Value::Null) => bad(format!("a {role} message needs content")),
+        Some(other) => bad(format!("content must be a string or a list of parts, not {other}")),
+    }
+}
+
+/// The chat request's prompt, grammar and logprob count.
+fn chat_prompt(
+    ready: &Ready,
+    req: &ChatRequest,
+    special_in_content: bool,
+) -> Result<(Prompt, Option<String>), ApiError> {
+    for (i, m) in req.messages.iter().enumerate() {
+        check_message(i, m)?;
+    }
+    if req.messages.is_empty() {
+        return Err(ApiError::bad_request("messages is empty").param("messages"));
+    }
+    let mut options = RenderOptions::default().add_generation_prompt(true);
+    if let Some(tools) = &req.tools {
+        options = options.tools(Value::Array(tools.clone()));
+    }
+    for (k, v) in req.chat_template_kwargs.iter().flatten() {
+        options = options.var(k.clone(), v.clone());
+    }
+    let grammar = match &req.response_format {
+        None | Some(ResponseFormat::Text) => None,
+        Some(ResponseFormat::JsonObject) => Some(llama::json_schema::json_grammar().to_owned()),
+        Some(ResponseFormat::JsonSchema { json_schema }) => {
+            let schema = json_schema.schema.clone().unwrap_or(json!({}));
+            Some(
+                llama::json_schema::schema_to_grammar(&schema)
+                    .map_err(|e| ApiError::bad_request(e.to_string()).param("response_format"))?,
+            )
+        }
+    };
+    let vocab = ready.model.vocab();
+    let invalid = |e: String| ApiError::bad_request(format!("invalid messages: {e}")).param("messages");
+    // Content as plain text (crate::content), unless the operator asked
+    // for llama.cpp's behaviour.
+    if !special_in_content {
+        match content::plain_content_tokens(&ready.chat, vocab, &req.messages, &options) {
+            Ok(Some(tokens)) => return Ok((Prompt::Tokens(tokens), grammar)),
+            Ok(None) => {}
+            Err(ContentError::Llama(e)) => return Err(generation::engine_error(e)),
+            Err(ContentError::Messages(e)) => return Err(invalid(e)),
+            Err(ContentError::Mangled) => {
+                return Err(ApiError::bad_request(
+                    "a message holds the text of the model's control tokens, and this chat template changes \
+                     message content, so it cannot be kept as plain text",
+                )
+                .param("messages"));
+            }
+        }
+    }
+    let messages: Vec<llama::ChatMessage> =
+        serde_json::from_value(Value::Array(req.messages.clone())).map_err(|e| invalid(e.to_string()))?;
+    let text = ready.chat.render(&messages, &options).map_err(generation::engine_error)?;
+    let add_bos = content::bos_to_add(vocab, &text);
+    Ok((Prompt::Text { text, add_bos, special: Special::Markup }, grammar))
+}

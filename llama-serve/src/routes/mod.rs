@@ -1,0 +1,107 @@
+//! The endpoints: `/v1/chat/completions` and `/v1/completions`
+//! ([`completion`]), `/v1/embeddings` ([`embeddings`]), `/v1/models`,
+//! `/health`, `/metrics`.
+
+mod completion;
+mod embeddings;
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+
+use crate::generation::MAX_CHOICES;
+use crate::limits;
+use crate::openai::{ApiError, Health, ModelCard, ModelList};
+use crate::state::{AppState, Lifecycle, Ready};
+
+pub fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .route("/v1/models", get(models))
+        .route("/v1/completions", post(completion::completions))
+        .route("/v1/chat/completions", post(completion::chat))
+        .route("/v1/embeddings", post(embeddings::embeddings))
+        .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such endpoint").code("not_found") })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method not allowed for this endpoint")
+        })
+        .layer(axum::middleware::from_fn_with_state(state.clone(), limits::guard))
+        .with_state(state)
+}
+
+/// The model and engine, or the error a request gets while there are none.
+fn ready(state: &AppState) -> Result<&Ready, ApiError> {
+    match state.lifecycle() {
+        Lifecycle::Ready(ready) => Ok(ready),
+        Lifecycle::Loading => {
+            Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the model is loading").code("loading").retry_after(1))
+        }
+        Lifecycle::Failed(why) => {
+            Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, format!("the model failed to load: {why}")))
+        }
+    }
+}
+
+async fn health(State(state): State<Arc<AppState>>) -> Result<Response, ApiError> {
+    ready(&state)?;
+    Ok(axum::Json(Health { status: "ok" }).into_response())
+}
+
+async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    if let Some(r) = state.ready() {
+        // Gauges the engine does not publish between steps.
+        let stats = r.engine.stats();
+        ::metrics::gauge!("llama_server_engine_steps").set(stats.steps as f64);
+    }
+    ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], state.prometheus.render()).into_response()
+}
+
+async fn models(State(state): State<Arc<AppState>>) -> Response {
+    let card = ModelCard {
+        id: state.config.model_name.clone(),
+        object: "model",
+        created: state.started,
+        owned_by: "llama-rs",
+    };
+    axum::Json(ModelList { object: "list", data: vec![card] }).into_response()
+}
+
+fn count(endpoint: &'static str) {
+    ::metrics::counter!("llama_server_requests_total", "endpoint" => endpoint).increment(1);
+}
+
+/// `n`, checked.
+fn choices(n: Option<usize>) -> Result<usize, ApiError> {
+    match n.unwrap_or(1) {
+        0 => Err(ApiError::bad_request("n must be at least 1").param("n")),
+        n if n > MAX_CHOICES => Err(ApiError::bad_request(format!("n must be at most {MAX_CHOICES}")).param("n")),
+        n => Ok(n),
+    }
+}
+
+/// `max_tokens` clamped to the server's cap (documented in `docs/server.md`).
+fn max_tokens(state: &AppState, asked: Option<usize>, default: usize) -> Result<usize, ApiError> {
+    match asked {
+        Some(0) => Err(ApiError::bad_request("max_tokens must be at least 1").param("max_tokens")),
+        Some(n) => Ok(n.min(state.config.max_tokens_cap)),
+        None => Ok(default.min(state.config.max_tokens_cap)),
+    }
+}
+
+/// Request preparation (template rendering, schema conversion,
+/// tokenizing, detokenizing echoes, compiling grammars at submit) runs on
+/// the blocking pool: its cost grows with the request body, and on the
+/// async runtime it would hold one of the threads that serve every other
+/// client, `/health` included.
+async fn off_runtime<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, format!("request preparation failed: {e}")))?
+}
