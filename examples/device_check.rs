@@ -25,10 +25,7 @@ use clap::Parser;
 use llama::engine::{Engine, EngineConfig, Request};
 use llama::plan::Planner;
 use llama::testing::{TinyModelSpec, write_tiny_llama};
-use llama::{
-    Batch, ContextParams, DeviceKind, FileType, LoadMode, Model, ModelParams, Output, QuantizeParams, Sampler, Token,
-    quantize,
-};
+use llama::{ContextParams, DeviceKind, FileType, LoadMode, Model, ModelParams, QuantizeParams, Token, quantize};
 use llama_suite::teacher::rescore;
 use serde_json::json;
 
@@ -169,16 +166,7 @@ fn prompt_for(model: &Model, stream: usize) -> Vec<Token> {
 
 /// Greedy tokens after `prompt`, one decode per token.
 fn greedy(model: &Model, params: &ContextParams, prompt: &[Token], n: usize) -> llama::Result<Vec<Token>> {
-    let mut ctx = model.new_context(&params.clone().n_ctx(1024))?;
-    ctx.decode(&Batch::from_tokens(prompt, 0))?;
-    let mut sampler = Sampler::greedy();
-    let mut out = Vec::with_capacity(n);
-    for pos in prompt.len()..prompt.len() + n {
-        let token = sampler.sample(&mut ctx, Output::Last)?;
-        out.push(token);
-        ctx.decode(&Batch::from_tokens(&[token], pos as i32))?;
-    }
-    Ok(out)
+    llama_suite::teacher::greedy(model, &params.clone().n_ctx(1024), prompt, n)
 }
 
 /// The synthetic model: written in F32, quantized to Q4_K_M.

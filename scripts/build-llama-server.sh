@@ -93,7 +93,16 @@ say "using $("$CMAKE_BIN" --version | head -n1) ($CMAKE_BIN)"
 
 # 4. Configure and build. The first block is llama-sys's cmake_defines for
 #    its default features (native, openmp) on Linux; the second what differs.
+#    A native x86-64 build leaves AMX out, as llama-sys's does
+#    (features.rs `compile_flags`): ggml's AMX kernels crash on this
+#    project's Xeon VM (docs/building.md, "AMX").
+AMX_OFF=""
+if [[ "$NATIVE" == ON && "$(uname -m)" == x86_64 ]]; then
+    AMX_OFF="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+fi
 "$CMAKE_BIN" -S "$SRC_DIR" -B "$BUILD_DIR" \
+    -DCMAKE_C_FLAGS="$AMX_OFF" \
+    -DCMAKE_CXX_FLAGS="$AMX_OFF" \
     -DCMAKE_BUILD_TYPE=Release \
     -DBUILD_SHARED_LIBS=OFF \
     -DCMAKE_POSITION_INDEPENDENT_CODE=ON \

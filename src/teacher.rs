@@ -10,7 +10,7 @@
 //! another sequence's cells, or the wrong positions, fails it by far more
 //! than rounding can explain.
 
-use llama::{Batch, ContextParams, KvType, Logits, Model, Output, Token};
+use llama::{Batch, ContextParams, KvType, Logits, Model, Output, Sampler, Token};
 
 /// The result of re-scoring one stream.
 #[derive(Clone, Debug, PartialEq)]
@@ -35,6 +35,25 @@ impl TeacherForced {
     pub fn worst(&self) -> f32 {
         self.gaps.iter().copied().fold(0.0, f32::max)
     }
+}
+
+/// The `n` greedy tokens after `prompt` in a fresh context with `params`,
+/// one decode per token: the single-sequence run that batched, split or
+/// remote runs are compared with.
+///
+/// # Errors
+/// The context's, the decodes' or the sampler's error.
+pub fn greedy(model: &Model, params: &ContextParams, prompt: &[Token], n: usize) -> llama::Result<Vec<Token>> {
+    let mut ctx = model.new_context(params)?;
+    ctx.decode(&Batch::from_tokens(prompt, 0))?;
+    let mut sampler = Sampler::greedy();
+    let mut out = Vec::with_capacity(n);
+    for pos in prompt.len()..prompt.len() + n {
+        let token = sampler.sample(&mut ctx, Output::Last)?;
+        out.push(token);
+        ctx.decode(&Batch::from_tokens(&[token], pos as i32))?;
+    }
+    Ok(out)
 }
 
 /// Re-scores `generated` after `prompt` in a fresh single-sequence context

@@ -14,10 +14,7 @@ use std::sync::{Arc, OnceLock};
 use llama::embed::{EmbedParams, Embedder, cosine_similarity};
 use llama::engine::{Engine, EngineConfig, Request};
 use llama::plan::{Budget, FitGoal, HOST, Planner};
-use llama::{
-    AddBos, Batch, ContextParams, Device, DeviceKind, Error, LoadMode, Model, ModelParams, Output, Pooling, Sampler,
-    Token,
-};
+use llama::{AddBos, ContextParams, Device, DeviceKind, Error, LoadMode, Model, ModelParams, Pooling, Token};
 use llama_suite::teacher::rescore;
 
 use crate::engine::real::copy_task;
@@ -70,16 +67,7 @@ fn tokens(text: &str) -> Vec<Token> {
 
 /// Greedy tokens after `prompt`, one decode per token.
 fn greedy(model: &Model, prompt: &[Token], n: usize) -> Vec<Token> {
-    let mut ctx = model.new_context(&ContextParams::default().n_ctx(256).n_threads(2)).unwrap();
-    ctx.decode(&Batch::from_tokens(prompt, 0)).unwrap();
-    let mut sampler = Sampler::greedy();
-    let mut out = Vec::with_capacity(n);
-    for pos in prompt.len()..prompt.len() + n {
-        let token = sampler.sample(&mut ctx, Output::Last).unwrap();
-        out.push(token);
-        ctx.decode(&Batch::from_tokens(&[token], pos as i32)).unwrap();
-    }
-    out
+    llama_suite::teacher::greedy(model, &ContextParams::default().n_ctx(256).n_threads(2), prompt, n).unwrap()
 }
 
 /// Weights on `device` and on the host in a context of `model`.

@@ -103,16 +103,7 @@ impl Drop for Worker {
 /// Greedy tokens after `prompt`, one decode per token.
 fn greedy(model: &Model, kv: KvType, prompt: &[Token], n: usize) -> Vec<Token> {
     let params = ContextParams::default().n_ctx(512).n_batch(512).n_threads(2).kv_type(kv);
-    let mut ctx = model.new_context(&params).unwrap();
-    ctx.decode(&Batch::from_tokens(prompt, 0)).unwrap();
-    let mut sampler = Sampler::greedy();
-    let mut out = Vec::with_capacity(n);
-    for pos in prompt.len()..prompt.len() + n {
-        let token = sampler.sample(&mut ctx, Output::Last).unwrap();
-        out.push(token);
-        ctx.decode(&Batch::from_tokens(&[token], pos as i32)).unwrap();
-    }
-    out
+    llama_suite::teacher::greedy(model, &params, prompt, n).unwrap()
 }
 
 /// Weights per RPC worker device of `model` (by `memory_breakdown()`; a
