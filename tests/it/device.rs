@@ -9,7 +9,7 @@
 //! placement and generate few tokens.
 
 use std::path::PathBuf;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
 use llama::embed::{EmbedParams, Embedder, cosine_similarity};
 use llama::engine::{Engine, EngineConfig, Request};
@@ -50,6 +50,17 @@ fn on_gpu(layers: i32) -> ModelParams {
     ModelParams::default().n_gpu_layers(layers).load_mode(LoadMode::Read)
 }
 
+/// Held for the length of each test: the device is used by one test at a
+/// time. In one of five fresh-clone CI runs on lavapipe (a7f425f's) the
+/// binary died with SIGSEGV right after starting the five tests, before
+/// any finished, when they created their first contexts on the device at
+/// once; two reruns of the same build passed. Whether ggml-vulkan (or
+/// lavapipe) races on concurrent first use is not yet known (docs/gpu.md).
+fn one_at_a_time() -> MutexGuard<'static, ()> {
+    static DEVICE: Mutex<()> = Mutex::new(());
+    DEVICE.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
 fn cpu_model() -> &'static Model {
     static MODEL: OnceLock<Model> = OnceLock::new();
     MODEL.get_or_init(|| Model::load(path(), &ModelParams::default()).unwrap())
@@ -80,6 +91,7 @@ fn weights(model: &Model, device: &str) -> (u64, u64) {
 
 #[test]
 fn the_gpu_is_listed_with_its_memory_beside_the_dispatched_cpu() {
+    let _device = one_at_a_time();
     let gpu = gpu();
     // A GPU build keeps runtime CPU dispatch (x86-64 Linux without
     // `native`): the CPU device is still listed, running a chosen variant.
@@ -102,6 +114,7 @@ fn the_gpu_is_listed_with_its_memory_beside_the_dispatched_cpu() {
 
 #[test]
 fn greedy_on_the_gpu_and_split_in_half_passes_the_teacher_forced_check() {
+    let _device = one_at_a_time();
     let device = gpu().name;
     let prompt = tokens("The Eiffel Tower is located in the city of");
     let half = Model::load(path(), &on_gpu(HALF)).unwrap();
@@ -126,6 +139,7 @@ fn greedy_on_the_gpu_and_split_in_half_passes_the_teacher_forced_check() {
 
 #[test]
 fn the_plan_per_device_equals_the_live_context_and_fit_names_the_device() {
+    let _device = one_at_a_time();
     let device = gpu().name;
     let planner = Planner::new(path(), &on_gpu(99)).unwrap();
     let base = ContextParams::default().n_threads(2).n_batch(512).n_ubatch(512);
@@ -162,6 +176,7 @@ fn the_plan_per_device_equals_the_live_context_and_fit_names_the_device() {
 
 #[test]
 fn eight_copy_tasks_at_once_on_the_gpu_are_all_right() {
+    let _device = one_at_a_time();
     let engine = Engine::start(gpu_model(), EngineConfig::default().n_ctx(2048).n_threads(2)).unwrap();
     let tasks: Vec<_> = (0..8).map(|i| copy_task(i + 1, 6)).collect();
     let completions: Vec<_> = tasks
@@ -178,6 +193,7 @@ fn eight_copy_tasks_at_once_on_the_gpu_are_all_right() {
 
 #[test]
 fn embeddings_on_the_gpu_equal_the_cpus() {
+    let _device = one_at_a_time();
     let texts = ["The cat sat on the mat.", "Paris is the capital of France.", "1 2 3 4 5 6 7 8 9 10"];
     let params = EmbedParams::default().pooling(Pooling::Mean).n_threads(2).n_threads_batch(2);
     let on_cpu = Embedder::new(cpu_model(), &params).unwrap().embed(&texts).unwrap();
