@@ -228,13 +228,27 @@ impl Bench<'_> {
         Ok(samples)
     }
 
+    /// The device the layers run on, as llama-bench's column names it:
+    /// the first GPU's name (`CUDA0`, `Vulkan0`) when layers are offloaded
+    /// to one, else `CPU`.
+    fn backend(&self) -> String {
+        let gpu = llama::devices()
+            .into_iter()
+            .find(|d| matches!(d.kind, llama::DeviceKind::Gpu | llama::DeviceKind::IntegratedGpu));
+        match gpu {
+            Some(d) if self.args.gpu_layers != 0 => d.name,
+            _ => "CPU".to_owned(),
+        }
+    }
+
     fn row(&self, test: &str, samples: &[f64]) {
         let (mean, sd) = mean_sd(samples);
         println!(
-            "| {} | {:.2} MiB | {:.2} M | CPU | {} | {test} | {mean:.2} ± {sd:.2} |",
+            "| {} | {:.2} MiB | {:.2} M | {} | {} | {test} | {mean:.2} ± {sd:.2} |",
             self.model.description(),
             self.model.size() as f64 / (1024.0 * 1024.0),
             self.model.n_params() as f64 / 1e6,
+            self.backend(),
             self.threads
         );
     }
