@@ -23,6 +23,7 @@ mod limits;
 mod openai;
 mod routes;
 mod state;
+mod tools;
 
 use std::path::PathBuf;
 use std::sync::atomic::AtomicU64;
@@ -259,7 +260,11 @@ pub async fn serve(args: Args) -> Result<(), String> {
         let params = model_params(&args);
         tokio::task::spawn_blocking(move || match load(&args_model, &params, config, embeddings, threads, delay) {
             Ok(ready) => {
-                eprintln!("server: ready ({} KV cells)", ready.engine.pool_cells());
+                eprintln!(
+                    "server: ready ({} KV cells; tool calls in the {:?} syntax)",
+                    ready.engine.pool_cells(),
+                    ready.tool_format
+                );
                 let _ = state.loaded.set(Ok(ready));
             }
             Err(e) => {
@@ -336,6 +341,7 @@ fn load(
     std::thread::sleep(delay);
     let model = Arc::new(Model::load(path, params).map_err(|e| e.to_string())?);
     let chat = model.chat_format(None).map_err(|e| e.to_string())?;
+    let tool_format = tools::ToolFormat::from_template(model.chat_template(None));
     let embeddings = if embeddings {
         // The model's own pooling, or mean pooling for a model that defines
         // none (most generative models).
@@ -347,7 +353,7 @@ fn load(
         None
     };
     let engine = Engine::start(model.clone(), config).map_err(|e| e.to_string())?;
-    Ok(Ready { model, engine, chat, embeddings })
+    Ok(Ready { model, engine, chat, tool_format, embeddings })
 }
 
 async fn shutdown_signal() {

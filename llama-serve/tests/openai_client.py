@@ -4,7 +4,9 @@ Usage: python llama-serve/tests/openai_client.py PATH/TO/llama-serve --model M.g
 
 Starts the server on an ephemeral loopback port with an API key and
 embeddings, waits for /health, then checks: a completion, a streamed chat
-with include_usage, a json_schema response that validates, n=2, embeddings
+with include_usage, a json_schema response that validates, a streamed
+tool call with tool_choice required whose arguments validate against the
+tool's schema, n=2, embeddings
 (float and base64), and that a wrong key is refused with 401. Exits
 non-zero on the first mismatch; always stops the server.
 """
@@ -82,6 +84,39 @@ def run(base):
     doc = json.loads(r.choices[0].message.content)
     jsonschema.validate(doc, schema)
     check(True, f"a json_schema response validates: {doc}")
+
+    params = {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 30}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+        "required": ["city", "unit"],
+        "additionalProperties": False,
+    }
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city", "parameters": params}}]
+    stream = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+        tools=tools,
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_tokens=80,
+        temperature=0,
+        stream=True,
+    )
+    calls, finish = {}, None
+    for chunk in stream:
+        for choice in chunk.choices:
+            for d in choice.delta.tool_calls or []:
+                call = calls.setdefault(d.index, {"id": None, "name": None, "arguments": ""})
+                call["id"] = d.id or call["id"]
+                if d.function is not None:
+                    call["name"] = d.function.name or call["name"]
+                    call["arguments"] += d.function.arguments or ""
+            finish = choice.finish_reason or finish
+    check(finish == "tool_calls", f"a forced tool call ends with finish_reason tool_calls ({finish})")
+    check(len(calls) >= 1 and all(c["id"] and c["name"] == "get_weather" for c in calls.values()), f"streamed calls have an id and the tool's name: {calls}")
+    for c in calls.values():
+        jsonschema.validate(json.loads(c["arguments"]), params)
+    check(True, f"the streamed tool call's arguments validate: {calls[0]['arguments']}")
 
     two = client.chat.completions.create(model=model, messages=messages, max_tokens=8, temperature=1.0, seed=3, n=2)
     check([c.index for c in two.choices] == [0, 1], "n=2 gives two choices")

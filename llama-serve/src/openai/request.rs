@@ -110,6 +110,10 @@ pub struct ChatRequest {
     pub top_logprobs: Option<usize>,
     pub response_format: Option<ResponseFormat>,
     pub tools: Option<Vec<Value>>,
+    /// `none`, `auto`, `required` or `{"type": "function", "function":
+    /// {"name": …}}` (see [`crate::tools::Tools`]).
+    pub tool_choice: Option<Value>,
+    pub parallel_tool_calls: Option<bool>,
     /// Extra template variables (llama.cpp's server extension), e.g.
     /// `{"enable_thinking": false}`.
     pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,

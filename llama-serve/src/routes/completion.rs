@@ -22,10 +22,11 @@ use crate::generation::{self, Choice, Delta, MAX_CHOICES};
 use crate::limits::read_json;
 use crate::openai::{
     ApiError, AssistantMessage, ChatChoice, ChatChunk, ChatChunkChoice, ChatCompletion, ChatDelta, ChatLogprobs,
-    ChatRequest, CompletionRequest, Header, Logprob, LogprobEntry, PromptInput, ResponseFormat, TextChoice,
-    TextCompletion, TextLogprobs, Usage,
+    ChatRequest, CompletionRequest, FunctionCall, FunctionDelta, Header, Logprob, LogprobEntry, PromptInput,
+    ResponseFormat, TextChoice, TextCompletion, TextLogprobs, ToolCall, ToolCallDelta, Usage,
 };
 use crate::state::{AppState, Ready, now};
+use crate::tools::{self, ToolChoice, ToolEvent, ToolFormat, ToolStream, Tools};
 
 pub async fn completions(
     State(state): State<Arc<AppState>>,
@@ -79,11 +80,24 @@ pub async fn chat(State(state): State<Arc<AppState>>, request: axum::extract::Re
         (false, None) => None,
     };
     let answer = Answer::asked_by(&req.sampling, n);
+    let tools = Tools::from_request(req.tools.as_deref(), req.tool_choice.as_ref(), req.parallel_tool_calls)?;
+    if tools.as_ref().is_some_and(Tools::forced) && req.response_format.is_some() {
+        return Err(ApiError::bad_request("tool_choice that requires a call cannot be combined with response_format")
+            .param("tool_choice"));
+    }
+    let reading =
+        tools.as_ref().filter(|t| t.parsed()).map(|t| Reading { format: ready.tool_format, parallel: t.parallel });
     let completions = {
         let state = state.clone();
         off_runtime(move || {
             let ready = super::ready(&state)?;
-            let (prompt, grammar) = chat_prompt(ready, &req, state.config.special_in_content)?;
+            let (prompt, grammar) = chat_prompt(ready, &req, tools.as_ref(), state.config.special_in_content)?;
+            // Markers that are control tokens must reach the parser.
+            let special = if reading.is_some() && ready.tool_format.markers_are_tokens() {
+                Special::Markup
+            } else {
+                Special::Plain
+            };
             let stops = req.sampling.stop_list();
             let requests = (0..n)
                 .map(|j| {
@@ -93,6 +107,7 @@ pub async fn chat(State(state): State<Arc<AppState>>, request: axum::extract::Re
                         .max_tokens(max_tokens)
                         .stop(stops.clone())
                         .stop_at_eog(!req.sampling.ignore_eos)
+                        .special(special)
                         .sampling(sampling))
                 })
                 .collect::<Result<Vec<_>, ApiError>>()?;
@@ -100,7 +115,7 @@ pub async fn chat(State(state): State<Arc<AppState>>, request: axum::extract::Re
         })
         .await?
     };
-    respond(&state, ready, completions, Kind::Chat { logprobs: top.is_some() }, answer).await
+    respond(&state, ready, completions, Kind::Chat { logprobs: top.is_some(), tools: reading }, answer).await
 }
 
 /// Which endpoint answers, and what its answer needs besides the
@@ -109,8 +124,16 @@ enum Kind {
     /// `/v1/completions`: each prompt's echo (empty without `echo`), and
     /// whether `logprobs` was asked for.
     Text { echoes: Vec<String>, logprobs: bool },
-    /// `/v1/chat/completions`, with or without `logprobs`.
-    Chat { logprobs: bool },
+    /// `/v1/chat/completions`, with or without `logprobs`, and how tool
+    /// calls are read out of the output (`None`: they are not).
+    Chat { logprobs: bool, tools: Option<Reading> },
+}
+
+/// How a chat answer's tool calls are read.
+#[derive(Clone, Copy, Debug)]
+struct Reading {
+    format: ToolFormat,
+    parallel: bool,
 }
 
 /// How the client wants its choices.
@@ -132,7 +155,7 @@ impl Answer {
 /// The core both endpoints share: the submitted choices as one response,
 /// or as a stream of chunks.
 async fn respond(
-    state: &AppState,
+    state: &Arc<AppState>,
     ready: &Ready,
     completions: Vec<Completion>,
     kind: Kind,
@@ -144,7 +167,7 @@ async fn respond(
     };
     let header = Header { id: state.id(prefix), object: "", created: now(), model: state.config.model_name.clone() };
     if answer.stream {
-        let frames = Frames { header, kind, answer, model: ready.model.clone() };
+        let frames = Frames { header, kind, answer, model: ready.model.clone(), state: state.clone() };
         return Ok(sse(frames, completions));
     }
     let choices: Vec<Choice> = generation::collect(completions).await?;
@@ -168,15 +191,34 @@ async fn respond(
             let header = Header { object: "text_completion", ..header };
             axum::Json(TextCompletion { header, choices, usage: Some(Some(usage)) }).into_response()
         }
-        Kind::Chat { logprobs } => {
+        Kind::Chat { logprobs, tools } => {
             let choices = choices
                 .iter()
                 .enumerate()
-                .map(|(index, c)| ChatChoice {
-                    index,
-                    message: AssistantMessage { role: "assistant", content: c.text.clone() },
-                    logprobs: logprobs.then(|| chat_logprobs(vocab, &c.logprobs)),
-                    finish_reason: c.finish_reason,
+                .map(|(index, c)| {
+                    let (content, calls) = match tools {
+                        Some(r) => tools::parse(r.format, r.parallel, &c.text),
+                        None => (c.text.clone(), Vec::new()),
+                    };
+                    let called = !calls.is_empty();
+                    let tool_calls = calls
+                        .into_iter()
+                        .map(|call| ToolCall {
+                            id: state.call_id(),
+                            kind: "function",
+                            function: FunctionCall { name: call.name, arguments: call.arguments },
+                        })
+                        .collect();
+                    ChatChoice {
+                        index,
+                        message: AssistantMessage {
+                            role: "assistant",
+                            content: (!called || !content.trim().is_empty()).then_some(content),
+                            tool_calls,
+                        },
+                        logprobs: logprobs.then(|| chat_logprobs(vocab, &c.logprobs)),
+                        finish_reason: finish_with_calls(c.finish_reason, called),
+                    }
                 })
                 .collect();
             let header = Header { object: "chat.completion", ..header };
@@ -192,6 +234,8 @@ struct Frames {
     answer: Answer,
     /// The stream outlives the handler: it holds the model itself.
     model: Arc<Model>,
+    /// For tool calls' ids.
+    state: Arc<AppState>,
 }
 
 impl Frames {
@@ -233,7 +277,7 @@ impl Frames {
                 .collect(),
             Kind::Chat { .. } => (0..n)
                 .map(|index| {
-                    let delta = ChatDelta { role: Some("assistant"), content: Some(String::new()) };
+                    let delta = ChatDelta { role: Some("assistant"), content: Some(String::new()), tool_calls: None };
                     self.chat(vec![ChatChunkChoice { index, delta, logprobs: None, finish_reason: None }], self.usage())
                 })
                 .collect(),
@@ -250,10 +294,57 @@ impl Frames {
             }
             Kind::Chat { .. } => {
                 let logprobs = logprob.map(|lp| chat_logprobs(vocab, &[(lp.token, lp)]));
-                let delta = ChatDelta { role: None, content: Some(text) };
+                let delta = ChatDelta { role: None, content: Some(text), tool_calls: None };
                 self.chat(vec![ChatChunkChoice { index, delta, logprobs, finish_reason: None }], self.usage())
             }
         }
+    }
+
+    /// Chunks for what choice `index`'s call reader released: text as
+    /// content, each call as its id and name, then its arguments. A token's
+    /// logprob rides on the first chunk (or on an empty one).
+    fn read(
+        &self,
+        index: usize,
+        events: Vec<ToolEvent>,
+        calls: &mut usize,
+        logprob: Option<TokenLogprob>,
+    ) -> Vec<String> {
+        let vocab = self.model.vocab();
+        let mut logprobs = logprob.map(|lp| chat_logprobs(vocab, &[(lp.token, lp)]));
+        let with_logprob = logprobs.is_some();
+        let mut chunk = |delta: ChatDelta| {
+            let choice = ChatChunkChoice { index, delta, logprobs: logprobs.take(), finish_reason: None };
+            self.chat(vec![choice], self.usage())
+        };
+        let mut chunks = Vec::new();
+        for event in events {
+            match event {
+                ToolEvent::Text(text) => chunks.push(chunk(ChatDelta { content: Some(text), ..ChatDelta::default() })),
+                ToolEvent::Call(call) => {
+                    let opening = ToolCallDelta {
+                        index: *calls,
+                        id: Some(self.state.call_id()),
+                        kind: Some("function"),
+                        function: FunctionDelta { name: Some(call.name), arguments: String::new() },
+                    };
+                    let arguments = ToolCallDelta {
+                        index: *calls,
+                        id: None,
+                        kind: None,
+                        function: FunctionDelta { name: None, arguments: call.arguments },
+                    };
+                    *calls += 1;
+                    for delta in [opening, arguments] {
+                        chunks.push(chunk(ChatDelta { tool_calls: Some(vec![delta]), ..ChatDelta::default() }));
+                    }
+                }
+            }
+        }
+        if chunks.is_empty() && with_logprob {
+            chunks.push(chunk(ChatDelta { content: Some(String::new()), ..ChatDelta::default() }));
+        }
+        chunks
     }
 
     /// Choice `index`'s last chunk.
@@ -280,6 +371,11 @@ impl Frames {
     }
 }
 
+/// OpenAI's `tool_calls` when a choice that ended normally made calls.
+fn finish_with_calls(reason: &'static str, called: bool) -> &'static str {
+    if called && reason == "stop" { "tool_calls" } else { reason }
+}
+
 /// Serialized for an SSE `data:` line. These bodies have string keys only,
 /// so serializing cannot fail; if it ever did, the client gets an error
 /// object in the stream rather than a dropped connection.
@@ -300,15 +396,37 @@ fn sse(frames: Frames, completions: Vec<Completion>) -> Response {
     let frames = Arc::new(frames);
     let head = futures::stream::iter(frames.head().into_iter().map(data).collect::<Vec<_>>());
     let usages = Arc::new(Mutex::new(Vec::<(usize, Usage)>::new()));
-    let body = generation::merged(completions).map({
+    // Each choice's call reader and how many calls it released.
+    let mut readers: Vec<Option<(ToolStream, usize)>> = (0..completions.len())
+        .map(|_| match frames.kind {
+            Kind::Chat { tools: Some(r), .. } => Some((ToolStream::new(r.format, r.parallel), 0)),
+            _ => None,
+        })
+        .collect();
+    let body = generation::merged(completions).flat_map({
         let (frames, usages) = (frames.clone(), usages.clone());
-        move |(index, delta)| match delta {
-            Delta::Piece { text, logprob } => data(frames.piece(index, text, logprob)),
-            Delta::Done(Ok(finish)) => {
-                usages.lock().unwrap_or_else(PoisonError::into_inner).push((index, Usage::from(finish.usage)));
-                data(frames.done(index, generation::finish_reason(&finish.reason).unwrap_or("stop")))
-            }
-            Delta::Done(Err(e)) => data(json_text(&e.body())),
+        move |(index, delta)| {
+            let reader = readers.get_mut(index).and_then(Option::as_mut);
+            let chunks = match (delta, reader) {
+                (Delta::Piece { text, logprob }, None) => vec![frames.piece(index, text, logprob)],
+                (Delta::Piece { text, logprob }, Some((reader, calls))) => {
+                    frames.read(index, reader.push(&text), calls, logprob)
+                }
+                (Delta::Done(Ok(finish)), reader) => {
+                    usages.lock().unwrap_or_else(PoisonError::into_inner).push((index, Usage::from(finish.usage)));
+                    let reason = generation::finish_reason(&finish.reason).unwrap_or("stop");
+                    let mut chunks = Vec::new();
+                    let mut called = false;
+                    if let Some((reader, calls)) = reader {
+                        chunks = frames.read(index, reader.finish(), calls, None);
+                        called = reader.called();
+                    }
+                    chunks.push(frames.done(index, finish_with_calls(reason, called)));
+                    chunks
+                }
+                (Delta::Done(Err(e)), _) => vec![json_text(&e.body())],
+            };
+            futures::stream::iter(chunks.into_iter().map(data).collect::<Vec<_>>())
         }
     });
     let tail = futures::stream::once(async move {
@@ -421,10 +539,11 @@ fn check_message(i: usize, m: &Value) -> Result<(), ApiError> {
     }
 }
 
-/// The chat request's prompt, grammar and logprob count.
+/// The chat request's prompt and grammar.
 fn chat_prompt(
     ready: &Ready,
     req: &ChatRequest,
+    tools: Option<&Tools>,
     special_in_content: bool,
 ) -> Result<(Prompt, Option<String>), ApiError> {
     for (i, m) in req.messages.iter().enumerate() {
@@ -434,13 +553,23 @@ fn chat_prompt(
         return Err(ApiError::bad_request("messages is empty").param("messages"));
     }
     let mut options = RenderOptions::default().add_generation_prompt(true);
-    if let Some(tools) = &req.tools {
-        options = options.tools(Value::Array(tools.clone()));
+    let mut messages = std::borrow::Cow::Borrowed(&req.messages);
+    match tools {
+        Some(t) if ready.tool_format != ToolFormat::Generic => options = options.tools(Value::Array(t.raw.clone())),
+        // A template that teaches no syntax (or no template): the tools
+        // and the syntax are described in a system message.
+        Some(t) if t.choice != ToolChoice::None => {
+            messages = std::borrow::Cow::Owned(with_tool_instructions(&req.messages, t));
+        }
+        _ => {}
     }
     for (k, v) in req.chat_template_kwargs.iter().flatten() {
         options = options.var(k.clone(), v.clone());
     }
     let grammar = match &req.response_format {
+        _ if tools.is_some_and(Tools::forced) => {
+            Some(tools::forcing_grammar(ready.tool_format, tools.expect("forced tools"))?)
+        }
         None | Some(ResponseFormat::Text) => None,
         Some(ResponseFormat::JsonObject) => Some(llama::json_schema::json_grammar().to_owned()),
         Some(ResponseFormat::JsonSchema { json_schema }) => {
@@ -456,7 +585,7 @@ fn chat_prompt(
     // Content as plain text (crate::content), unless the operator asked
     // for llama.cpp's behaviour.
     if !special_in_content {
-        match content::plain_content_tokens(&ready.chat, vocab, &req.messages, &options) {
+        match content::plain_content_tokens(&ready.chat, vocab, &messages, &options) {
             Ok(Some(tokens)) => return Ok((Prompt::Tokens(tokens), grammar)),
             Ok(None) => {}
             Err(ContentError::Llama(e)) => return Err(generation::engine_error(e)),
@@ -471,8 +600,27 @@ fn chat_prompt(
         }
     }
     let messages: Vec<llama::ChatMessage> =
-        serde_json::from_value(Value::Array(req.messages.clone())).map_err(|e| invalid(e.to_string()))?;
+        serde_json::from_value(Value::Array(messages.into_owned())).map_err(|e| invalid(e.to_string()))?;
     let text = ready.chat.render(&messages, &options).map_err(generation::engine_error)?;
     let add_bos = content::bos_to_add(vocab, &text);
     Ok((Prompt::Text { text, add_bos, special: Special::Markup }, grammar))
+}
+
+/// `messages` with the tools and the call syntax described in the system
+/// message (added first, or appended to the first one's text).
+fn with_tool_instructions(messages: &[Value], tools: &Tools) -> Vec<Value> {
+    let list = Value::Array(tools.raw.iter().filter_map(|t| t.get("function").cloned()).collect());
+    let instructions = format!(
+        "You can call these functions:\n{list}\nTo call one, answer with only\n<tool_call>\n\
+         {{\"name\": <function name>, \"arguments\": <arguments as a JSON object>}}\n</tool_call>"
+    );
+    let mut out = messages.to_vec();
+    match out.first_mut() {
+        Some(first) if first.get("role").and_then(Value::as_str) == Some("system") && first["content"].is_string() => {
+            let text = format!("{}\n\n{instructions}", first["content"].as_str().unwrap_or_default());
+            first["content"] = Value::String(text);
+        }
+        _ => out.insert(0, json!({"role": "system", "content": instructions})),
+    }
+    out
 }
