@@ -89,6 +89,12 @@ pub struct Args {
     /// (default: a quarter of --batch).
     #[arg(long)]
     prefill_cap: Option<u32>,
+    /// Requests with a grammar (`grammar`, `response_format`, forced tool
+    /// calls) are sampled off the engine's step; a step waits at most this
+    /// long for such a sample, so one client's grammar delays the others'
+    /// tokens by at most this much per step.
+    #[arg(long, default_value_t = 5)]
+    grammar_wait_ms: u64,
     /// Most requests waiting for a slot; more are refused with 429.
     #[arg(long, default_value_t = 256)]
     max_queue: usize,
@@ -324,6 +330,7 @@ fn engine_config(args: &Args) -> EngineConfig {
     if let Some(cap) = args.prefill_cap {
         config = config.prefill_cap(cap);
     }
+    config = config.grammar_wait(Duration::from_millis(args.grammar_wait_ms));
     if let Some(bytes) = args.memory_budget {
         config = config.memory_budget(bytes);
     }

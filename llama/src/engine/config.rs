@@ -10,7 +10,7 @@ use crate::error::{Error, Result};
 /// while streams are generating, up to 16 generating sequences and 16
 /// cached prefixes holding at most half the pool, 256 waiting requests, 16
 /// cells reserved per admitted request, F16 KV cache, the machine's thread
-/// count.
+/// count, 5 ms of waiting per step for grammar samples (`grammar_wait`).
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
     pub(crate) n_ctx: u32,
@@ -27,6 +27,7 @@ pub struct EngineConfig {
     pub(crate) flash_attention: FlashAttention,
     pub(crate) prefix_block: usize,
     pub(crate) memory_budget: Option<u64>,
+    pub(crate) grammar_wait: std::time::Duration,
 }
 
 impl Default for EngineConfig {
@@ -46,6 +47,7 @@ impl Default for EngineConfig {
             flash_attention: FlashAttention::Auto,
             prefix_block: 16,
             memory_budget: None,
+            grammar_wait: std::time::Duration::from_millis(5),
         }
     }
 }
@@ -100,6 +102,14 @@ impl EngineConfig {
         /// [`Planner::fit`](crate::plan::Planner::fit) on the model's file
         /// at [`Engine::start`](super::Engine::start), instead of `n_ctx`.
         memory_budget: u64 => memory_budget (Some);
+        /// Requests with a grammar are sampled off the step, on a helper
+        /// thread, from a copy of their logits (a grammar's mask can cost
+        /// far more than a decode); a step waits at most this long after
+        /// sending such a sample out, and only for a request whose previous
+        /// sample came back within it. This bounds what one request's
+        /// grammar adds to every other request's step (default 5 ms); a
+        /// grammar that takes longer costs only its own request steps.
+        grammar_wait: std::time::Duration => grammar_wait;
     }
 
     pub(crate) fn check(&self) -> Result<()> {

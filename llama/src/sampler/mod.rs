@@ -282,6 +282,33 @@ impl<'m> Sampler<'m> {
             return Err(Error::WrongModel("the sampler (built with another model's vocabulary)"));
         }
         let logits = ctx.logits(at)?;
+        self.select_and_accept(logits)
+    }
+
+    /// [`Sampler::sample`] from a row of logits the caller holds (one per
+    /// token of `vocab`), e.g. copied out of a context so that sampling can
+    /// run on another thread while the context decodes again: the engine
+    /// samples requests with a grammar that way.
+    ///
+    /// # Errors
+    /// [`Error::WrongModel`] if the chain was built with another vocabulary
+    /// or `logits` is not one per token of `vocab`; otherwise as
+    /// [`Sampler::sample`].
+    pub fn sample_logits(&mut self, vocab: &Vocab, logits: &[f32]) -> Result<Token> {
+        self.check_not_failed()?;
+        if self.vocab.is_some_and(|v| v.ptr != vocab.as_ptr()) || logits.len() != vocab.n_tokens() {
+            return Err(Error::WrongModel("the sampler or the logits (another model's vocabulary)"));
+        }
+        self.select_and_accept(logits).map(|(t, _)| t)
+    }
+
+    /// Whether the chain holds a grammar (whose masks can cost far more
+    /// than the rest of a sample).
+    pub fn has_grammar(&self) -> bool {
+        self.kinds.contains(&Kind::Grammar)
+    }
+
+    fn select_and_accept(&mut self, logits: &[f32]) -> Result<(Token, SamplePath)> {
         let needed = self.stack_needed();
         let (token, path, allowed) = if needed == 0 {
             self.select(logits)?

@@ -8,8 +8,9 @@
 //! skip: without the model they fail.
 
 use std::sync::{Arc, OnceLock};
+use std::time::Instant;
 
-use llama::engine::{Completion, Engine, EngineConfig, Output, Request};
+use llama::engine::{Completion, Engine, EngineConfig, Event, Output, Request};
 use llama::generate::FinishReason;
 use llama::{AddBos, Model, ModelParams, Token};
 use llama_suite::model_cache::model_path;
@@ -190,4 +191,50 @@ fn a_shared_thousand_token_prefix_is_reused_and_passes_the_teacher_forced_check(
     assert!(second.finish.usage.cached_tokens >= 1000, "{:?}", second.finish.usage);
     assert_eq!(second.finish.usage.prompt_tokens, b.len());
     assert_teacher_forced(&b, &second, "the request sharing the prefix");
+}
+
+/// A grammar of 2,048 alternatives costs the default model's 262,144-token
+/// vocabulary a mask that takes far longer than a step. Sampled off the
+/// step, it holds back only its own request: another request submitted
+/// beside it runs all its tokens before the grammar's first token comes
+/// back (sampled on the step, the two advanced in lockstep, at most a
+/// token apart), and the grammar's output still follows it.
+#[test]
+fn an_expensive_grammar_does_not_hold_back_other_requests() {
+    let engine = Engine::start(model(), config()).unwrap();
+    let words: Vec<String> = (0..2048).map(|i| format!("zq{i:04}x")).collect();
+    let alternatives: Vec<String> = words.iter().map(|w| format!("\"{w}\"")).collect();
+    let grammar = format!("root ::= word \" \" word\nword ::= {}", alternatives.join(" | "));
+    let constrained = Request::tokens(tokens("Some words:"))
+        .max_tokens(64)
+        .sampling(llama::SamplingParams::greedy().grammar(grammar.as_str()));
+    let plain = Request::tokens(tokens("The capital of France is")).max_tokens(24).stop_at_eog(false);
+
+    let constrained = engine.submit(constrained).unwrap();
+    let plain = engine.submit(plain).unwrap();
+    // The constrained request's first piece, stamped as it arrives.
+    let reader = std::thread::spawn(move || {
+        let mut first_piece = None;
+        let mut text = String::new();
+        let mut finish = None;
+        for event in constrained {
+            match event {
+                Event::Piece(p) => {
+                    first_piece.get_or_insert_with(Instant::now);
+                    text.push_str(&p.text);
+                }
+                Event::Done(f) => finish = Some(f),
+            }
+        }
+        (first_piece, text, finish.expect("a final event"))
+    });
+    let plain_pieces: Vec<Instant> = plain.filter(|e| matches!(e, Event::Piece(_))).map(|_| Instant::now()).collect();
+    assert_eq!(plain_pieces.len(), 24);
+    let (first_piece, text, finish) = reader.join().unwrap();
+    let first_piece = first_piece.expect("the constrained request produced a token");
+    let before = plain_pieces.iter().filter(|&&t| t < first_piece).count();
+    assert_eq!(before, 24, "every plain token came before the grammar's first one");
+    assert_eq!(finish.reason, FinishReason::EndOfGeneration, "{text:?}");
+    let chosen: Vec<&str> = text.split(' ').collect();
+    assert!(chosen.len() == 2 && chosen.iter().all(|w| words.iter().any(|x| x == w)), "{text:?}");
 }

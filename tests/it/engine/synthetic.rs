@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use llama::engine::{Completion, Engine, EngineConfig, EngineStats, Event, Finish, Output, Request, SamplingParams};
 use llama::generate::{FinishReason, GenerateOptions, Session};
-use llama::{AddBos, ContextParams, Error, KvType, Logits, Model, ModelParams, Sampler, Special, Token};
+use llama::{AddBos, ContextParams, Error, KvType, Logits, Model, ModelParams, Sampler, SamplerChain, Special, Token};
 use llama_suite::synthetic::{TINY_BOS_ID, TINY_VOCAB_SIZE, TinyModelSpec, tiny_llama_path};
 use llama_suite::teacher::rescore_with_kv;
 
@@ -46,6 +46,14 @@ fn rescore(model: &Model, prompt: &[Token], generated: &[Token]) -> llama::Resul
 
 fn greedy(prompt: Vec<Token>, n: usize) -> Request {
     Request::tokens(prompt).max_tokens(n).stop_at_eog(false)
+}
+
+/// A grammar that allows any text: a request with it is sampled off the
+/// step (on the engine's helper thread).
+const ANY_TEXT: &str = r#"root ::= [^\x00]*"#;
+
+fn greedy_off_step(prompt: Vec<Token>, n: usize) -> Request {
+    greedy(prompt, n).sampling(SamplingParams::greedy().grammar(ANY_TEXT))
 }
 
 /// The tokens a single-sequence greedy run through `generate::Session`
@@ -220,6 +228,53 @@ fn preempted_requests_finish_with_the_tokens_of_an_unpressured_run() {
     }
     assert_eq!(u64::from(preempted), stats.preemptions);
     assert_eq!(stats.kv_cells_used, 0);
+}
+
+/// Requests sampled off the step (with a grammar) give the tokens of
+/// their unconstrained sequential runs, beside requests sampled on it,
+/// whether steps wait for their samples or never do (`grammar_wait` 0:
+/// each sits out a step per token), and when the pool preempts them while
+/// their sampler is out.
+#[test]
+fn requests_sampled_off_the_step_equal_their_sequential_runs_under_preemption() {
+    const LEN: usize = 12;
+    let model = model();
+    // llama.cpp's grammars refuse some byte tokens even where every token
+    // is allowed (a UTF-8 lead byte at the end of a piece): off the step
+    // go prompts whose continuation the grammar accepts whole.
+    let accepted = |tokens: &[Token]| {
+        let mut sampler = SamplerChain::new().grammar(model.vocab(), ANY_TEXT, "root").greedy().build().unwrap();
+        tokens.iter().all(|&t| sampler.accept(t).is_ok())
+    };
+    let (off, on): (Vec<_>, Vec<_>) =
+        decisive(32, |i| 50 + 5 * (i % 6), LEN).into_iter().partition(|(_, e)| accepted(e));
+    assert!(off.len() >= 3 && on.len() >= 3, "{} accepted, {} not", off.len(), on.len());
+    let cases: Vec<(Vec<Token>, Vec<Token>, bool)> = off
+        .into_iter()
+        .take(3)
+        .map(|(p, e)| (p, e, true))
+        .zip(on.into_iter().take(3).map(|(p, e)| (p, e, false)))
+        .flat_map(|(a, b)| [a, b])
+        .collect();
+    for wait in [Duration::from_millis(50), Duration::ZERO] {
+        let engine =
+            Engine::start(model.clone(), config().n_ctx(256).max_cached_prefixes(0).grammar_wait(wait)).unwrap();
+        let completions: Vec<Completion> = cases
+            .iter()
+            .map(|(p, _, off)| {
+                let request = if *off { greedy_off_step(p.clone(), LEN) } else { greedy(p.clone(), LEN) };
+                engine.submit(request).unwrap()
+            })
+            .collect();
+        let outputs: Vec<Output> = completions.into_iter().map(Completion::wait).collect();
+        let stats = idle(&engine);
+        assert!(stats.preemptions > 0, "{stats:?}");
+        for (i, out) in outputs.iter().enumerate() {
+            assert_eq!(out.finish.reason, FinishReason::Length, "request {i}, wait {wait:?}");
+            assert_eq!(out.tokens, cases[i].1, "request {i}, wait {wait:?}");
+        }
+        assert_eq!(stats.kv_cells_used, 0);
+    }
 }
 
 #[test]
@@ -405,7 +460,12 @@ fn random_submit_cancel_and_drop_from_eight_threads() {
                     if next(2) == 0 {
                         tokens.splice(..1, system.iter().copied());
                     }
-                    let request = greedy(tokens, next(24) as usize + 1);
+                    let mut request = greedy(tokens, next(24) as usize + 1);
+                    // A quarter are sampled off the step, and so cancelled
+                    // and dropped while their sampler is out too.
+                    if next(4) == 0 {
+                        request = request.sampling(SamplingParams::greedy().grammar(ANY_TEXT));
+                    }
                     let completion = match engine.submit(request) {
                         Ok(c) => c,
                         Err(Error::QueueFull { .. }) => continue,

@@ -1,7 +1,8 @@
 //! The one thread that owns the engine's context, and its step loop:
 //! take new requests → drop cancelled ones → admit waiting ones → plan the
 //! step → make room in the pool → one decode → sample → send events →
-//! publish stats.
+//! publish stats. Requests with a grammar are sampled off the step, on a
+//! helper thread (`offstep`).
 //!
 //! The [`Worker`] here decides and moves requests between its lists;
 //! policy lives in `scheduler`, cell accounting in `kv`, what the pool
@@ -14,7 +15,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, TryRecvError};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::metrics::{Counter, Gauge, LatencySeries, Meter};
 use super::request::Checked;
@@ -27,11 +28,13 @@ use crate::generate::swa_window_present;
 use crate::model::Model;
 
 mod cause;
+mod offstep;
 mod pool;
 mod seq;
 
 pub(crate) use cause::Exit;
 use cause::{Cause, Failure};
+use offstep::OffStep;
 use pool::{Pool, Share};
 use seq::{Sampled, Seq};
 
@@ -75,16 +78,31 @@ pub(crate) fn run(
     shared: &Shared,
     ready: mpsc::SyncSender<Result<usize>>,
 ) {
-    let mut worker = match Worker::new(model, config, shared) {
-        Ok(worker) => worker,
-        Err(e) => {
-            let _ = ready.send(Err(e));
-            return;
-        }
-    };
+    std::thread::scope(|scope| {
+        let mut worker = match Worker::new(model, config, shared) {
+            Ok(worker) => worker,
+            Err(e) => {
+                let _ = ready.send(Err(e));
+                return;
+            }
+        };
+        worker.offstep = OffStep::start(scope, model.vocab(), config.grammar_wait);
+        serve(worker, &inbox, shared, ready);
+        // Leaving the scope joins the sampling helper, which ends once the
+        // worker (its sender) is gone.
+    });
+}
+
+/// Runs `worker` until it stops, then ends whatever is left.
+fn serve(
+    mut worker: Worker<'_>,
+    inbox: &mpsc::Receiver<Submission>,
+    shared: &Shared,
+    ready: mpsc::SyncSender<Result<usize>>,
+) {
     worker.publish();
     let _ = ready.send(Ok(worker.pool.capacity()));
-    let exit = match catch_unwind(AssertUnwindSafe(|| worker.serve(&inbox))) {
+    let exit = match catch_unwind(AssertUnwindSafe(|| worker.serve(inbox))) {
         Ok(Ok(())) => Exit::Shutdown,
         Ok(Err(e)) => Exit::Failed(e.into()),
         Err(panic) => Exit::Failed(Failure::panic(&*panic)),
@@ -132,6 +150,8 @@ struct Worker<'m> {
     /// Events of this step, sent after the stats are published: a reader
     /// who got an event sees stats that include the step that made it.
     outbox: Vec<(async_channel::Sender<Event>, Event)>,
+    /// Where requests with a grammar are sampled (`None`: on the step).
+    offstep: Option<OffStep<'m>>,
 }
 
 impl<'m> Worker<'m> {
@@ -158,6 +178,7 @@ impl<'m> Worker<'m> {
             admissions: 0,
             meter: Meter::default(),
             outbox: Vec::new(),
+            offstep: None,
         })
     }
 
@@ -178,6 +199,10 @@ impl<'m> Worker<'m> {
                     Err(TryRecvError::Disconnected) => return Ok(()),
                 }
             }
+            // With nothing to decode until a sample comes back, wait for one
+            // (briefly, to see new submissions too) instead of spinning.
+            let idle = self.running.iter().all(Seq::awaiting);
+            self.collect_samples(idle.then_some(Duration::from_millis(2)));
             self.drop_cancelled();
             self.admit();
             if !self.running.is_empty() {
@@ -238,6 +263,11 @@ impl<'m> Worker<'m> {
         while self.running.len() < self.max_running
             && let Some(next) = self.waiting.front()
         {
+            // Preempted while its sampler was out: it comes back in once
+            // its token has.
+            if next.awaiting() {
+                break;
+            }
             // A preempted sequence with saved cells restores them (every
             // cell its own); others look for a prefix to share, now or
             // once a running sequence has prefilled it.
@@ -396,29 +426,16 @@ impl<'m> Worker<'m> {
         }
         let mut ended = Vec::new();
         for (i, row) in to_sample {
+            if self.running[i].has_grammar() && self.send_off(i, row) {
+                continue;
+            }
             let (seq, ctx) = (&mut self.running[i], &mut self.ctx);
             let sampled = match catch_unwind(AssertUnwindSafe(|| seq.sample(ctx, row, step))) {
                 Ok(sampled) => sampled.map_err(Failure::from),
                 Err(panic) => Err(Failure::panic(&*panic)),
             };
-            match sampled {
-                Ok(Sampled { end, times }) => {
-                    self.meter.count(Counter::CompletionTokens, 1);
-                    if let Some(ttft) = times.first {
-                        self.meter.record(LatencySeries::TimeToFirstToken, ttft);
-                    }
-                    if let Some(gap) = times.gap {
-                        self.meter.record(LatencySeries::InterToken, gap);
-                    }
-                    match end {
-                        Some(cause) => ended.push((i, cause)),
-                        None => {
-                            let piece = seq.take_piece();
-                            self.outbox.push((seq.events().clone(), Event::Piece(piece)));
-                        }
-                    }
-                }
-                Err(failure) => ended.push((i, Cause::Failed(failure))),
+            if let Some(cause) = took(&mut self.meter, &mut self.outbox, seq, sampled) {
+                ended.push((i, cause));
             }
         }
         for (i, cause) in ended.into_iter().rev() {
@@ -522,6 +539,33 @@ impl<'m> Worker<'m> {
 
 /// Prompt positions `seq` shares from another sequence instead of
 /// prefilling them.
+/// Counts a sampled token and queues its piece; the cause if the request
+/// ends with it (or failed to sample).
+fn took(
+    meter: &mut Meter,
+    outbox: &mut Vec<(async_channel::Sender<Event>, Event)>,
+    seq: &mut Seq<'_>,
+    sampled: std::result::Result<Sampled, Failure>,
+) -> Option<Cause> {
+    match sampled {
+        Ok(Sampled { end, times }) => {
+            meter.count(Counter::CompletionTokens, 1);
+            if let Some(ttft) = times.first {
+                meter.record(LatencySeries::TimeToFirstToken, ttft);
+            }
+            if let Some(gap) = times.gap {
+                meter.record(LatencySeries::InterToken, gap);
+            }
+            if end.is_none() {
+                let piece = seq.take_piece();
+                outbox.push((seq.events().clone(), Event::Piece(piece)));
+            }
+            end
+        }
+        Err(failure) => Some(Cause::Failed(failure)),
+    }
+}
+
 fn count_shared(meter: &mut Meter, seq: &mut Seq<'_>, positions: usize) {
     seq.usage.cached_tokens += positions;
     meter.count(Counter::PrefixHitTokens, positions as u64);

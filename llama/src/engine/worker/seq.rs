@@ -28,7 +28,11 @@ pub(super) struct Seq<'m> {
     /// while generating).
     pub tokens: Vec<Token>,
     pub kv: Placement,
-    sampler: Sampler<'m>,
+    /// `None` while the sampler is out on the helper thread (see
+    /// `offstep`): the sequence then sits out the steps.
+    sampler: Option<Sampler<'m>>,
+    /// How long its last sample off the step took.
+    pub last_sample: Option<Duration>,
     text: SeqText<'m>,
     limits: Limits,
     pub clock: Clock,
@@ -204,7 +208,8 @@ impl<'m> Seq<'m> {
             kv: Placement { prefill_to: prompt.len(), ..Placement::default() },
             usage: Usage { prompt_tokens: prompt.len(), ..Usage::default() },
             tokens: prompt,
-            sampler,
+            sampler: Some(sampler),
+            last_sample: None,
             text: SeqText {
                 tail: TextTail::new(model.vocab(), special, &stop),
                 token: None,
@@ -246,17 +251,61 @@ impl<'m> Seq<'m> {
         &self.events
     }
 
+    /// Whether its sampler is out, sampling its next token off the step.
+    pub fn awaiting(&self) -> bool {
+        self.sampler.is_none()
+    }
+
+    /// Whether its sampler holds a grammar (and so is sampled off the
+    /// step).
+    pub fn has_grammar(&self) -> bool {
+        self.sampler.as_ref().is_some_and(Sampler::has_grammar)
+    }
+
+    /// Its sampler, to sample off the step; `None` if it is out already.
+    pub fn lend_sampler(&mut self) -> Option<Sampler<'m>> {
+        self.sampler.take()
+    }
+
+    /// Its sampler back from off the step.
+    pub fn return_sampler(&mut self, sampler: Sampler<'m>) {
+        self.sampler = Some(sampler);
+    }
+
+    /// The top log-probabilities it reports per token, if any.
+    pub fn top_logprobs(&self) -> Option<usize> {
+        self.text.top_logprobs
+    }
+
     /// Samples the next token from batch row `row` of `step`, releases its
     /// text, and says whether the request ends.
     pub fn sample(&mut self, ctx: &mut Context<'_>, row: usize, step: u64) -> Result<Sampled> {
-        let token = self.sampler.sample(ctx, row)?;
-        if let Some(top) = self.text.top_logprobs {
-            self.text.logprob = Some(token_logprob(ctx.logits(row)?, token, top));
-        }
+        let Some(sampler) = self.sampler.as_mut() else {
+            return Err(crate::Error::InvalidArgument("sampled while its sampler is out".into()));
+        };
+        let token = sampler.sample(ctx, row)?;
+        let logprob = match self.text.top_logprobs {
+            Some(top) => Some(token_logprob(ctx.logits(row)?, token, top)),
+            None => None,
+        };
+        self.take_token(ctx.model().vocab(), token, logprob, step)
+    }
+
+    /// Takes `token` (sampled on the step or off it, with its logprob when
+    /// asked for) as the next one of `step`: releases its text and says
+    /// whether the request ends.
+    pub fn take_token(
+        &mut self,
+        vocab: &crate::Vocab,
+        token: Token,
+        logprob: Option<TokenLogprob>,
+        step: u64,
+    ) -> Result<Sampled> {
+        self.text.logprob = logprob;
         self.usage.completion_tokens += 1;
         let times = self.clock.token(Instant::now(), step);
         let sampled = |end| Ok(Sampled { end, times });
-        if self.limits.stop_at_eog && ctx.model().vocab().is_eog(token) {
+        if self.limits.stop_at_eog && vocab.is_eog(token) {
             return sampled(Some(Cause::EndOfGeneration));
         }
         self.tokens.push(token);
@@ -303,7 +352,7 @@ impl<'m> Seq<'m> {
 
 /// `token`'s log-probability in the log-softmax of `logits`, with the `top`
 /// most likely tokens, in one pass over the vocabulary (no sort of it).
-fn token_logprob(logits: &[f32], token: Token, top: usize) -> TokenLogprob {
+pub(super) fn token_logprob(logits: &[f32], token: Token, top: usize) -> TokenLogprob {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     // Summed in f64: 262,144 terms lose precision in f32.
     let sum: f64 = logits.iter().map(|&l| f64::from(l - max).exp()).sum();

@@ -1,0 +1,216 @@
+//! Sampling off the step. A grammar's mask over the vocabulary can cost
+//! far more than a decode (a grammar of thousands of alternatives took
+//! seconds per token), and on the shared step that time is every other
+//! request's too. So a request whose sampler holds a grammar is sampled on
+//! a helper thread from a copy of its logits row: the worker sends the
+//! sampler and the row out, and the request sits out the steps until its
+//! token comes back. A step waits for such samples at most the engine's
+//! `grammar_wait` after it sent them, and only for requests whose previous
+//! sample came back within that time: a cheap grammar loses no step, an
+//! expensive one delays nobody else by more than `grammar_wait` per step.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::time::{Duration, Instant};
+
+use super::cause::Failure;
+use super::seq::token_logprob;
+use super::{Worker, took};
+use crate::engine::TokenLogprob;
+use crate::sampler::Sampler;
+use crate::vocab::{Token, Vocab};
+
+/// A request's sampler and logits row, sent out.
+pub(super) struct Job<'m> {
+    pub id: u64,
+    pub sampler: Sampler<'m>,
+    pub logits: Vec<f32>,
+    /// Top log-probabilities to report, if asked for.
+    pub top: Option<usize>,
+}
+
+/// The sampler back, with the token it chose.
+pub(super) struct Sample<'m> {
+    pub id: u64,
+    pub sampler: Sampler<'m>,
+    pub token: Result<Token, Failure>,
+    pub logprob: Option<TokenLogprob>,
+    /// How long the sample took on the helper.
+    pub took: Duration,
+}
+
+/// The worker's side: where jobs go, where samples come back, and which
+/// are out.
+pub(super) struct OffStep<'m> {
+    jobs: mpsc::Sender<Job<'m>>,
+    samples: mpsc::Receiver<Sample<'m>>,
+    /// Requests with a job out: when it went, and whether steps wait for
+    /// it.
+    out: Vec<(u64, Instant, bool)>,
+    wait: Duration,
+}
+
+impl<'m> OffStep<'m> {
+    /// Starts the helper thread in `scope`; `None` if the thread cannot be
+    /// started (requests with a grammar are then sampled on the step).
+    pub fn start<'scope>(
+        scope: &'scope std::thread::Scope<'scope, '_>,
+        vocab: &'m Vocab,
+        wait: Duration,
+    ) -> Option<OffStep<'m>>
+    where
+        'm: 'scope,
+    {
+        let (jobs, inbox) = mpsc::channel::<Job<'m>>();
+        let (outbox, samples) = mpsc::channel();
+        std::thread::Builder::new()
+            .name("llama-engine-sampler".into())
+            .spawn_scoped(scope, move || helper(vocab, &inbox, &outbox))
+            .ok()?;
+        Some(OffStep { jobs, samples, out: Vec::new(), wait })
+    }
+
+    /// Sends `job` out; gives it back if the helper is gone. Steps wait for
+    /// it when the request's last sample took at most `grammar_wait`
+    /// (`last`; a first sample is waited for).
+    pub fn send(&mut self, job: Job<'m>, last: Option<Duration>) -> Option<Job<'m>> {
+        let (id, quick) = (job.id, last.is_none_or(|t| t <= self.wait));
+        if let Err(e) = self.jobs.send(job) {
+            return Some(e.0);
+        }
+        self.out.push((id, Instant::now(), quick));
+        None
+    }
+
+    /// Whether any job is out.
+    pub fn busy(&self) -> bool {
+        !self.out.is_empty()
+    }
+
+    /// The samples that are back: waiting until each quick job is back or
+    /// its `grammar_wait` has passed, then taking whatever else is there.
+    /// With `at_least` set and nothing back, waits up to that long for one.
+    pub fn collect(&mut self, at_least: Option<Duration>) -> Vec<Sample<'m>> {
+        let mut back = Vec::new();
+        loop {
+            let deadline = self.out.iter().filter(|o| o.2).map(|o| o.1 + self.wait).min();
+            let now = Instant::now();
+            let sample = match deadline {
+                Some(d) if d > now => match self.samples.recv_timeout(d - now) {
+                    Ok(s) => s,
+                    Err(RecvTimeoutError::Timeout) => continue,
+                    Err(RecvTimeoutError::Disconnected) => break,
+                },
+                Some(_) => {
+                    // Past its deadline: steps stop waiting for it.
+                    self.out.iter_mut().filter(|o| o.1 + self.wait <= now).for_each(|o| o.2 = false);
+                    continue;
+                }
+                None => match self.samples.try_recv() {
+                    Ok(s) => s,
+                    Err(_) if back.is_empty() && self.busy() && at_least.is_some() => {
+                        match self.samples.recv_timeout(at_least.expect("checked")) {
+                            Ok(s) => s,
+                            Err(_) => break,
+                        }
+                    }
+                    Err(_) => break,
+                },
+            };
+            self.out.retain(|o| o.0 != sample.id);
+            back.push(sample);
+        }
+        back
+    }
+}
+
+impl<'m> Worker<'m> {
+    /// Sends sequence `i`'s sampler and logits row `row` to the helper.
+    /// False if there is none (or it is gone): sample on the step.
+    pub(super) fn send_off(&mut self, i: usize, row: usize) -> bool {
+        let Some(offstep) = self.offstep.as_mut() else { return false };
+        let seq = &mut self.running[i];
+        // A missing row fails on the step, with its error.
+        let Ok(logits) = self.ctx.logits(row).map(<[f32]>::to_vec) else { return false };
+        let Some(sampler) = seq.lend_sampler() else { return false };
+        let job = Job { id: seq.id, sampler, logits, top: seq.top_logprobs() };
+        match offstep.send(job, seq.last_sample) {
+            None => true,
+            Some(job) => {
+                seq.return_sampler(job.sampler);
+                false
+            }
+        }
+    }
+
+    /// Takes the samples that are back from off the step (waiting as
+    /// `OffStep::collect` says) into their sequences, running or
+    /// preempted; a request that ended meanwhile drops its sampler here.
+    pub(super) fn collect_samples(&mut self, at_least: Option<Duration>) {
+        let Some(offstep) = self.offstep.as_mut().filter(|o| o.busy()) else { return };
+        let samples = offstep.collect(at_least);
+        let step = self.meter.stats().steps;
+        let vocab = self.model.vocab();
+        for Sample { id, sampler, token, logprob, took: duration } in samples {
+            let (seq, running) = if let Some(i) = self.running.iter().position(|s| s.id == id) {
+                (&mut self.running[i], Some(i))
+            } else if let Some(i) = self.waiting.iter().position(|s| s.id == id) {
+                (&mut self.waiting[i], None)
+            } else {
+                continue;
+            };
+            seq.return_sampler(sampler);
+            seq.last_sample = Some(duration);
+            let sampled = token.and_then(|t| seq.take_token(vocab, t, logprob, step).map_err(Failure::from));
+            let Some(cause) = took(&mut self.meter, &mut self.outbox, seq, sampled) else { continue };
+            let seq = match running {
+                Some(i) => self.running.remove(i),
+                None => {
+                    let i = self.waiting.iter().position(|s| s.id == id).expect("found above");
+                    self.waiting.remove(i).expect("index in range")
+                }
+            };
+            self.finish(seq, cause);
+        }
+    }
+}
+
+/// The helper thread: samples each job's row with its sampler, catching a
+/// panic as the worker does, until the worker drops its sender.
+fn helper<'m>(vocab: &'m Vocab, jobs: &mpsc::Receiver<Job<'m>>, samples: &mpsc::Sender<Sample<'m>>) {
+    lower_priority();
+    for Job { id, mut sampler, logits, top } in jobs {
+        let started = Instant::now();
+        let token = match catch_unwind(AssertUnwindSafe(|| sampler.sample_logits(vocab, &logits))) {
+            Ok(token) => token.map_err(Failure::from),
+            Err(panic) => Err(Failure::panic(&*panic)),
+        };
+        let logprob = match (&token, top) {
+            (Ok(t), Some(top)) => Some(token_logprob(&logits, *t, top)),
+            _ => None,
+        };
+        let sample = Sample { id, sampler, token, logprob, took: started.elapsed() };
+        if samples.send(sample).is_err() {
+            return;
+        }
+    }
+}
+
+/// Nice value of the helper thread: the decode threads (every request's
+/// step) win the cores when both want them; the helper still runs whenever
+/// a core is free.
+const HELPER_NICE: i32 = 19;
+
+/// Lowers the calling thread's scheduling priority to [`HELPER_NICE`]
+/// (Linux: a thread's nice value is its own). Elsewhere nothing changes.
+fn lower_priority() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: setpriority with PRIO_PROCESS and who = 0 changes only the
+    // calling thread's nice value on Linux (see setpriority(2), "BUGS": the
+    // nice value is a per-thread attribute); it takes no pointers, and a
+    // failure (EACCES never applies to lowering) leaves the priority as it
+    // was, which is harmless.
+    unsafe {
+        libc::setpriority(libc::PRIO_PROCESS, 0, HELPER_NICE);
+    }
+}
