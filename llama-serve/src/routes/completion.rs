@@ -10,23 +10,22 @@ use axum::extract::State;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
-use llama::chat::RenderOptions;
-use llama::engine::{Completion, Prompt, Request, TokenLogprob};
-use llama::{AddBos, Model, Special, Token, Vocab};
+use llama::engine::{Completion, Request, TokenLogprob};
+use llama::{Model, Special, Token, Vocab};
 use serde::Serialize;
 use serde_json::{Value, json};
 
+use super::prompt::{chat_prompt, completion_prompts};
 use super::{choices, count, max_tokens, off_runtime, ready};
-use crate::content::{self, ContentError};
-use crate::generation::{self, Choice, Delta, MAX_CHOICES};
+use crate::generation::{self, Choice, Delta};
 use crate::limits::read_json;
 use crate::openai::{
     ApiError, AssistantMessage, ChatChoice, ChatChunk, ChatChunkChoice, ChatCompletion, ChatDelta, ChatLogprobs,
-    ChatRequest, CompletionRequest, FunctionCall, FunctionDelta, Header, Logprob, LogprobEntry, PromptInput,
-    ResponseFormat, TextChoice, TextCompletion, TextLogprobs, ToolCall, ToolCallDelta, Usage,
+    ChatRequest, CompletionRequest, FunctionCall, FunctionDelta, Header, Logprob, LogprobEntry, TextChoice,
+    TextCompletion, TextLogprobs, ToolCall, ToolCallDelta, Usage,
 };
 use crate::state::{AppState, Ready, now};
-use crate::tools::{self, ToolChoice, ToolEvent, ToolFormat, ToolStream, Tools};
+use crate::tools::{self, ToolEvent, ToolFormat, ToolStream, Tools};
 
 pub async fn completions(
     State(state): State<Arc<AppState>>,
@@ -472,155 +471,4 @@ fn chat_logprobs(vocab: &Vocab, lps: &[(Token, TokenLogprob)]) -> ChatLogprobs {
         })
         .collect();
     ChatLogprobs { content }
-}
-
-/// A completion request's prompts, and each one's echo (empty without
-/// `echo`).
-fn completion_prompts(
-    vocab: &Vocab,
-    req: &CompletionRequest,
-    n: usize,
-) -> Result<(Vec<Prompt>, Vec<String>), ApiError> {
-    let prompts: Vec<Prompt> = match &req.prompt {
-        PromptInput::Text(t) => vec![text_prompt(t.clone())],
-        PromptInput::Texts(ts) => ts.iter().cloned().map(text_prompt).collect(),
-        PromptInput::Tokens(ids) => vec![Prompt::Tokens(ids.iter().copied().map(Token).collect())],
-        PromptInput::TokenLists(lists) => {
-            lists.iter().map(|ids| Prompt::Tokens(ids.iter().copied().map(Token).collect())).collect()
-        }
-    };
-    if prompts.is_empty() {
-        return Err(ApiError::bad_request("prompt is empty").param("prompt"));
-    }
-    if prompts.len() * n > MAX_CHOICES {
-        return Err(ApiError::bad_request(format!("prompts × n must be at most {MAX_CHOICES}")).param("n"));
-    }
-    let echoes: Vec<String> = if req.echo {
-        prompts
-            .iter()
-            .map(|p| match p {
-                Prompt::Text { text, .. } => Ok(text.clone()),
-                Prompt::Tokens(t) => vocab.detokenize(t, AddBos::No, Special::Plain).map_err(generation::engine_error),
-                _ => Ok(String::new()),
-            })
-            .collect::<Result<_, _>>()?
-    } else {
-        vec![String::new(); prompts.len()]
-    };
-    Ok((prompts, echoes))
-}
-
-fn text_prompt(text: String) -> Prompt {
-    Prompt::Text { text, add_bos: AddBos::Yes, special: Special::Markup }
-}
-
-/// The roles a chat message may have (OpenAI's; `developer` is its newer
-/// name for `system`, which templates receive as it is).
-const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
-
-/// Refuses a message whose role is not one of [`ROLES`], or whose content
-/// is missing or of the wrong type for its role: text or a list of parts
-/// for every role, except that an assistant message that calls tools may
-/// have none. Templates render whatever they are given, so an unknown role
-/// ("wizard", markup in a role) would otherwise reach the prompt.
-fn check_message(i: usize, m: &Value) -> Result<(), ApiError> {
-    let bad = |why: String| Err(ApiError::bad_request(format!("messages[{i}]: {why}")).param("messages"));
-    let Some(role) = m.get("role").and_then(Value::as_str) else {
-        return bad("no role".to_owned());
-    };
-    if !ROLES.contains(&role) {
-        return bad(format!("role {role:?} is not one of {}", ROLES.join(", ")));
-    }
-    match m.get("content") {
-        Some(Value::String(_) | Value::Array(_)) => Ok(()),
-        None | Some(Value::Null) if role == "assistant" && m.get("tool_calls").is_some_and(Value::is_array) => Ok(()),
-        None | Some(Value::Null) => bad(format!("a {role} message needs content")),
-        Some(other) => bad(format!("content must be a string or a list of parts, not {other}")),
-    }
-}
-
-/// The chat request's prompt and grammar.
-fn chat_prompt(
-    ready: &Ready,
-    req: &ChatRequest,
-    tools: Option<&Tools>,
-    special_in_content: bool,
-) -> Result<(Prompt, Option<String>), ApiError> {
-    for (i, m) in req.messages.iter().enumerate() {
-        check_message(i, m)?;
-    }
-    if req.messages.is_empty() {
-        return Err(ApiError::bad_request("messages is empty").param("messages"));
-    }
-    let mut options = RenderOptions::default().add_generation_prompt(true);
-    let mut messages = std::borrow::Cow::Borrowed(&req.messages);
-    match tools {
-        Some(t) if ready.tool_format != ToolFormat::Generic => options = options.tools(Value::Array(t.raw.clone())),
-        // A template that teaches no syntax (or no template): the tools
-        // and the syntax are described in a system message.
-        Some(t) if t.choice != ToolChoice::None => {
-            messages = std::borrow::Cow::Owned(with_tool_instructions(&req.messages, t));
-        }
-        _ => {}
-    }
-    for (k, v) in req.chat_template_kwargs.iter().flatten() {
-        options = options.var(k.clone(), v.clone());
-    }
-    let grammar = match &req.response_format {
-        _ if tools.is_some_and(Tools::forced) => {
-            Some(tools::forcing_grammar(ready.tool_format, tools.expect("forced tools"))?)
-        }
-        None | Some(ResponseFormat::Text) => None,
-        Some(ResponseFormat::JsonObject) => Some(llama::json_schema::json_grammar().to_owned()),
-        Some(ResponseFormat::JsonSchema { json_schema }) => {
-            let schema = json_schema.schema.clone().unwrap_or(json!({}));
-            Some(
-                llama::json_schema::schema_to_grammar(&schema)
-                    .map_err(|e| ApiError::bad_request(e.to_string()).param("response_format"))?,
-            )
-        }
-    };
-    let vocab = ready.model.vocab();
-    let invalid = |e: String| ApiError::bad_request(format!("invalid messages: {e}")).param("messages");
-    // Content as plain text (crate::content), unless the operator asked
-    // for llama.cpp's behaviour.
-    if !special_in_content {
-        match content::plain_content_tokens(&ready.chat, vocab, &messages, &options) {
-            Ok(Some(tokens)) => return Ok((Prompt::Tokens(tokens), grammar)),
-            Ok(None) => {}
-            Err(ContentError::Llama(e)) => return Err(generation::engine_error(e)),
-            Err(ContentError::Messages(e)) => return Err(invalid(e)),
-            Err(ContentError::Mangled) => {
-                return Err(ApiError::bad_request(
-                    "a message holds the text of the model's control tokens, and this chat template changes \
-                     message content, so it cannot be kept as plain text",
-                )
-                .param("messages"));
-            }
-        }
-    }
-    let messages: Vec<llama::ChatMessage> =
-        serde_json::from_value(Value::Array(messages.into_owned())).map_err(|e| invalid(e.to_string()))?;
-    let text = ready.chat.render(&messages, &options).map_err(generation::engine_error)?;
-    let add_bos = content::bos_to_add(vocab, &text);
-    Ok((Prompt::Text { text, add_bos, special: Special::Markup }, grammar))
-}
-
-/// `messages` with the tools and the call syntax described in the system
-/// message (added first, or appended to the first one's text).
-fn with_tool_instructions(messages: &[Value], tools: &Tools) -> Vec<Value> {
-    let list = Value::Array(tools.raw.iter().filter_map(|t| t.get("function").cloned()).collect());
-    let instructions = format!(
-        "You can call these functions:\n{list}\nTo call one, answer with only\n<tool_call>\n\
-         {{\"name\": <function name>, \"arguments\": <arguments as a JSON object>}}\n</tool_call>"
-    );
-    let mut out = messages.to_vec();
-    match out.first_mut() {
-        Some(first) if first.get("role").and_then(Value::as_str) == Some("system") && first["content"].is_string() => {
-            let text = format!("{}\n\n{instructions}", first["content"].as_str().unwrap_or_default());
-            first["content"] = Value::String(text);
-        }
-        _ => out.insert(0, json!({"role": "system", "content": instructions})),
-    }
-    out
 }

@@ -4,6 +4,7 @@
 
 mod completion;
 mod embeddings;
+mod prompt;
 
 use std::sync::Arc;
 
