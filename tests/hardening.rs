@@ -1,5 +1,5 @@
 //! Abort and crash paths found by review, each driven from safe code and
-//! answered with an `Err` (see also `never_abort.rs`). Each case runs in a
+//! answered with an `Err` (see also `never_abort/`). Each case runs in a
 //! child process (`safe_api::isolated`), so one that aborts fails alone.
 
 use llama::{
