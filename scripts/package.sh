@@ -70,7 +70,7 @@ trap cleanup EXIT
 #    so the same tokens.
 rm -rf "$BUNDLE"
 if [[ $verify == 1 ]]; then
-    # The default model as src/model_cache.rs caches it (the tests fetch it), or LLAMA_MODEL.
+    # The default model as llama-model-cache (model-cache/) caches it (the tests fetch it), or LLAMA_MODEL.
     model="${LLAMA_MODEL:-${LLAMA_CACHE_DIR:-$HOME/.cache/llama-rs}/gemma-3-270m-q4_k_m.gguf}"
     [[ -f "$model" ]] || die "no model at $model; run the tests once (they fetch it) or set LLAMA_MODEL"
     generate_log="$(mktemp)"

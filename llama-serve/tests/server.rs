@@ -892,3 +892,45 @@ fn forced_tool_calls_name_a_tool_and_validate_against_its_schema() {
     assert_error(s, &b, 400);
     assert_eq!(b["error"]["param"], "tool_choice");
 }
+
+/// The model comes from `--model`/`LLAMA_MODEL`, or with
+/// `--fetch-default-model` from the default-model cache (here already
+/// filled, so nothing is downloaded); with neither, a one-line error and
+/// exit status 1 before anything listens.
+#[test]
+fn the_model_is_named_or_fetched_on_request() {
+    let cached = llama_suite::model_cache::default_model().expect("the default model, cached");
+    let cache_dir = cached.parent().unwrap();
+
+    let out = Command::new(exe()).args(["--port", "0"]).env_remove("LLAMA_MODEL").output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.starts_with("error: no model: pass --model") && stderr.contains("--fetch-default-model"),
+        "{stderr}"
+    );
+    assert!(out.stdout.is_empty(), "nothing listened");
+
+    let mut child = Command::new(exe())
+        .args(["--port", "0", "--threads", "2", "--ctx", "1024", "--fetch-default-model"])
+        .env_remove("LLAMA_MODEL")
+        .env("LLAMA_CACHE_DIR", cache_dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    let base = line.trim().strip_prefix("listening on ").unwrap_or_else(|| panic!("first line {line:?}")).to_owned();
+    let server = Server { child, base, agent: agent(), _stdout: stdout };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while server.get("/health").0 != 200 {
+        assert!(Instant::now() < deadline, "the server never became ready");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (status, models) = server.get("/v1/models");
+    assert_eq!(status, 200);
+    assert_eq!(models["data"][0]["id"], "gemma-3-270m-q4_k_m", "{models}");
+}

