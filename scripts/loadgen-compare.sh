@@ -25,7 +25,7 @@ LLAMA_SERVER=target/llama-tools/build/bin/llama-server
 mkdir -p "$OUT"
 cargo build --release -p llama-serve --features native --bin llama-serve --example loadgen
 [ -x "$LLAMA_SERVER" ] || { echo "build llama-server first: scripts/build-llama-server.sh" >&2; exit 1; }
-# The default model as src/model_cache.rs caches it (the tests fetch it), or LLAMA_MODEL.
+# The default model as llama-model-cache (model-cache/) caches it (the tests fetch it), or LLAMA_MODEL.
 MODEL="${LLAMA_MODEL:-${LLAMA_CACHE_DIR:-$HOME/.cache/llama-rs}/gemma-3-270m-q4_k_m.gguf}"
 [ -f "$MODEL" ] || { echo "no model at $MODEL; run the tests once (they fetch it) or set LLAMA_MODEL" >&2; exit 1; }
 L=target/release/examples/loadgen
