@@ -132,6 +132,11 @@ pub fn parse(format: ToolFormat, parallel: bool, output: &str) -> (String, Vec<P
     let mut reader = ToolStream::new(format, parallel);
     let mut events = reader.push(output);
     events.extend(reader.finish());
+    gather(events)
+}
+
+/// Released events as the text they add up to and the calls, in order.
+pub(super) fn gather(events: impl IntoIterator<Item = ToolEvent>) -> (String, Vec<ParsedCall>) {
     let mut text = String::new();
     let mut calls = Vec::new();
     for e in events {

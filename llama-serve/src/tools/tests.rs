@@ -1,6 +1,7 @@
 //! Canned outputs in every syntax: read whole, and streamed split at every
 //! character boundary (and a character at a time), with the same result.
 
+use super::stream::gather;
 use super::{ParsedCall, ToolEvent, ToolFormat, ToolStream, parse};
 
 fn weather() -> ParsedCall {
@@ -119,15 +120,7 @@ fn streamed(format: ToolFormat, pieces: &[&str]) -> (String, Vec<ParsedCall>) {
         events.extend(reader.push(piece));
     }
     events.extend(reader.finish());
-    let mut text = String::new();
-    let mut calls = Vec::new();
-    for e in events {
-        match e {
-            ToolEvent::Text(t) => text.push_str(&t),
-            ToolEvent::Call(c) => calls.push(c),
-        }
-    }
-    (text, calls)
+    gather(events)
 }
 
 #[test]
