@@ -107,13 +107,11 @@ pub(super) fn chat_prompt(
     for (k, v) in req.chat_template_kwargs.iter().flatten() {
         options = options.var(k.clone(), v.clone());
     }
-    let grammar = match &req.response_format {
-        _ if tools.is_some_and(Tools::forced) => {
-            Some(tools::forcing_grammar(ready.tool_format, tools.expect("forced tools"))?)
-        }
-        None | Some(ResponseFormat::Text) => None,
-        Some(ResponseFormat::JsonObject) => Some(llama::json_schema::json_grammar().to_owned()),
-        Some(ResponseFormat::JsonSchema { json_schema }) => {
+    let grammar = match (tools.filter(|t| t.forced()), &req.response_format) {
+        (Some(forced), _) => Some(tools::forcing_grammar(ready.tool_format, forced)?),
+        (None, None | Some(ResponseFormat::Text)) => None,
+        (None, Some(ResponseFormat::JsonObject)) => Some(llama::json_schema::json_grammar().to_owned()),
+        (None, Some(ResponseFormat::JsonSchema { json_schema })) => {
             let schema = json_schema.schema.clone().unwrap_or(json!({}));
             Some(
                 llama::json_schema::schema_to_grammar(&schema)
