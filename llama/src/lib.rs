@@ -70,6 +70,7 @@ mod adapter;
 mod backend;
 mod batch;
 pub mod chat;
+pub mod constraint;
 mod context;
 pub mod embed;
 pub mod engine;

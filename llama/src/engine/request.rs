@@ -190,5 +190,10 @@ pub(crate) fn check(model: &Model, pool: usize, mut request: Request) -> Result<
         // failed request later.
         SamplerChain::new().grammar(vocab, gbnf, "root").greedy().build()?;
     }
+    if let Some(constraint) = &request.sampling.constraint {
+        // Compiled now for the same reason (and the model's token table
+        // built here rather than on the engine's thread).
+        SamplerChain::new().constraint(model, constraint).greedy().build()?;
+    }
     Ok(Checked { prompt, max_context, request })
 }

@@ -271,6 +271,7 @@ impl Model {
             repacked: params.repack_weights,
             overridden,
             adapters: RwLock::new(()),
+            constraint_tokens: std::sync::Mutex::new(None),
             _rpc: rpc_lease,
         };
         let pre = model.metadata("tokenizer.ggml.pre");

@@ -112,6 +112,9 @@ pub struct Model {
     /// (write), context creation and every decode may iterate it when
     /// llama.cpp sizes its compute graph (read, `graph_max_nodes`).
     adapters: RwLock<()>,
+    /// llguidance's table of the vocabulary, built by the first
+    /// constrained sampler ([`crate::constraint`]).
+    constraint_tokens: std::sync::Mutex<Option<std::sync::Arc<crate::constraint::TokenTable>>>,
     /// The RPC servers it uses (dropped after the model is freed).
     _rpc: RpcLease,
 }
@@ -150,6 +153,19 @@ impl Model {
     /// The raw pointer, for calls this crate does not wrap.
     pub fn as_ptr(&self) -> *mut sys::llama_model {
         self.ptr.as_ptr()
+    }
+
+    /// llguidance's token table of the vocabulary, built on first use and
+    /// shared by every constrained sampler of this model.
+    pub(crate) fn constraint_tokens(&self) -> crate::Result<std::sync::Arc<crate::constraint::TokenTable>> {
+        let mut slot = self.constraint_tokens.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(table) = &*slot {
+            return Ok(table.clone());
+        }
+        self.vocab.check_has_tokenizer()?;
+        let table = crate::constraint::TokenTable::build(&self.vocab)?;
+        *slot = Some(table.clone());
+        Ok(table)
     }
 
     /// The model's vocabulary and tokenizer.

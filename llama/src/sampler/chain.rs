@@ -5,7 +5,9 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::ptr::NonNull;
 
+use crate::constraint::{Constraint, Guide};
 use crate::error::{Error, Result};
+use crate::model::Model;
 use crate::sys;
 use crate::thread::SendPtr;
 use crate::vocab::{Token, Vocab};
@@ -34,6 +36,8 @@ pub struct SamplerChain<'m> {
     grammar_first: bool,
     /// The first error of a fallible step, reported by `build`.
     error: Option<Error>,
+    /// The llguidance constraint of [`SamplerChain::constraint`].
+    guide: Option<Guide>,
     _vocab: PhantomData<&'m Vocab>,
 }
 
@@ -102,6 +106,7 @@ impl<'m> SamplerChain<'m> {
             lazy_patterns: false,
             grammar_first: false,
             error: None,
+            guide: None,
             _vocab: PhantomData,
         }
     }
@@ -344,6 +349,7 @@ impl<'m> SamplerChain<'m> {
     }
 
     fn try_grammar(&mut self, vocab: &'m Vocab, gbnf: &str, root: &str) -> Result<()> {
+        self.check_no_constraint()?;
         vocab.check_has_tokenizer()?;
         self.bind_vocab(vocab)?;
         let (g, r) = (CString::new(gbnf)?, CString::new(root)?);
@@ -400,6 +406,7 @@ impl<'m> SamplerChain<'m> {
         trigger_patterns: &[&str],
         trigger_tokens: &[Token],
     ) -> Result<()> {
+        self.check_no_constraint()?;
         vocab.check_has_tokenizer()?;
         self.bind_vocab(vocab)?;
         for &t in trigger_tokens {
@@ -436,6 +443,38 @@ impl<'m> SamplerChain<'m> {
         Ok(())
     }
 
+    /// Constrains every pick to what `constraint` allows next (a JSON
+    /// Schema, regex or Lark grammar, through llguidance): before the
+    /// chain's first sampler runs, wherever in the chain this is called,
+    /// every token the constraint forbids is removed, so the chain picks
+    /// from the exactly constrained distribution. The model's token table
+    /// is built on its first constraint and shared after.
+    ///
+    /// # Errors
+    /// Reported by [`SamplerChain::build`]: [`Error::Grammar`] if the
+    /// constraint does not compile (its message names the problem: an
+    /// unsupported keyword, a regex that does not parse, ...), the chain
+    /// already has a constraint or a GBNF grammar, or the model has no
+    /// vocabulary.
+    #[must_use]
+    pub fn constraint(self, model: &'m Model, constraint: &Constraint) -> Self {
+        self.step(|chain| {
+            if chain.guide.is_some() || chain.kinds.contains(&Kind::Grammar) {
+                return Err(Error::Grammar("a chain takes one constraint or grammar".into()));
+            }
+            chain.bind_vocab(model.vocab())?;
+            chain.guide = Some(Guide::new(model.constraint_tokens()?, constraint)?);
+            Ok(())
+        })
+    }
+
+    fn check_no_constraint(&self) -> Result<()> {
+        match self.guide {
+            Some(_) => Err(Error::Grammar("a chain takes one constraint or grammar".into())),
+            None => Ok(()),
+        }
+    }
+
     /// Adds a sampler written in Rust.
     #[doc(alias = "llama_sampler_init")]
     #[must_use]
@@ -465,7 +504,10 @@ impl<'m> SamplerChain<'m> {
         let this = std::mem::ManuallyDrop::new(self);
         // SAFETY: moving the fields out of a value that will not be dropped.
         let kinds = unsafe { std::ptr::read(&this.kinds) };
+        // SAFETY: as above.
+        let guide = unsafe { std::ptr::read(&this.guide) };
         let mut sampler = Sampler::from_parts(this.chain, kinds);
+        sampler.guide = guide;
         sampler.vocab = this.vocab;
         sampler.grammar_stack = this.grammar_stack;
         sampler.lazy_patterns = this.lazy_patterns;

@@ -16,6 +16,7 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::ptr::NonNull;
 
+use crate::constraint::Guide;
 use crate::context::{Context, Output};
 use crate::error::{Error, Result, check_shim};
 use crate::stack::{DeepStack, REGEX_STACK_PER_BYTE, with_stack};
@@ -92,6 +93,11 @@ pub struct Sampler<'m> {
     /// The helper thread that runs the chain when its grammars need more
     /// stack than a caller's thread can be assumed to have.
     deep: DeepStack,
+    /// The llguidance constraint masking every pick (see
+    /// [`SamplerChain::constraint`]).
+    guide: Option<Guide>,
+    /// Reused row of masked logits for a constrained pick.
+    masked: Vec<f32>,
     _vocab: PhantomData<&'m Vocab>,
 }
 
@@ -207,6 +213,8 @@ impl<'m> Sampler<'m> {
             grammar_first: false,
             lazy_bytes: 0,
             deep: DeepStack::default(),
+            guide: None,
+            masked: Vec::new(),
             _vocab: PhantomData,
         }
     }
@@ -305,7 +313,7 @@ impl<'m> Sampler<'m> {
     /// Whether the chain holds a grammar (whose masks can cost far more
     /// than the rest of a sample).
     pub fn has_grammar(&self) -> bool {
-        self.kinds.contains(&Kind::Grammar)
+        self.kinds.contains(&Kind::Grammar) || self.guide.is_some()
     }
 
     fn select_and_accept(&mut self, logits: &[f32]) -> Result<(Token, SamplePath)> {
@@ -349,6 +357,11 @@ impl<'m> Sampler<'m> {
                 self.check_grammar_allows(i, token)?;
             }
         }
+        if let Some(guide) = &mut self.guide
+            && !guide.allows(token)?
+        {
+            return Err(Error::Grammar(format!("token {token} is not allowed by the constraint here")));
+        }
         self.accept_unchecked(token)
     }
 
@@ -387,7 +400,14 @@ impl<'m> Sampler<'m> {
             self.failed = Some(why.clone());
         }
         resume_pending_panic();
-        result
+        result?;
+        if let Some(guide) = &mut self.guide
+            && let Err(e) = guide.consume(token)
+        {
+            self.failed = Some(e.to_string());
+            return Err(e);
+        }
+        Ok(())
     }
 
     fn check_not_failed(&self) -> Result<()> {
@@ -423,9 +443,10 @@ impl<'m> Sampler<'m> {
             unsafe { sys::llama_sampler_reset(chain.get()) };
         });
         self.lazy_bytes = 0;
-        self.failed = match done {
-            Ok(()) => None,
-            Err(e) => Some(format!("reset failed: {e}")),
+        let guide_reset = self.guide.as_mut().map_or(Ok(()), Guide::reset);
+        self.failed = match (done, guide_reset) {
+            (Ok(()), Ok(())) => None,
+            (Err(e), _) | (_, Err(e)) => Some(format!("reset failed: {e}")),
         };
         resume_pending_panic();
     }
@@ -448,6 +469,7 @@ impl<'m> Sampler<'m> {
             sampler.lazy_patterns = self.lazy_patterns;
             sampler.grammar_first = self.grammar_first;
             sampler.lazy_bytes = self.lazy_bytes;
+            sampler.guide = self.guide.as_ref().map(Guide::deep_clone);
             sampler
         });
         resume_pending_panic();

@@ -1,6 +1,7 @@
 //! Sampling as a plain value ([`SamplingParams`]), shared by
 //! [`Model::complete`](crate::Model::complete) and the engine's requests.
 
+use crate::constraint::Constraint;
 use crate::error::{Error, Result};
 use crate::model::Model;
 use crate::vocab::{Token, Vocab};
@@ -27,6 +28,7 @@ pub struct SamplingParams {
     pub(crate) seed: u32,
     pub(crate) logit_bias: Vec<(Token, f32)>,
     pub(crate) grammar: Option<String>,
+    pub(crate) constraint: Option<Constraint>,
     pub(crate) logprobs: Option<usize>,
 }
 
@@ -48,6 +50,7 @@ impl Default for SamplingParams {
             seed: 0,
             logit_bias: Vec::new(),
             grammar: None,
+            constraint: None,
             logprobs: None,
         }
     }
@@ -141,6 +144,16 @@ impl SamplingParams {
         self
     }
 
+    /// Constrains the output with llguidance (a JSON Schema, regex or
+    /// Lark grammar; see [`crate::constraint`]): the chain samples from the
+    /// exactly constrained distribution, at a cost of microseconds to a
+    /// millisecond per token. Not together with [`SamplingParams::grammar`].
+    #[must_use]
+    pub fn constraint(mut self, constraint: Constraint) -> Self {
+        self.constraint = Some(constraint);
+        self
+    }
+
     /// Checks every value against what llama.cpp's samplers handle.
     ///
     /// # Errors
@@ -208,6 +221,9 @@ impl SamplingParams {
         }
         if let Some(gbnf) = &self.grammar {
             chain = chain.grammar(vocab, gbnf, "root");
+        }
+        if let Some(constraint) = &self.constraint {
+            chain = chain.constraint(model, constraint);
         }
         chain = if self.temperature <= 0.0 {
             chain.greedy()

@@ -3,6 +3,7 @@
 
 use super::scan::{argmax, scan_top_k};
 use super::{Kind, SamplePath, Sampler, TokenData, grammar_allows, resume_pending_panic};
+use crate::constraint::Guide;
 use crate::error::{Error, Result, check_shim};
 use crate::sys;
 use crate::thread::SendPtr;
@@ -11,6 +12,11 @@ use crate::vocab::Token;
 /// How many of the best tokens a greedy chain behind grammars checks one
 /// by one, when the best is refused, before masking the vocabulary.
 const BEST_ALLOWED_TRIES: usize = 32;
+
+/// Up to how many allowed tokens a constrained chain runs on the allowed
+/// candidates alone (beyond, on the masked row, where top-k preselection
+/// skips materialising all candidates).
+const CANDIDATE_LIST_MAX: usize = 4096;
 
 impl Sampler<'_> {
     /// Runs the chain on a logits row (without accepting the result).
@@ -27,6 +33,12 @@ impl Sampler<'_> {
     /// The flag says whether every grammar was asked about the token and
     /// allows it (then accepting it needs no second check).
     pub(super) fn select(&mut self, logits: &[f32]) -> Result<(Token, SamplePath, bool)> {
+        if let Some(mut guide) = self.guide.take() {
+            let picked = self.select_in_mask(&mut guide, logits);
+            self.guide = Some(guide);
+            let (token, path) = picked?;
+            return Ok((token, path, true));
+        }
         if !self.grammar_first && self.kinds.contains(&Kind::Grammar) {
             let (token, path) = self.run_chain(logits, true)?;
             let mut allowed = true;
@@ -118,6 +130,19 @@ impl Sampler<'_> {
                 (0, SamplePath::Full)
             }
         };
+        self.run_children(first, path, skip_grammars, logits.len())
+    }
+
+    /// Runs the chain's samplers from the `first` on the candidates in
+    /// `scratch` (sorted for [`SamplePath::TopK`]), skipping grammars if
+    /// asked, and returns the selected token.
+    fn run_children(
+        &mut self,
+        first: usize,
+        path: SamplePath,
+        skip_grammars: bool,
+        n_vocab: usize,
+    ) -> Result<(Token, SamplePath)> {
         let mut cur = sys::llama_token_data_array {
             data: self.scratch.as_mut_ptr(),
             size: self.scratch.len(),
@@ -149,8 +174,8 @@ impl Sampler<'_> {
         // may replace `data`, but must keep it valid until sampling ends).
         let chosen = unsafe { *cur.data.add(selected) };
         // A custom sampler may have written any id into the candidates.
-        if chosen.id < 0 || chosen.id as usize >= logits.len() {
-            return Err(Error::InvalidToken { token: chosen.id, n_vocab: logits.len() as i32 });
+        if chosen.id < 0 || chosen.id as usize >= n_vocab {
+            return Err(Error::InvalidToken { token: chosen.id, n_vocab: n_vocab as i32 });
         }
         if !skip_grammars
             && self.kinds.contains(&Kind::Grammar)
@@ -159,6 +184,55 @@ impl Sampler<'_> {
             return Err(Error::Grammar("the grammar allows none of the candidate tokens".into()));
         }
         Ok((Token(chosen.id), path))
+    }
+
+    /// Runs the chain on the tokens the constraint allows: a pure greedy
+    /// chain takes the best allowed logit; otherwise the chain sees only
+    /// the allowed candidates when they are few, or the whole row with the
+    /// forbidden logits at -inf (so that top-k preselection still works).
+    /// Either way a random pick follows the constrained distribution.
+    fn select_in_mask(&mut self, guide: &mut Guide, logits: &[f32]) -> Result<(Token, SamplePath)> {
+        let mask = guide.mask()?;
+        let n_vocab = logits.len();
+        let (token, path) = if self.kinds == [Kind::Greedy] {
+            let mut best: Option<(f32, usize)> = None;
+            mask.iter_set_entries(|i| {
+                if let Some(&l) = logits.get(i)
+                    && !l.is_nan()
+                    && best.is_none_or(|(b, _)| l > b)
+                {
+                    best = Some((l, i));
+                }
+            });
+            let id = best.map(|(_, i)| i).or_else(|| mask.first_bit_set()).unwrap_or(0);
+            (Token(id as i32), SamplePath::Greedy)
+        } else if mask.num_set() <= CANDIDATE_LIST_MAX {
+            self.scratch.clear();
+            let scratch = &mut self.scratch;
+            mask.iter_set_entries(|i| {
+                if let Some(&logit) = logits.get(i) {
+                    scratch.push(TokenData { id: i as i32, logit, p: 0.0 });
+                }
+            });
+            self.run_children(0, SamplePath::Full, false, n_vocab)?
+        } else {
+            let mut masked = std::mem::take(&mut self.masked);
+            masked.clear();
+            masked.extend_from_slice(logits);
+            mask.iter_unset_entries(|i| {
+                if let Some(l) = masked.get_mut(i) {
+                    *l = f32::NEG_INFINITY;
+                }
+            });
+            let picked = self.run_chain(&masked, false);
+            self.masked = masked;
+            picked?
+        };
+        // A sampler of the chain (a custom one) may pick any id.
+        if !mask.is_allowed(token.0 as u32) {
+            return Err(Error::Grammar(format!("token {token} was picked, but the constraint forbids it")));
+        }
+        Ok((token, path))
     }
 
     /// Fills `scratch` with the `k` best candidates, sorted by descending

@@ -16,14 +16,17 @@ use llama_suite::model_cache::model_path;
 use proptest::prelude::*;
 use serde_json::{Value, json};
 
-fn vocab() -> &'static Vocab {
+/// The real model, loaded vocab-only.
+pub(super) fn model() -> &'static Model {
     static MODEL: OnceLock<Model> = OnceLock::new();
-    MODEL
-        .get_or_init(|| {
-            let path = model_path().unwrap_or_else(|e| panic!("the real model is needed: {e}"));
-            Model::load(&path, &ModelParams::default().vocab_only(true)).unwrap_or_else(|e| panic!("{e}"))
-        })
-        .vocab()
+    MODEL.get_or_init(|| {
+        let path = model_path().unwrap_or_else(|e| panic!("the real model is needed: {e}"));
+        Model::load(&path, &ModelParams::default().vocab_only(true)).unwrap_or_else(|e| panic!("{e}"))
+    })
+}
+
+fn vocab() -> &'static Vocab {
+    model().vocab()
 }
 
 /// Whether the grammar lets `text` be generated in full and then end:
@@ -50,10 +53,10 @@ fn accepts(gbnf: &str, text: &str) -> bool {
     }
 }
 
-struct Case {
-    schema: Value,
-    valid: &'static [&'static str],
-    invalid: &'static [&'static str],
+pub(super) struct Case {
+    pub(super) schema: Value,
+    pub(super) valid: &'static [&'static str],
+    pub(super) invalid: &'static [&'static str],
 }
 
 fn case(schema: Value, valid: &'static [&'static str], invalid: &'static [&'static str]) -> Case {
@@ -62,7 +65,7 @@ fn case(schema: Value, valid: &'static [&'static str], invalid: &'static [&'stat
 
 /// Documents list properties in the schema's order (see
 /// `properties_come_in_declared_order`).
-fn cases() -> Vec<Case> {
+pub(super) fn cases() -> Vec<Case> {
     vec![
         case(
             json!({"type": "string"}),
@@ -348,9 +351,10 @@ fn json_object_grammar_accepts_objects_only() {
 }
 
 /// Unsupported keywords and constructs: an error naming the JSON pointer.
-#[test]
-fn unsupported_keywords_are_errors_with_their_pointer() {
-    let cases: Vec<(Value, &str, &str)> = vec![
+/// Unsupported keywords and constructs, with the pointer and a word of
+/// the converter's error.
+pub(super) fn unsupported_cases() -> Vec<(Value, &'static str, &'static str)> {
+    vec![
         (json!({"type": "array", "uniqueItems": true}), "/uniqueItems", "uniqueItems"),
         (json!({"type": "number", "multipleOf": 2}), "/multipleOf", "multipleOf"),
         (json!({"not": {"type": "null"}}), "/not", "not"),
@@ -396,8 +400,12 @@ fn unsupported_keywords_are_errors_with_their_pointer() {
             "/properties/x~1y~0z/unevaluatedProperties",
             "unevaluated",
         ),
-    ];
-    for (schema, pointer, needle) in cases {
+    ]
+}
+
+#[test]
+fn unsupported_keywords_are_errors_with_their_pointer() {
+    for (schema, pointer, needle) in unsupported_cases() {
         match schema_to_grammar(&schema) {
             Err(Error::JsonSchema { pointer: p, message }) => {
                 assert_eq!(p, pointer, "{schema}: {message}");

@@ -3,3 +3,4 @@
 
 mod corpus;
 mod real;
+mod guided;

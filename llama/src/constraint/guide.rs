@@ -1,0 +1,149 @@
+//! One request's constraint state: llguidance's matcher over the model's
+//! token table, and the mask of the current position.
+
+use std::sync::Arc;
+
+use llguidance::Matcher;
+use llguidance::api::TopLevelGrammar;
+use llguidance::toktrie::SimpleVob;
+use serde_json::Value;
+
+use super::{Constraint, TokenTable, prepared_schema};
+use crate::error::{Error, Result};
+use crate::vocab::Token;
+
+/// A compiled constraint following one generation.
+pub(crate) struct Guide {
+    table: Arc<TokenTable>,
+    matcher: Matcher,
+    /// The mask of the current position, once computed.
+    mask: Option<SimpleVob>,
+    /// An end-of-generation token was accepted: the document is complete.
+    ended: bool,
+}
+
+impl std::fmt::Debug for Guide {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Guide").field("ended", &self.ended).finish_non_exhaustive()
+    }
+}
+
+fn grammar_error(e: impl std::fmt::Display) -> Error {
+    Error::Grammar(e.to_string())
+}
+
+/// llguidance's refusal of `schema` as [`Error::JsonSchema`], with the
+/// JSON pointer of what it refused where that can be told: the first node
+/// holding a keyword llguidance lists as unimplemented, else the pointer
+/// this crate's own converter refuses (the same construct, where both
+/// refuse), else the root.
+fn schema_error(schema: &Value, message: String) -> Error {
+    let keyword = message
+        .strip_prefix("Unimplemented keys: [\"")
+        .and_then(|rest| rest.split('"').next())
+        .map(str::to_string);
+    let pointer = keyword
+        .and_then(|k| pointer_of_key(schema, &k, String::new()))
+        .or_else(|| match crate::json_schema::schema_to_grammar(schema) {
+            Err(Error::JsonSchema { pointer, .. }) => Some(pointer),
+            _ => None,
+        })
+        .unwrap_or_default();
+    Error::JsonSchema { pointer, message }
+}
+
+/// The JSON pointer of `key` in the first object (document order) under
+/// `node` that holds it.
+fn pointer_of_key(node: &Value, key: &str, at: String) -> Option<String> {
+    let escape = |s: &str| s.replace('~', "~0").replace('/', "~1");
+    match node {
+        Value::Object(map) => {
+            if map.contains_key(key) {
+                return Some(format!("{at}/{}", escape(key)));
+            }
+            map.iter().find_map(|(k, v)| pointer_of_key(v, key, format!("{at}/{}", escape(k))))
+        }
+        Value::Array(items) => items.iter().enumerate().find_map(|(i, v)| pointer_of_key(v, key, format!("{at}/{i}"))),
+        _ => None,
+    }
+}
+
+impl Guide {
+    /// Compiles `constraint` against the model's token table.
+    pub(crate) fn new(table: Arc<TokenTable>, constraint: &Constraint) -> Result<Guide> {
+        let grammar = match constraint {
+            Constraint::JsonSchema { schema, options } => {
+                TopLevelGrammar::from_json_schema(prepared_schema(schema, options))
+            }
+            Constraint::Regex(rx) => TopLevelGrammar::from_regex(rx),
+            Constraint::Lark(lark) => TopLevelGrammar::from_lark(lark.clone()),
+        };
+        let parser = table.factory.create_parser(grammar).map_err(|e| match constraint {
+            Constraint::JsonSchema { schema, .. } => schema_error(schema, e.to_string()),
+            _ => grammar_error(e),
+        })?;
+        let matcher = Matcher::new(Ok(parser));
+        if let Some(e) = matcher.get_error() {
+            return Err(Error::Grammar(e));
+        }
+        Ok(Guide { table, matcher, mask: None, ended: false })
+    }
+
+    fn is_eog(&self, token: Token) -> bool {
+        self.table.factory.tok_env().tok_trie().eos_tokens().contains(&(token.0 as u32))
+    }
+
+    /// The tokens allowed next (computed once per position).
+    pub(crate) fn mask(&mut self) -> Result<&SimpleVob> {
+        if self.ended {
+            return Err(Error::Grammar("the constrained document has ended".into()));
+        }
+        if self.mask.is_none() {
+            let mask = self.matcher.compute_mask_or_eos().map_err(grammar_error)?;
+            if mask.is_zero() {
+                return Err(Error::Grammar("the constraint allows no token here".into()));
+            }
+            self.mask = Some(mask);
+        }
+        Ok(self.mask.as_ref().unwrap_or_else(|| unreachable!("just computed")))
+    }
+
+    /// Whether `token` may come next: the mask if it is computed, else
+    /// llguidance's check of that one token (cheaper than a mask).
+    pub(crate) fn allows(&mut self, token: Token) -> Result<bool> {
+        if self.ended || token.0 < 0 {
+            return Ok(false);
+        }
+        if let Some(mask) = &self.mask {
+            return Ok(mask.is_allowed(token.0 as u32));
+        }
+        if self.is_eog(token) {
+            return self.matcher.is_accepting().map_err(grammar_error);
+        }
+        let n = self.matcher.validate_tokens(&[token.0 as u32]).map_err(grammar_error)?;
+        Ok(n == 1)
+    }
+
+    /// Moves past `token`, which [`Guide::allows`] or the mask allowed.
+    pub(crate) fn consume(&mut self, token: Token) -> Result<()> {
+        self.mask = None;
+        if self.is_eog(token) {
+            // The document is complete; llguidance needs no end token.
+            self.ended = true;
+            return Ok(());
+        }
+        self.matcher.consume_token(token.0 as u32).map_err(grammar_error)
+    }
+
+    /// Starts the document over.
+    pub(crate) fn reset(&mut self) -> Result<()> {
+        self.mask = None;
+        self.ended = false;
+        self.matcher.reset().map_err(grammar_error)
+    }
+
+    /// An independent copy with the same state.
+    pub(crate) fn deep_clone(&self) -> Guide {
+        Guide { table: self.table.clone(), matcher: self.matcher.deep_clone(), mask: self.mask.clone(), ended: self.ended }
+    }
+}

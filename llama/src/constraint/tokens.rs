@@ -1,0 +1,82 @@
+//! The model's vocabulary as llguidance sees it: each token's bytes in a
+//! trie, built once per model and shared by every constrained request.
+
+use std::sync::Arc;
+
+use llguidance::ParserFactory;
+use llguidance::api::ParserLimits;
+use llguidance::toktrie::{ApproximateTokEnv, TokEnv, TokRxInfo, TokTrie};
+
+use crate::error::{Error, Result};
+use crate::vocab::{Special, Token, Vocab};
+
+/// The budget of one token mask (llguidance's [`ParserLimits`]): Earley
+/// items and lexer fuel spent computing it. A mask that would cost more
+/// fails, and the request with it, instead of holding a thread.
+/// llguidance's documented speeds (20,000 items and 14,000 fuel per
+/// millisecond) put this budget at about 2.5 ms + 3.5 ms; measured in
+/// docs/structured-output.md.
+pub const STEP_MAX_ITEMS: usize = 50_000;
+/// See [`STEP_MAX_ITEMS`].
+pub const STEP_LEXER_FUEL: u64 = 50_000;
+
+/// llguidance's grammar compiler for one model's vocabulary: its token
+/// trie and the per-vocabulary tables its masks are computed with.
+pub(crate) struct TokenTable {
+    pub(crate) factory: ParserFactory,
+}
+
+impl std::fmt::Debug for TokenTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TokenTable").field("n_vocab", &self.factory.tok_env().tok_trie().vocab_size()).finish()
+    }
+}
+
+impl TokenTable {
+    /// Builds the table of `vocab`: every token's text as llama.cpp
+    /// renders it, control tokens as `0xFF` + their markup (llguidance's
+    /// convention for tokens no text can produce), the end-of-generation
+    /// tokens as the tokens that end a document.
+    pub(crate) fn build(vocab: &Vocab) -> Result<Arc<TokenTable>> {
+        let n = vocab.n_tokens();
+        let mut words = Vec::with_capacity(n);
+        let mut eog = Vec::new();
+        for id in 0..n as i32 {
+            let token = Token(id);
+            let mut bytes = vocab.token_to_piece(token, Special::Plain)?;
+            if bytes.is_empty() {
+                let markup = vocab.token_to_piece(token, Special::Markup)?;
+                if !markup.is_empty() {
+                    bytes = Vec::with_capacity(markup.len() + 1);
+                    bytes.push(0xFF);
+                    bytes.extend_from_slice(&markup);
+                }
+            }
+            words.push(bytes);
+            if vocab.is_eog(token) {
+                eog.push(id as u32);
+            }
+        }
+        let eos = vocab.eos().or_else(|| vocab.eot()).map(|t| t.0 as u32).or_else(|| eog.first().copied());
+        let Some(eos) = eos else {
+            return Err(Error::Grammar("the model has no end-of-generation token to end a constrained document".into()));
+        };
+        if eog.is_empty() {
+            eog.push(eos);
+        }
+        let mut info = TokRxInfo::new(n as u32, eos);
+        info.tok_bos = vocab.bos().map(|t| t.0 as u32);
+        let trie = TokTrie::from(&info, &words).with_eos_tokens(&eog);
+        let env: TokEnv = Arc::new(ApproximateTokEnv::new(trie));
+        let mut factory = ParserFactory::new_simple(&env).map_err(|e| Error::Grammar(e.to_string()))?;
+        factory.quiet();
+        *factory.limits_mut() = ParserLimits {
+            step_max_items: STEP_MAX_ITEMS,
+            step_lexer_fuel: STEP_LEXER_FUEL,
+            // Errors name the grammar's problem, not its whole state.
+            verbose_errors: false,
+            ..ParserLimits::default()
+        };
+        Ok(Arc::new(TokenTable { factory }))
+    }
+}

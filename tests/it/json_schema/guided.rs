@@ -1,0 +1,136 @@
+//! Issue 28: the same corpus through llguidance (`llama::constraint`):
+//! each valid document passes the constraint token by token and may end,
+//! each invalid one is refused somewhere, with JSON Schema's own semantics
+//! and with this crate's tightenings.
+
+use llama::constraint::{Constraint, JsonOptions};
+use llama::{AddBos, Error, SamplerChain, Special};
+use serde_json::{Value, json};
+
+use super::corpus::{cases, model, unsupported_cases};
+
+/// Whether the constraint lets `text` be generated in full and then end.
+fn accepts(constraint: &Constraint, text: &str) -> bool {
+    let model = model();
+    let vocab = model.vocab();
+    let mut sampler = SamplerChain::new().constraint(model, constraint).greedy().build().unwrap();
+    let tokens = vocab.tokenize(text, AddBos::No).unwrap();
+    assert_eq!(vocab.detokenize(&tokens, AddBos::No, Special::Plain).unwrap(), text, "tokenization round trip");
+    for &t in tokens.iter().chain(vocab.eos().as_ref()) {
+        match sampler.accept(t) {
+            Ok(()) => {}
+            Err(Error::Grammar(_)) => return false,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    true
+}
+
+fn schema(schema: &Value, options: JsonOptions) -> Constraint {
+    Constraint::json_schema(schema.clone()).with_json_options(options)
+}
+
+/// Where llguidance and the GBNF converter disagree on the corpus, each
+/// for a reason in llguidance (case index, document):
+/// - case 25, `"x\""` against `^[^a-c"]{2}$`: llguidance lets the escaped
+///   quote through a negated class that excludes `"`;
+/// - case 26, `"2023-02-29"` and `"1900-02-29"` against `format: date`:
+///   llguidance's date format checks day 01-31 but not month lengths or
+///   leap years.
+const LLGUIDANCE_ACCEPTS_INVALID: &[(usize, &str)] =
+    &[(25, r#""x\"""#), (26, r#""2023-02-29""#), (26, r#""1900-02-29""#)];
+
+/// And the valid documents llguidance refuses: case 0's string with the
+/// escape `\/` (llguidance never writes `\/`, since `/` needs no escape;
+/// it cannot be told to accept it).
+const LLGUIDANCE_REFUSES_VALID: &[(usize, &str)] = &[(0, r#""esc \" \\ \n \u00e9 \/""#)];
+
+#[test]
+fn corpus_valid_documents_pass_and_invalid_ones_are_refused() {
+    let (mut n_valid, mut n_invalid, mut n_known) = (0, 0, 0);
+    let mut failures = Vec::new();
+    for (i, c) in cases().iter().enumerate() {
+        for options in [JsonOptions::default(), JsonOptions::tight()] {
+            let constraint = schema(&c.schema, options);
+            if let Err(e) = SamplerChain::new().constraint(model(), &constraint).greedy().build() {
+                failures.push(format!("case {i} {options:?}: {} does not compile: {e}", c.schema));
+                continue;
+            }
+            for doc in c.valid {
+                let known = LLGUIDANCE_REFUSES_VALID.contains(&(i, doc));
+                if accepts(&constraint, doc) == known {
+                    failures.push(format!("case {i} {options:?}: valid {doc} refused: {known} expected ({})", c.schema));
+                }
+                n_known += usize::from(known);
+                n_valid += 1;
+            }
+            for doc in c.invalid {
+                let known = LLGUIDANCE_ACCEPTS_INVALID.contains(&(i, doc));
+                if accepts(&constraint, doc) != known {
+                    failures.push(format!("case {i} {options:?}: invalid {doc} accepted: {known} expected ({})", c.schema));
+                }
+                n_known += usize::from(known);
+                n_invalid += 1;
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
+    assert_eq!(n_known, 2 * (LLGUIDANCE_ACCEPTS_INVALID.len() + LLGUIDANCE_REFUSES_VALID.len()));
+    println!(
+        "{} schemas x 2 options: {n_valid} valid and {n_invalid} invalid documents, {n_known} known exceptions",
+        cases().len(),
+    );
+}
+
+/// The converter's unsupported cases that llguidance supports (by the
+/// pointer the converter names): it implements these keywords, bounds
+/// and constructs.
+const LLGUIDANCE_SUPPORTS: &[&str] = &[
+    "/properties/a/patternProperties",
+    "/minProperties",
+    "/multipleOf",
+    "/format",
+    "/minimum",
+    "/anyOf/1",
+    "/$defs/b/anyOf/0/$ref",
+    "/required",
+    "/minItems",
+    "/properties/a/$anchor",
+    "/maxLength",
+];
+
+/// Every other unsupported case is still an error, naming the same JSON
+/// pointer as the converter's.
+#[test]
+fn unsupported_keywords_are_errors_with_their_pointer() {
+    let mut refused = 0;
+    for (schema, pointer, _) in unsupported_cases() {
+        let built = SamplerChain::new().constraint(model(), &Constraint::json_schema(schema.clone())).greedy().build();
+        match built {
+            Ok(_) => assert!(LLGUIDANCE_SUPPORTS.contains(&pointer), "{schema}: compiled, expected an error at {pointer}"),
+            Err(Error::JsonSchema { pointer: p, message }) => {
+                assert!(!LLGUIDANCE_SUPPORTS.contains(&pointer), "{schema}: refused: {message}");
+                assert_eq!(p, pointer, "{schema}: {message}");
+                refused += 1;
+            }
+            Err(e) => panic!("{schema}: expected a JsonSchema error at {pointer}, got {e:?}"),
+        }
+    }
+    assert_eq!(refused, unsupported_cases().len() - LLGUIDANCE_SUPPORTS.len());
+}
+
+#[test]
+fn regex_and_lark_constraints() {
+    let digits = Constraint::regex(r"[0-9]{3}-[a-z]+");
+    assert!(accepts(&digits, "123-abc"));
+    assert!(!accepts(&digits, "12-abc"));
+    assert!(!accepts(&digits, "123-"), "cannot end before a letter");
+    let lark = Constraint::lark(r#"start: "yes" | "no" | "maybe " NUMBER
+NUMBER: /[0-9]+/"#);
+    assert!(accepts(&lark, "maybe 42"));
+    assert!(accepts(&lark, "no"));
+    assert!(!accepts(&lark, "nope"));
+    let bad = SamplerChain::new().constraint(model(), &Constraint::regex("(unclosed")).greedy().build();
+    assert!(matches!(bad, Err(Error::Grammar(_))), "{bad:?}");
+    let _ = json!(null);
+}
