@@ -10,7 +10,10 @@
 //!
 //! With `--json-schema FILE` (output valid against that JSON Schema) or
 //! `--json` (any JSON object), stdout is the JSON document alone; a schema
-//! the converter cannot express exactly is a one-line error.
+//! that cannot be enforced is a one-line error. Constraints (these,
+//! `--regex` and `--lark`) run through llguidance (`llama::constraint`);
+//! `--json-gbnf` converts the schema to GBNF for llama.cpp's grammar
+//! sampler instead (for comparison).
 //!
 //! Without `--model`, the model is `LLAMA_MODEL` or the default model
 //! (Gemma 3 270M Q4_K_M), fetched and cached on first use. Ctrl-C stops the
@@ -23,6 +26,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use llama::chat::RenderOptions;
+use llama::constraint::{Constraint, JsonOptions};
 use llama::generate::{FinishReason, GenerateOptions, Overflow, Session};
 use llama::{AddBos, ChatFormat, ChatMessage, ContextParams, Model, ModelParams, Sampler, SamplerChain};
 
@@ -82,9 +86,30 @@ struct Args {
     /// Wrap the prompt in the model's chat template as a user message.
     #[arg(long)]
     chat: bool,
-    /// Constrain the output with a GBNF grammar file (root rule `root`).
-    #[arg(long, conflicts_with_all = ["json_schema", "json"])]
+    /// Constrain the output with a GBNF grammar file (root rule `root`),
+    /// through llama.cpp's grammar sampler.
+    #[arg(long, conflicts_with_all = ["json_schema", "json", "regex", "lark"])]
     grammar: Option<PathBuf>,
+    /// Constrain the output to match this regex in full.
+    #[arg(long, conflicts_with_all = ["json_schema", "json", "lark"])]
+    regex: Option<String>,
+    /// Constrain the output with a Lark grammar file (llguidance's dialect,
+    /// start rule `start`).
+    #[arg(long, conflicts_with_all = ["json_schema", "json"])]
+    lark: Option<PathBuf>,
+    /// With --json-schema/--json: JSON Schema's own semantics (undeclared
+    /// properties allowed, any whitespace) instead of this crate's
+    /// tightenings for small models (bounded whitespace, no undeclared
+    /// properties), with which a small base model stops.
+    #[arg(long)]
+    json_spec: bool,
+    /// With --json-schema: how deep a recursive schema may nest.
+    #[arg(long, default_value_t = llama::constraint::JsonOptions::DEFAULT_MAX_DEPTH)]
+    json_max_depth: usize,
+    /// With --json-schema/--json: convert to GBNF and constrain with
+    /// llama.cpp's grammar sampler instead of llguidance.
+    #[arg(long)]
+    json_gbnf: bool,
     /// Constrain the output to JSON valid against this JSON Schema file;
     /// stdout is then the JSON document only.
     #[arg(long, conflicts_with = "json")]
@@ -93,9 +118,10 @@ struct Args {
     /// document only.
     #[arg(long)]
     json: bool,
-    /// Mask the vocabulary with the grammar before every pick (exact for
-    /// random sampling, much slower); by default the pick is checked
-    /// against the grammar first.
+    /// With a GBNF grammar: mask the vocabulary with it before every pick
+    /// (exact for random sampling, much slower); by default the pick is
+    /// checked against the grammar first. (llguidance constraints always
+    /// mask first.)
     #[arg(long)]
     grammar_first: bool,
     /// Stop when this text appears (repeatable).
@@ -125,14 +151,7 @@ fn run(args: &Args) -> Result<(), BoxError> {
         (None, None) => return Err("no prompt: pass --prompt TEXT or --file PATH".into()),
     };
     let json = args.json || args.json_schema.is_some();
-    let grammar = match (&args.grammar, &args.json_schema) {
-        (Some(f), _) => {
-            Some(std::fs::read_to_string(f).map_err(|e| format!("cannot read grammar {}: {e}", f.display()))?)
-        }
-        (None, Some(f)) => Some(json_schema_grammar(f)?),
-        (None, None) if args.json => Some(llama::json_schema::json_grammar().to_string()),
-        (None, None) => None,
-    };
+    let constrain = constrain(args)?;
     let model_path = match &args.model {
         Some(p) => p.clone(),
         None => llama_suite::model_cache::model_path()?,
@@ -163,7 +182,7 @@ fn run(args: &Args) -> Result<(), BoxError> {
         params = params.n_threads(t).n_threads_batch(t);
     }
     let mut ctx = model.new_context(&params)?;
-    let mut sampler = build_sampler(args, &model, grammar.as_deref())?;
+    let mut sampler = build_sampler(args, &model, constrain.as_ref())?;
 
     let abort = ctx.abort_handle();
     ctrlc::set_handler(move || abort.abort()).map_err(|e| format!("cannot install the Ctrl-C handler: {e}"))?;
@@ -191,7 +210,10 @@ fn run(args: &Args) -> Result<(), BoxError> {
         result?;
         if generation.finish_reason() != Some(&FinishReason::EndOfGeneration) {
             let why = generation.finish_reason().map_or_else(|| "unknown".to_string(), ToString::to_string);
-            return Err(format!("the JSON document is incomplete (generation ended: {why})").into());
+            let tail: String = document.chars().rev().take(120).collect::<Vec<_>>().into_iter().rev().collect();
+            return Err(
+                format!("the JSON document is incomplete (generation ended: {why}); it ended with {tail:?}").into()
+            );
         }
         writeln!(stdout, "{}", document.trim())?;
         return Ok(());
@@ -214,18 +236,47 @@ fn run(args: &Args) -> Result<(), BoxError> {
     Ok(())
 }
 
-/// The GBNF grammar of a JSON Schema file.
-fn json_schema_grammar(path: &std::path::Path) -> Result<String, BoxError> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read JSON schema {}: {e}", path.display()))?;
-    let schema: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| format!("{} is not JSON: {e}", path.display()))?;
-    Ok(llama::json_schema::schema_to_grammar(&schema).map_err(|e| format!("{}: {e}", path.display()))?)
+/// What the output is constrained by.
+enum Constrain {
+    Gbnf(String),
+    Guidance(Constraint),
 }
 
-fn build_sampler<'m>(args: &Args, model: &'m Model, grammar: Option<&str>) -> llama::Result<Sampler<'m>> {
+fn read(path: &std::path::Path, what: &str) -> Result<String, BoxError> {
+    Ok(std::fs::read_to_string(path).map_err(|e| format!("cannot read {what} {}: {e}", path.display()))?)
+}
+
+fn constrain(args: &Args) -> Result<Option<Constrain>, BoxError> {
+    let schema = match (&args.json_schema, args.json) {
+        (Some(path), _) => Some(
+            serde_json::from_str::<serde_json::Value>(&read(path, "JSON schema")?)
+                .map_err(|e| format!("{} is not JSON: {e}", path.display()))?,
+        ),
+        (None, true) => Some(serde_json::json!({"type": "object"})),
+        (None, false) => None,
+    };
+    Ok(match (&args.grammar, &args.regex, &args.lark, schema) {
+        (Some(path), ..) => Some(Constrain::Gbnf(read(path, "grammar")?)),
+        (_, Some(regex), ..) => Some(Constrain::Guidance(Constraint::regex(regex))),
+        (_, _, Some(path), _) => Some(Constrain::Guidance(Constraint::lark(read(path, "Lark grammar")?))),
+        (_, _, _, Some(schema)) if args.json_gbnf => Some(Constrain::Gbnf(
+            llama::json_schema::schema_to_grammar(&schema).map_err(|e| format!("the JSON schema: {e}"))?,
+        )),
+        (_, _, _, Some(schema)) => {
+            let options = if args.json_spec { JsonOptions::default() } else { JsonOptions::tight() };
+            let options = JsonOptions { max_depth: args.json_max_depth, ..options };
+            Some(Constrain::Guidance(Constraint::json_schema(schema).with_json_options(options)))
+        }
+        _ => None,
+    })
+}
+
+fn build_sampler<'m>(args: &Args, model: &'m Model, constrain: Option<&Constrain>) -> llama::Result<Sampler<'m>> {
     let mut chain = SamplerChain::new().grammar_first(args.grammar_first);
-    if let Some(gbnf) = grammar {
-        chain = chain.grammar(model.vocab(), gbnf, "root");
+    match constrain {
+        Some(Constrain::Gbnf(gbnf)) => chain = chain.grammar(model.vocab(), gbnf, "root"),
+        Some(Constrain::Guidance(c)) => chain = chain.constraint(model, c),
+        None => {}
     }
     if args.greedy {
         return chain.greedy().build();

@@ -69,13 +69,22 @@ fn fresh_seed() -> u32 {
     ((x ^ (x >> 29)) as u32) ^ nanos
 }
 
+/// What a request's output is constrained by: a GBNF grammar (the
+/// `grammar` extension field, forced tool calls) for llama.cpp's grammar
+/// sampler, or an llguidance constraint (`response_format`).
+#[derive(Clone, Debug)]
+pub enum Constrain {
+    Gbnf(String),
+    Guided(llama::constraint::Constraint),
+}
+
 /// The engine's sampling for choice `choice` (seeds differ per choice, so
 /// `n` sampled choices differ).
 pub fn sampling_params(
     s: &Sampling,
     vocab: &Vocab,
     top_logprobs: Option<usize>,
-    grammar: Option<&str>,
+    constrain: Option<&Constrain>,
     choice: usize,
 ) -> Result<SamplingParams, ApiError> {
     let mut p = SamplingParams::greedy()
@@ -108,8 +117,10 @@ pub fn sampling_params(
         }
         p = p.logit_bias(list);
     }
-    if let Some(g) = grammar.or(s.grammar.as_deref()) {
-        p = p.grammar(g);
+    match (constrain, &s.grammar) {
+        (Some(Constrain::Guided(c)), _) => p = p.constraint(c.clone()),
+        (Some(Constrain::Gbnf(g)), _) | (None, Some(g)) => p = p.grammar(g.clone()),
+        (None, None) => {}
     }
     if let Some(top) = top_logprobs {
         p = p.logprobs(top);

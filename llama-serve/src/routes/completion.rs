@@ -101,7 +101,7 @@ pub async fn chat(State(state): State<Arc<AppState>>, request: axum::extract::Re
             let requests = (0..n)
                 .map(|j| {
                     let sampling =
-                        generation::sampling_params(&req.sampling, ready.model.vocab(), top, grammar.as_deref(), j)?;
+                        generation::sampling_params(&req.sampling, ready.model.vocab(), top, grammar.as_ref(), j)?;
                     Ok(Request::new(prompt.clone())
                         .max_tokens(max_tokens)
                         .stop(stops.clone())

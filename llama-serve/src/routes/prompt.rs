@@ -5,12 +5,13 @@
 //! run on the blocking pool ([`super::off_runtime`]).
 
 use llama::chat::RenderOptions;
+use llama::constraint::{Constraint, JsonOptions};
 use llama::engine::Prompt;
 use llama::{AddBos, Special, Token, Vocab};
 use serde_json::{Value, json};
 
 use crate::content::{self, ContentError};
-use crate::generation::{self, MAX_CHOICES};
+use crate::generation::{self, Constrain, MAX_CHOICES};
 use crate::openai::{ApiError, ChatRequest, CompletionRequest, PromptInput, ResponseFormat};
 use crate::state::Ready;
 use crate::tools::{self, ToolChoice, ToolFormat, Tools};
@@ -80,13 +81,13 @@ fn check_message(i: usize, m: &Value) -> Result<(), ApiError> {
     }
 }
 
-/// The chat request's prompt and grammar.
+/// The chat request's prompt and constraint.
 pub(super) fn chat_prompt(
     ready: &Ready,
     req: &ChatRequest,
     tools: Option<&Tools>,
     special_in_content: bool,
-) -> Result<(Prompt, Option<String>), ApiError> {
+) -> Result<(Prompt, Option<Constrain>), ApiError> {
     for (i, m) in req.messages.iter().enumerate() {
         check_message(i, m)?;
     }
@@ -107,16 +108,18 @@ pub(super) fn chat_prompt(
     for (k, v) in req.chat_template_kwargs.iter().flatten() {
         options = options.var(k.clone(), v.clone());
     }
+    // JSON through llguidance with the tightenings for small models
+    // (bounded whitespace, no undeclared properties, bounded numbers and
+    // recursion), as the GBNF converter wrote it before; compiled when the
+    // engine takes the request (a bad schema is a 400 on response_format).
+    let json =
+        |schema: Value| Constrain::Guided(Constraint::json_schema(schema).with_json_options(JsonOptions::tight()));
     let grammar = match (tools.filter(|t| t.forced()), &req.response_format) {
-        (Some(forced), _) => Some(tools::forcing_grammar(ready.tool_format, forced)?),
+        (Some(forced), _) => Some(Constrain::Gbnf(tools::forcing_grammar(ready.tool_format, forced)?)),
         (None, None | Some(ResponseFormat::Text)) => None,
-        (None, Some(ResponseFormat::JsonObject)) => Some(llama::json_schema::json_grammar().to_owned()),
+        (None, Some(ResponseFormat::JsonObject)) => Some(json(json!({"type": "object"}))),
         (None, Some(ResponseFormat::JsonSchema { json_schema })) => {
-            let schema = json_schema.schema.clone().unwrap_or(json!({}));
-            Some(
-                llama::json_schema::schema_to_grammar(&schema)
-                    .map_err(|e| ApiError::bad_request(e.to_string()).param("response_format"))?,
-            )
+            Some(json(json_schema.schema.clone().unwrap_or(json!({}))))
         }
     };
     let vocab = ready.model.vocab();

@@ -10,6 +10,7 @@ use serde_json::Value;
 
 use super::{Constraint, TokenTable, prepared_schema};
 use crate::error::{Error, Result};
+use crate::stack::with_stack;
 use crate::vocab::Token;
 
 /// A compiled constraint following one generation.
@@ -32,16 +33,33 @@ fn grammar_error(e: impl std::fmt::Display) -> Error {
     Error::Grammar(e.to_string())
 }
 
+/// The deepest [`JsonOptions::max_depth`](super::JsonOptions::max_depth)
+/// accepted: llguidance's schema compiler recurses through every level.
+pub const MAX_DEPTH: usize = 64;
+
+/// Stack bytes llguidance's schema compiler uses per nesting level of a
+/// schema (each recursive level unrolled counts as one more): a 16-level
+/// tree compiled on a 256 KiB stack and a 32-level one did not, so about
+/// 16 KiB, times 4 for other targets and builds.
+const COMPILE_STACK_PER_LEVEL: usize = 64 << 10;
+
+/// How deep `value` nests (objects and arrays).
+fn nesting(value: &Value) -> usize {
+    match value {
+        Value::Object(map) => 1 + map.values().map(nesting).max().unwrap_or(0),
+        Value::Array(items) => 1 + items.iter().map(nesting).max().unwrap_or(0),
+        _ => 0,
+    }
+}
+
 /// llguidance's refusal of `schema` as [`Error::JsonSchema`], with the
 /// JSON pointer of what it refused where that can be told: the first node
 /// holding a keyword llguidance lists as unimplemented, else the pointer
 /// this crate's own converter refuses (the same construct, where both
 /// refuse), else the root.
 fn schema_error(schema: &Value, message: String) -> Error {
-    let keyword = message
-        .strip_prefix("Unimplemented keys: [\"")
-        .and_then(|rest| rest.split('"').next())
-        .map(str::to_string);
+    let keyword =
+        message.strip_prefix("Unimplemented keys: [\"").and_then(|rest| rest.split('"').next()).map(str::to_string);
     let pointer = keyword
         .and_then(|k| pointer_of_key(schema, &k, String::new()))
         .or_else(|| match crate::json_schema::schema_to_grammar(schema) {
@@ -71,17 +89,26 @@ fn pointer_of_key(node: &Value, key: &str, at: String) -> Option<String> {
 impl Guide {
     /// Compiles `constraint` against the model's token table.
     pub(crate) fn new(table: Arc<TokenTable>, constraint: &Constraint) -> Result<Guide> {
-        let grammar = match constraint {
+        let (grammar, stack) = match constraint {
             Constraint::JsonSchema { schema, options } => {
-                TopLevelGrammar::from_json_schema(prepared_schema(schema, options))
+                if options.max_depth > MAX_DEPTH {
+                    return Err(Error::InvalidParameter {
+                        name: "max_depth",
+                        message: format!("must be at most {MAX_DEPTH}, got {}", options.max_depth),
+                    });
+                }
+                let stack = (options.max_depth + 1 + nesting(schema)) * COMPILE_STACK_PER_LEVEL;
+                (TopLevelGrammar::from_json_schema(prepared_schema(schema, options)), stack)
             }
-            Constraint::Regex(rx) => TopLevelGrammar::from_regex(rx),
-            Constraint::Lark(lark) => TopLevelGrammar::from_lark(lark.clone()),
+            Constraint::Regex(rx) => (TopLevelGrammar::from_regex(rx), 0),
+            Constraint::Lark(lark) => (TopLevelGrammar::from_lark(lark.clone()), 0),
         };
-        let parser = table.factory.create_parser(grammar).map_err(|e| match constraint {
-            Constraint::JsonSchema { schema, .. } => schema_error(schema, e.to_string()),
-            _ => grammar_error(e),
-        })?;
+        let factory = &table.factory;
+        let parser =
+            with_stack("the constraint", stack, || factory.create_parser(grammar))?.map_err(|e| match constraint {
+                Constraint::JsonSchema { schema, .. } => schema_error(schema, e.to_string()),
+                _ => grammar_error(e),
+            })?;
         let matcher = Matcher::new(Ok(parser));
         if let Some(e) = matcher.get_error() {
             return Err(Error::Grammar(e));
@@ -144,6 +171,11 @@ impl Guide {
 
     /// An independent copy with the same state.
     pub(crate) fn deep_clone(&self) -> Guide {
-        Guide { table: self.table.clone(), matcher: self.matcher.deep_clone(), mask: self.mask.clone(), ended: self.ended }
+        Guide {
+            table: self.table.clone(),
+            matcher: self.matcher.deep_clone(),
+            mask: self.mask.clone(),
+            ended: self.ended,
+        }
     }
 }

@@ -52,6 +52,7 @@ use std::collections::HashSet;
 use serde_json::Value;
 
 pub(crate) use guide::Guide;
+pub use guide::MAX_DEPTH;
 pub(crate) use tokens::TokenTable;
 pub use tokens::{STEP_LEXER_FUEL, STEP_MAX_ITEMS};
 
@@ -119,11 +120,14 @@ pub struct JsonOptions {
     /// it said `"additionalProperties": false`; members of an `allOf` are
     /// left alone, since each would forbid the others' properties.
     /// `false` (the default): JSON Schema's rule, other properties allowed.
+    /// Also bounds integers without a `minimum`/`maximum` to 16 digits
+    /// (outside `allOf` members), as the GBNF converter does.
     pub no_additional_properties: bool,
     /// How deep values may nest through a recursive `$ref` (a `$ref` that
     /// can reach itself): the innermost level allows no further
-    /// recursion, so a greedy model closes its document. Default
-    /// [`JsonOptions::DEFAULT_MAX_DEPTH`].
+    /// recursion (a model may still add siblings: bound arrays with
+    /// `maxItems` for that). Default [`JsonOptions::DEFAULT_MAX_DEPTH`], at
+    /// most [`MAX_DEPTH`].
     pub max_depth: usize,
 }
 
@@ -157,7 +161,9 @@ pub(crate) fn prepared_schema(schema: &Value, options: &JsonOptions) -> Value {
     if options.no_additional_properties {
         let mut keep_open = HashSet::new();
         all_of_refs(&out, &mut keep_open);
-        close_objects(&mut out, String::new(), false, &keep_open);
+        let root = out.clone();
+        let tighten = Tighten { root: &root, keep_open: &keep_open };
+        tighten.close_objects(&mut out, String::new(), false);
     }
     let Value::Object(root) = &mut out else { return out };
     if options.bounded_whitespace && !root.contains_key("x-guidance") {
@@ -187,50 +193,123 @@ fn all_of_refs(node: &Value, out: &mut HashSet<String>) {
     }
 }
 
-/// Adds `"additionalProperties": false` to every object schema under
-/// `node` (at JSON pointer `at`) that declares `properties` and says
-/// nothing about other ones, except members of an `allOf` (`in_all_of`)
-/// and what they refer to (`keep_open`).
-fn close_objects(node: &mut Value, at: String, in_all_of: bool, keep_open: &HashSet<String>) {
-    match node {
-        Value::Object(map) => {
-            let open = map.get("properties").is_some_and(Value::is_object)
-                && !["additionalProperties", "patternProperties", "unevaluatedProperties"]
-                    .iter()
-                    .any(|k| map.contains_key(*k));
-            if open && !in_all_of && !keep_open.contains(&at) {
-                map.insert("additionalProperties".into(), Value::Bool(false));
+/// The bound [`JsonOptions::tight`] gives integers without one: 16 digits.
+const MAX_MAGNITUDE: i64 = 9_999_999_999_999_999;
+
+/// The pass of [`JsonOptions::tight`] over a schema.
+struct Tighten<'a> {
+    /// The schema before the pass, to resolve `allOf` members' `$ref`s.
+    root: &'a Value,
+    /// The pointers `allOf` members refer to (see [`all_of_refs`]).
+    keep_open: &'a HashSet<String>,
+}
+
+/// The keywords that already say what an object allows beyond its
+/// declared properties.
+const OPEN_KEYWORDS: [&str; 3] = ["additionalProperties", "patternProperties", "unevaluatedProperties"];
+
+impl Tighten<'_> {
+    /// The names an `allOf` of object schemas declares, if every member
+    /// is one that allows no other names of its own accord: closing the
+    /// parent over them keeps what the members allow together.
+    fn all_of_names(&self, members: &[Value]) -> Option<Vec<String>> {
+        let mut names = Vec::new();
+        for member in members {
+            let member = match member.get("$ref") {
+                Some(Value::String(r)) => self.root.pointer(r.strip_prefix('#')?)?,
+                _ => member,
+            };
+            let map = member.as_object()?;
+            if OPEN_KEYWORDS.iter().any(|k| map.get(*k).is_some_and(|v| v != &Value::Bool(false)))
+                || map.contains_key("allOf")
+            {
+                return None;
             }
-            for (key, value) in map.iter_mut() {
-                let here = format!("{at}/{}", key.replace('~', "~0").replace('/', "~1"));
-                match key.as_str() {
-                    // Names, not schemas: descend into each one's schema.
-                    "properties" | "$defs" | "definitions" | "patternProperties" | "dependentSchemas" => {
-                        if let Value::Object(named) = value {
-                            for (name, v) in named.iter_mut() {
-                                let there = format!("{here}/{}", name.replace('~', "~0").replace('/', "~1"));
-                                close_objects(v, there, false, keep_open);
-                            }
-                        }
-                    }
-                    "allOf" => {
-                        if let Value::Array(members) = value {
-                            for (i, v) in members.iter_mut().enumerate() {
-                                close_objects(v, format!("{here}/{i}"), true, keep_open);
-                            }
-                        }
-                    }
-                    "enum" | "const" | "default" | "examples" | "x-guidance" => {}
-                    _ => close_objects(value, here, false, keep_open),
+            for name in map.get("properties").and_then(Value::as_object).into_iter().flat_map(|p| p.keys()) {
+                if !names.contains(name) {
+                    names.push(name.clone());
                 }
             }
         }
-        Value::Array(items) => {
-            for (i, v) in items.iter_mut().enumerate() {
-                close_objects(v, format!("{at}/{i}"), false, keep_open);
+        Some(names)
+    }
+
+    /// Adds `"additionalProperties": false` to every object schema under
+    /// `node` (at JSON pointer `at`) that declares `properties` and says
+    /// nothing about other ones, except members of an `allOf` (`in_all_of`)
+    /// and what they refer to; a parent of an `allOf` of object schemas is
+    /// closed over the names they declare instead. Integers get bounds.
+    fn close_objects(&self, node: &mut Value, at: String, in_all_of: bool) {
+        let escape = |s: &str| s.replace('~', "~0").replace('/', "~1");
+        match node {
+            Value::Object(map) => {
+                let says_nothing = !OPEN_KEYWORDS.iter().any(|k| map.contains_key(*k));
+                let open = map.get("properties").is_some_and(Value::is_object) && says_nothing;
+                let all_of = match map.get("allOf") {
+                    Some(Value::Array(members)) if says_nothing && !in_all_of => self.all_of_names(members),
+                    _ => None,
+                };
+                if let Some(names) = all_of {
+                    let properties = map.entry("properties").or_insert_with(|| Value::Object(Default::default()));
+                    if let Value::Object(properties) = properties {
+                        for name in names {
+                            properties.entry(name).or_insert_with(|| Value::Object(Default::default()));
+                        }
+                    }
+                    map.insert("additionalProperties".into(), Value::Bool(false));
+                } else if open && !in_all_of && !self.keep_open.contains(&at) {
+                    map.insert("additionalProperties".into(), Value::Bool(false));
+                }
+                let integer = match map.get("type") {
+                    Some(Value::String(t)) => t == "integer",
+                    Some(Value::Array(ts)) => ts.iter().any(|t| t == "integer"),
+                    _ => false,
+                };
+                if integer && !in_all_of {
+                    // At most 16 digits, as the GBNF converter writes
+                    // integers: a model cannot run digits on forever. (Not
+                    // `number`: llguidance writes bounded numbers without
+                    // exponents.)
+                    let bounds = [
+                        ("maximum", "exclusiveMaximum", MAX_MAGNITUDE),
+                        ("minimum", "exclusiveMinimum", -MAX_MAGNITUDE),
+                    ];
+                    for (inclusive, exclusive, bound) in bounds {
+                        if !map.contains_key(inclusive) && !map.contains_key(exclusive) {
+                            map.insert(inclusive.into(), bound.into());
+                        }
+                    }
+                }
+                for (key, value) in map.iter_mut() {
+                    let here = format!("{at}/{}", escape(key));
+                    match key.as_str() {
+                        // Names, not schemas: descend into each one's schema.
+                        "properties" | "$defs" | "definitions" | "patternProperties" | "dependentSchemas" => {
+                            if let Value::Object(named) = value {
+                                for (name, v) in named.iter_mut() {
+                                    self.close_objects(v, format!("{here}/{}", escape(name)), false);
+                                }
+                            }
+                        }
+                        "allOf" => {
+                            if let Value::Array(members) = value {
+                                for (i, v) in members.iter_mut().enumerate() {
+                                    self.close_objects(v, format!("{here}/{i}"), true);
+                                }
+                            }
+                        }
+                        "enum" | "const" | "default" | "examples" | "x-guidance" => {}
+                        _ => self.close_objects(value, here, false),
+                    }
+                }
             }
+            Value::Array(items) => {
+                for (i, v) in items.iter_mut().enumerate() {
+                    self.close_objects(v, format!("{at}/{i}"), false);
+                }
+            }
+            _ => {}
         }
-        _ => {}
     }
 }
 
@@ -244,7 +323,8 @@ mod tests {
     fn tight_options_close_declared_objects_but_not_all_of_members() {
         let schema = json!({
             "type": "object",
-            "properties": {"a": {"type": "object", "properties": {"b": {}}}, "c": {"type": "object"}},
+            "properties": {"a": {"type": "object", "properties": {"b": {}}}, "c": {"type": "object"},
+                           "n": {"type": "integer", "exclusiveMinimum": 0}},
             "allOf": [{"properties": {"d": {}}}],
             "default": {"properties": {}},
         });
@@ -253,6 +333,13 @@ mod tests {
         assert_eq!(out.pointer("/properties/a/additionalProperties"), Some(&json!(false)));
         assert_eq!(out.pointer("/properties/c/additionalProperties"), None, "no properties declared");
         assert_eq!(out.pointer("/allOf/0/additionalProperties"), None);
+        let all_of = json!({"allOf": [{"properties": {"a": {}}}, {"$ref": "#/$defs/b"}], "$defs": {"b": {"properties": {"b": {}}}}});
+        let closed = prepared_schema(&all_of, &JsonOptions::tight());
+        assert_eq!(closed["additionalProperties"], json!(false), "{closed:#}");
+        assert_eq!(closed["properties"], json!({"a": {}, "b": {}}), "closed over the members' names");
+        assert_eq!(closed.pointer("/$defs/b/additionalProperties"), None, "a member's target stays open");
+        assert_eq!(out.pointer("/properties/n/maximum"), Some(&json!(MAX_MAGNITUDE)));
+        assert_eq!(out.pointer("/properties/n/minimum"), None, "exclusiveMinimum is kept alone");
         assert_eq!(out.pointer("/default/additionalProperties"), None, "a value, not a schema");
         assert_eq!(out.pointer("/x-guidance/whitespace_pattern"), Some(&json!(BOUNDED_WHITESPACE)));
         let spec = prepared_schema(&schema, &JsonOptions::default());

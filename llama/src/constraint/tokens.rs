@@ -59,7 +59,9 @@ impl TokenTable {
         }
         let eos = vocab.eos().or_else(|| vocab.eot()).map(|t| t.0 as u32).or_else(|| eog.first().copied());
         let Some(eos) = eos else {
-            return Err(Error::Grammar("the model has no end-of-generation token to end a constrained document".into()));
+            return Err(Error::Grammar(
+                "the model has no end-of-generation token to end a constrained document".into(),
+            ));
         };
         if eog.is_empty() {
             eog.push(eos);

@@ -59,7 +59,8 @@ fn corpus_valid_documents_pass_and_invalid_ones_are_refused() {
             for doc in c.valid {
                 let known = LLGUIDANCE_REFUSES_VALID.contains(&(i, doc));
                 if accepts(&constraint, doc) == known {
-                    failures.push(format!("case {i} {options:?}: valid {doc} refused: {known} expected ({})", c.schema));
+                    failures
+                        .push(format!("case {i} {options:?}: valid {doc} refused: {known} expected ({})", c.schema));
                 }
                 n_known += usize::from(known);
                 n_valid += 1;
@@ -67,7 +68,8 @@ fn corpus_valid_documents_pass_and_invalid_ones_are_refused() {
             for doc in c.invalid {
                 let known = LLGUIDANCE_ACCEPTS_INVALID.contains(&(i, doc));
                 if accepts(&constraint, doc) != known {
-                    failures.push(format!("case {i} {options:?}: invalid {doc} accepted: {known} expected ({})", c.schema));
+                    failures
+                        .push(format!("case {i} {options:?}: invalid {doc} accepted: {known} expected ({})", c.schema));
                 }
                 n_known += usize::from(known);
                 n_invalid += 1;
@@ -107,7 +109,9 @@ fn unsupported_keywords_are_errors_with_their_pointer() {
     for (schema, pointer, _) in unsupported_cases() {
         let built = SamplerChain::new().constraint(model(), &Constraint::json_schema(schema.clone())).greedy().build();
         match built {
-            Ok(_) => assert!(LLGUIDANCE_SUPPORTS.contains(&pointer), "{schema}: compiled, expected an error at {pointer}"),
+            Ok(_) => {
+                assert!(LLGUIDANCE_SUPPORTS.contains(&pointer), "{schema}: compiled, expected an error at {pointer}")
+            }
             Err(Error::JsonSchema { pointer: p, message }) => {
                 assert!(!LLGUIDANCE_SUPPORTS.contains(&pointer), "{schema}: refused: {message}");
                 assert_eq!(p, pointer, "{schema}: {message}");
@@ -125,12 +129,43 @@ fn regex_and_lark_constraints() {
     assert!(accepts(&digits, "123-abc"));
     assert!(!accepts(&digits, "12-abc"));
     assert!(!accepts(&digits, "123-"), "cannot end before a letter");
-    let lark = Constraint::lark(r#"start: "yes" | "no" | "maybe " NUMBER
-NUMBER: /[0-9]+/"#);
+    let lark = Constraint::lark(
+        r#"start: "yes" | "no" | "maybe " NUMBER
+NUMBER: /[0-9]+/"#,
+    );
     assert!(accepts(&lark, "maybe 42"));
     assert!(accepts(&lark, "no"));
     assert!(!accepts(&lark, "nope"));
     let bad = SamplerChain::new().constraint(model(), &Constraint::regex("(unclosed")).greedy().build();
     assert!(matches!(bad, Err(Error::Grammar(_))), "{bad:?}");
     let _ = json!(null);
+}
+
+/// Deep recursion bounds compile on a small stack (llguidance's schema
+/// compiler recurses per level: a 32-level tree overflowed 256 KiB and
+/// aborted the process before the compile ran on a sized stack); beyond
+/// `MAX_DEPTH` is an error.
+#[test]
+fn deep_bounds_compile_on_a_small_stack_and_too_deep_is_an_error() {
+    let tree = json!({"$defs": {"node": {"type": "object", "properties": {
+            "name": {"type": "string"}, "children": {"type": "array", "items": {"$ref": "#/$defs/node"}}},
+            "required": ["name", "children"]}}, "$ref": "#/$defs/node"});
+    let with_depth = |max_depth| {
+        Constraint::json_schema(tree.clone()).with_json_options(JsonOptions { max_depth, ..JsonOptions::tight() })
+    };
+    let deep = with_depth(llama::constraint::MAX_DEPTH);
+    std::thread::Builder::new()
+        .stack_size(256 << 10)
+        .spawn(move || {
+            let mut s = SamplerChain::new().constraint(model(), &deep).greedy().build().unwrap();
+            for t in model().vocab().tokenize(&"{\"name\":\"a\",\"children\":[".repeat(40), AddBos::No).unwrap() {
+                s.accept(t).unwrap();
+            }
+        })
+        .unwrap()
+        .join()
+        .unwrap();
+    let too_deep =
+        SamplerChain::new().constraint(model(), &with_depth(llama::constraint::MAX_DEPTH + 1)).greedy().build();
+    assert!(matches!(too_deep, Err(Error::InvalidParameter { name: "max_depth", .. })), "{too_deep:?}");
 }

@@ -2,5 +2,5 @@
 //! token, then constrained generation on the real model.
 
 mod corpus;
-mod real;
 mod guided;
+mod real;

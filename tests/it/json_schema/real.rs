@@ -8,6 +8,7 @@
 use std::sync::OnceLock;
 use std::time::Instant;
 
+use llama::constraint::{Constraint, JsonOptions};
 use llama::generate::{FinishReason, GenerateOptions, Session};
 use llama::json_schema::{json_grammar, schema_to_grammar};
 use llama::{AddBos, ContextParams, Model, ModelParams, Sampler, SamplerChain};
@@ -118,6 +119,66 @@ fn schemas() -> Vec<(&'static str, Value)> {
 
 #[test]
 fn constrained_generation_always_validates() {
+    all_validate(|schema| grammar_sampler(&schema_to_grammar(schema).unwrap_or_else(|e| panic!("{schema}: {e}"))));
+}
+
+/// The same 20 through llguidance (`llama::constraint`) with this crate's
+/// tightenings, masked before the greedy pick.
+#[test]
+fn guided_generation_always_validates() {
+    all_validate(|schema| {
+        let c = Constraint::json_schema(schema.clone()).with_json_options(JsonOptions::tight());
+        SamplerChain::new().constraint(model(), &c).greedy().build().unwrap_or_else(|e| panic!("{schema}: {e}"))
+    });
+}
+
+/// A recursive schema without bounds on its arrays: the depth bound
+/// closes the document within the token limit; with the deepest bound
+/// allowed (64) greedy nests on until the limit, as it does without one.
+#[test]
+fn recursion_depth_bound_closes_the_document() {
+    let tree = json!({"$defs": {"node": {"type": "object", "properties": {
+            "name": {"type": "string"}, "children": {"type": "array", "items": {"$ref": "#/$defs/node"}}},
+            "required": ["name", "children"]}}, "$ref": "#/$defs/node"});
+    let run = |max_depth: usize| {
+        let options = JsonOptions { max_depth, ..JsonOptions::tight() };
+        let c = Constraint::json_schema(tree.clone()).with_json_options(options);
+        let mut sampler = SamplerChain::new().constraint(model(), &c).greedy().build().unwrap();
+        generate(&mut sampler, "A person record in JSON:", 400)
+    };
+    let (text, reason) = run(3);
+    assert_eq!(reason, Some(FinishReason::EndOfGeneration), "{text}");
+    let doc: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+    let depth = |v: &Value| -> usize {
+        fn d(v: &Value) -> usize {
+            1 + v["children"].as_array().map_or(0, |c| c.iter().map(d).max().unwrap_or(0))
+        }
+        d(v)
+    };
+    assert!(depth(&doc) <= 3, "{text}");
+    let (text, reason) = run(llama::constraint::MAX_DEPTH);
+    assert_eq!(reason, Some(FinishReason::Length), "{text}");
+}
+
+/// Greedy generation of at most `max_tokens` after `prompt`.
+fn generate(sampler: &mut Sampler<'static>, prompt: &str, max_tokens: usize) -> (String, Option<FinishReason>) {
+    let model = model();
+    let mut ctx = model.new_context(&ContextParams::default().n_ctx(1024).n_batch(512)).unwrap();
+    let tokens = model.vocab().tokenize(prompt, AddBos::Yes).unwrap();
+    let mut session = Session::new();
+    let options = GenerateOptions::default().max_tokens(max_tokens);
+    let mut generation = session.generate(&mut ctx, sampler, &tokens, &options).unwrap();
+    let mut text = String::new();
+    generation
+        .stream(|piece| {
+            text.push_str(piece);
+            std::ops::ControlFlow::Continue(())
+        })
+        .unwrap();
+    (text, generation.finish_reason().cloned())
+}
+
+fn all_validate(sampler_of: impl Fn(&Value) -> Sampler<'static>) {
     let model = model();
     let vocab = model.vocab();
     let mut ctx = model.new_context(&ContextParams::default().n_ctx(512).n_batch(512)).unwrap();
@@ -128,9 +189,8 @@ fn constrained_generation_always_validates() {
     let mut failures = Vec::new();
     let mut tokens_total = 0;
     for (i, (prompt, schema)) in cases.iter().enumerate() {
-        let gbnf = schema_to_grammar(schema).unwrap_or_else(|e| panic!("schema {i}: {e}"));
         let validator = jsonschema::options().should_validate_formats(true).build(schema).unwrap();
-        let mut sampler = grammar_sampler(&gbnf);
+        let mut sampler = sampler_of(schema);
         let tokens = vocab.tokenize(prompt, AddBos::Yes).unwrap();
         let mut session = Session::new();
         session.clear(&mut ctx).unwrap();
