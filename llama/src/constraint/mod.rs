@@ -23,9 +23,12 @@
 //! The vocabulary's token trie is built once per model (on the first
 //! constrained sampler; 262,144 tokens take well under a second) and shared
 //! by every request. Each mask then costs microseconds to a millisecond
-//! (measured in docs/structured-output.md), within a budget
-//! ([`STEP_MAX_ITEMS`], [`STEP_LEXER_FUEL`]): a grammar whose mask would
-//! cost more fails that sample with [`Error::Grammar`](crate::Error::Grammar).
+//! (measured in docs/json-output.md), within llguidance's budget
+//! ([`STEP_MAX_ITEMS`], [`STEP_LEXER_FUEL`], and at most 2,000 Earley items
+//! in one row): a grammar whose mask or next parse step would cost more
+//! fails that sample with [`Error::Grammar`](crate::Error::Grammar) instead
+//! of taking the time (the sampler then needs a
+//! [`reset`](crate::Sampler::reset)).
 //!
 //! # JSON Schema
 //!

@@ -15,7 +15,7 @@ use crate::vocab::{Special, Token, Vocab};
 /// fails, and the request with it, instead of holding a thread.
 /// llguidance's documented speeds (20,000 items and 14,000 fuel per
 /// millisecond) put this budget at about 2.5 ms + 3.5 ms; measured in
-/// docs/structured-output.md.
+/// docs/json-output.md.
 pub const STEP_MAX_ITEMS: usize = 50_000;
 /// See [`STEP_MAX_ITEMS`].
 pub const STEP_LEXER_FUEL: u64 = 50_000;

@@ -10,9 +10,10 @@
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
+use llama::constraint::{Constraint, JsonOptions};
 use llama::engine::{Completion, Engine, EngineConfig, Event, Output, Request};
 use llama::generate::FinishReason;
-use llama::{AddBos, Model, ModelParams, Token};
+use llama::{AddBos, Model, ModelParams, SamplingParams, Token};
 use llama_suite::model_cache::model_path;
 use llama_suite::teacher::rescore;
 
@@ -237,4 +238,60 @@ fn an_expensive_grammar_does_not_hold_back_other_requests() {
     assert_eq!(finish.reason, FinishReason::EndOfGeneration, "{text:?}");
     let chosen: Vec<&str> = text.split(' ').collect();
     assert!(chosen.len() == 2 && chosen.iter().all(|w| words.iter().any(|x| x == w)), "{text:?}");
+}
+
+/// Requests constrained by llguidance (a JSON Schema, this crate's tight
+/// options) beside plain ones: each constrained answer is a document valid
+/// against its schema, each plain stream passes the teacher-forced check.
+#[test]
+fn constrained_and_plain_requests_run_together() {
+    let engine = Engine::start(model(), config()).unwrap();
+    let schema = serde_json::json!({"type": "object", "properties": {
+        "name": {"type": "string", "maxLength": 20}, "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+        "required": ["name", "age"]});
+    let constraint = Constraint::json_schema(schema.clone()).with_json_options(JsonOptions::tight());
+    let guided: Vec<Completion> = ["A person record in JSON:\n", "A pilot's record in JSON:\n"]
+        .iter()
+        .chain(&["A teacher in JSON:\n", "A user profile in JSON:\n"])
+        .map(|p| {
+            let sampling = SamplingParams::greedy().constraint(constraint.clone());
+            engine.submit(Request::tokens(tokens(p)).max_tokens(64).sampling(sampling)).unwrap()
+        })
+        .collect();
+    let prompts: Vec<Vec<Token>> = SUBJECTS[..4].iter().map(|s| tokens(s)).collect();
+    let plain: Vec<Completion> = prompts
+        .iter()
+        .map(|p| engine.submit(Request::tokens(p.clone()).max_tokens(24).stop_at_eog(false)).unwrap())
+        .collect();
+    let validator = jsonschema::validator_for(&schema).unwrap();
+    for out in guided.into_iter().map(Completion::wait) {
+        let text = model().vocab().detokenize(&out.tokens, AddBos::No, llama::Special::Plain).unwrap();
+        assert_eq!(out.finish.reason, FinishReason::EndOfGeneration, "{text:?}");
+        let doc: serde_json::Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text:?}"));
+        assert!(validator.is_valid(&doc), "{text}");
+    }
+    for (i, out) in plain.into_iter().map(Completion::wait).enumerate() {
+        assert_eq!(out.tokens.len(), 24);
+        assert_teacher_forced(&prompts[i], &out, SUBJECTS[i]);
+    }
+}
+
+/// A constraint whose first mask exceeds llguidance's budget ends its own
+/// request with that error; a request beside it runs all its tokens.
+#[test]
+fn a_constraint_over_budget_fails_its_request_only() {
+    let engine = Engine::start(model(), config()).unwrap();
+    let hostile = crate::json_schema::guided::hostile_constraint();
+    let hostile = engine
+        .submit(Request::tokens(tokens("Words:")).max_tokens(16).sampling(SamplingParams::greedy().constraint(hostile)))
+        .unwrap();
+    let plain = engine.submit(Request::tokens(tokens("The capital of France is")).max_tokens(24).stop_at_eog(false));
+    let plain = plain.unwrap().wait();
+    assert_eq!(plain.tokens.len(), 24);
+    let failed = hostile.wait();
+    match &failed.finish.reason {
+        FinishReason::Failed(m) => assert!(m.contains("max is 2000"), "{m}"),
+        other => panic!("expected a failure, got {other:?} after {:?}", failed.tokens),
+    }
+    assert!(failed.tokens.is_empty());
 }

@@ -169,3 +169,73 @@ fn deep_bounds_compile_on_a_small_stack_and_too_deep_is_an_error() {
         SamplerChain::new().constraint(model(), &with_depth(llama::constraint::MAX_DEPTH + 1)).greedy().build();
     assert!(matches!(too_deep, Err(Error::InvalidParameter { name: "max_depth", .. })), "{too_deep:?}");
 }
+
+/// The constrained distribution exactly, for a random chain with top-k:
+/// the allowed tokens `a`, `b`, `c` have probabilities 0.3, 0.2, 0.1 and a
+/// forbidden `d` 0.4; top-k 2 over the allowed tokens keeps `a` and `b`, so
+/// 0.6 and 0.4. Picking first and checking after (llama.cpp's default for
+/// GBNF, this crate's `grammar_first(false)`) draws `a` 77% of the time
+/// instead (from {d, a}, then again from {a, b} when `d` is refused), and
+/// fails the same chi-square bound: shown here on the GBNF sampler.
+#[test]
+fn random_picks_follow_the_constrained_distribution_exactly() {
+    let vocab = model().vocab();
+    let id = |text: &str| {
+        let t = vocab.tokenize(text, AddBos::No).unwrap();
+        assert_eq!(t.len(), 1, "{text:?} is one token");
+        t[0]
+    };
+    let (a, b, c, d) = (id("a"), id("b"), id("c"), id("d"));
+    let mut row = vec![-30.0f32; vocab.n_tokens()];
+    for (t, p) in [(a, 0.3f32), (b, 0.2), (c, 0.1), (d, 0.4)] {
+        row[t.0 as usize] = p.ln();
+    }
+    // Masking the whole vocabulary with GBNF costs ~50 ms a draw: 300
+    // draws there still put the biased rule ~7 standard deviations past
+    // the bound.
+    let chi_square = |mut sampler: llama::Sampler<'_>, draws: usize| {
+        let mut counts = [0usize; 3];
+        for _ in 0..draws {
+            let t = sampler.sample_logits(vocab, &row).unwrap();
+            let k = [a, b, c].iter().position(|&x| x == t).unwrap_or_else(|| panic!("drew {t}"));
+            counts[k] += 1;
+        }
+        assert_eq!(counts[2], 0, "c is outside the allowed top 2");
+        let expected = [0.6 * draws as f64, 0.4 * draws as f64];
+        let x2: f64 = (0..2).map(|k| (counts[k] as f64 - expected[k]).powi(2) / expected[k]).sum();
+        (counts, x2)
+    };
+    // df 1: 10.83 is the 0.1% critical value.
+    // Any number of letters (so no reset, which would re-seed the RNG):
+    // tokens of several letters and the end token stay at -30.
+    let constraint = Constraint::regex("[abc]*");
+    let guided = SamplerChain::new().constraint(model(), &constraint).top_k(2).temp(1.0).dist(7).build().unwrap();
+    let (counts, x2) = chi_square(guided, 2000);
+    assert!(x2 < 10.83, "llguidance: {counts:?}, chi-square {x2:.1}");
+    let checked =
+        SamplerChain::new().grammar(vocab, r#"root ::= [abc]*"#, "root").top_k(2).temp(1.0).dist(7).build().unwrap();
+    let (counts, x2) = chi_square(checked, 300);
+    assert!(x2 > 10.83, "pick then check: {counts:?}, chi-square {x2:.1}");
+}
+
+/// A grammar of 2,048 alternatives sharing their first letters: once a
+/// token of that prefix is accepted, the Earley row holds more items than
+/// llguidance's budget (2,000 per row) allows.
+pub(crate) fn hostile_constraint() -> Constraint {
+    let alternatives: Vec<String> = (0..2048).map(|i| format!("\"wqq{i:04}x\" e")).collect();
+    Constraint::lark(format!("start: e\ne: {} | \"wqqend\"", alternatives.join(" | ")))
+}
+
+/// A grammar whose parse would cost more than llguidance's budget fails
+/// that sample with a clear error at once, rather than taking the time.
+#[test]
+fn a_mask_over_budget_is_an_error() {
+    let vocab = model().vocab();
+    let c = hostile_constraint();
+    let mut sampler = SamplerChain::new().constraint(model(), &c).greedy().build().unwrap();
+    let row = vec![0.0f32; vocab.n_tokens()];
+    match sampler.sample_logits(vocab, &row) {
+        Err(Error::Grammar(m)) => assert!(m.contains("max is 2000"), "{m}"),
+        other => panic!("expected the budget error, got {other:?}"),
+    }
+}

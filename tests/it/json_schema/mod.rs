@@ -2,5 +2,5 @@
 //! token, then constrained generation on the real model.
 
 mod corpus;
-mod guided;
+pub(crate) mod guided;
 mod real;
