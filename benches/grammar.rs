@@ -14,7 +14,18 @@
 //! - `grammar/schema/{masked,checked}/<state>`: the same with the grammar
 //!   of a small schema (a bounded string, an integer range and an enum);
 //! - `grammar/convert`: `schema_to_grammar` on that schema, plus llama.cpp
-//!   parsing the grammar (`SamplerChain::grammar`).
+//!   parsing the grammar (`SamplerChain::grammar`);
+//! - `grammar/guided/<schema>/<state>`: the same states constrained by
+//!   llguidance (`SamplerChain::constraint`, always masked first), greedy;
+//! - `grammar/random/{none,guided}/<state>`: a random chain (top-k 40,
+//!   top-p 0.95, min-p 0.05, temperature 0.8) without and with the schema's
+//!   llguidance constraint;
+//! - `grammar/guided-compile`: compiling the schema's constraint.
+//!
+//! Before criterion runs, the mask alone (`Sampler::constraint_mask_len`)
+//! is timed at every token position of every valid document of the test
+//! corpus (tests/it/json_schema/cases.rs), and its p50, p99 and maximum
+//! are printed.
 //!
 //! Each iteration samples from a fresh clone of the sampler in its state
 //! (cloning is not timed), so every measurement is of the same state.
@@ -22,6 +33,7 @@
 use std::time::Duration;
 
 use criterion::{BatchSize, BenchmarkId, Criterion, criterion_group, criterion_main};
+use llama::constraint::{Constraint, JsonOptions};
 use llama::json_schema::{json_grammar, schema_to_grammar};
 use llama::{AddBos, Batch, Context, ContextParams, Output, Sampler, SamplerChain};
 use llama_suite::bench::{model, threads};
@@ -58,6 +70,98 @@ fn sampler_after(gbnf: &str, prefix: &str, masked: bool) -> Sampler<'static> {
     sampler
 }
 
+#[allow(dead_code)]
+#[path = "../tests/it/json_schema/cases.rs"]
+mod cases;
+
+/// The mask time at every token of every valid corpus document, with JSON
+/// Schema's semantics and with the tight options: p50, p99, max.
+fn mask_percentiles() {
+    let vocab = model().vocab();
+    let mut times = Vec::new();
+    for case in cases::cases() {
+        for options in [JsonOptions::default(), JsonOptions::tight()] {
+            let constraint = Constraint::json_schema(case.schema.clone()).with_json_options(options);
+            for doc in case.valid {
+                let Ok(mut sampler) = SamplerChain::new().constraint(model(), &constraint).greedy().build() else {
+                    continue;
+                };
+                for t in vocab.tokenize(doc, AddBos::No).expect("tokenize") {
+                    let start = std::time::Instant::now();
+                    if sampler.constraint_mask_len().is_err() {
+                        break;
+                    }
+                    times.push(start.elapsed());
+                    if sampler.accept(t).is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    times.sort();
+    let at = |q: f64| times[((times.len() - 1) as f64 * q).round() as usize];
+    eprintln!(
+        "constraint mask over the corpus: {} masks, p50 {:?}, p99 {:?}, max {:?}",
+        times.len(),
+        at(0.5),
+        at(0.99),
+        times.last().copied().unwrap_or_default()
+    );
+}
+
+fn guided(c: &mut Criterion) {
+    mask_percentiles();
+    let mut group = c.benchmark_group("grammar");
+    group.sample_size(20).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(3));
+    let mut ctx = context();
+    let vocab = model().vocab();
+    let states = ["", "{\"age\": 3", "{\"age\": 30, \"name\": \"Al"];
+    let after = |chain: SamplerChain<'static>, state: &str| {
+        let mut sampler = chain.build().expect("chain");
+        for t in vocab.tokenize(state, AddBos::No).expect("tokenize") {
+            sampler.accept(t).expect("the prefix fits");
+        }
+        sampler
+    };
+    let label = |state: &str| if state.is_empty() { "start".to_string() } else { format!("{state:?}") };
+    let object = Constraint::json_schema(json!({"type": "object"}));
+    let schema = Constraint::json_schema(schema()).with_json_options(JsonOptions::tight());
+    for (name, constraint, states) in [
+        ("json-object", &object, ["", "{\"name\": \"Al", "{\"a\": [1, 2"]),
+        ("schema", &schema, states),
+    ] {
+        for state in states {
+            let base = after(SamplerChain::new().constraint(model(), constraint).greedy(), state);
+            group.bench_function(BenchmarkId::new(format!("guided/{name}"), label(state)), |b| {
+                b.iter_batched(
+                    || base.try_clone().expect("clone"),
+                    |mut s| s.sample(&mut ctx, Output::Last).expect("sample"),
+                    BatchSize::SmallInput,
+                )
+            });
+        }
+    }
+    let random = |chain: SamplerChain<'static>| chain.top_k(40).top_p(0.95, 1).min_p(0.05, 1).temp(0.8).dist(1);
+    for state in states {
+        let plain = after(random(SamplerChain::new()), "");
+        let constrained = after(random(SamplerChain::new().constraint(model(), &schema)), state);
+        for (id, base) in [("random/none", plain), ("random/guided", constrained)] {
+            group.bench_function(BenchmarkId::new(id, label(state)), |b| {
+                b.iter_batched(
+                    || base.try_clone().expect("clone"),
+                    |mut s| s.sample(&mut ctx, Output::Last).expect("sample"),
+                    BatchSize::SmallInput,
+                )
+            });
+        }
+    }
+    group.bench_function("guided-compile", |b| {
+        b.iter(|| SamplerChain::new().constraint(model(), &schema).greedy().build().expect("chain"))
+    });
+    group.finish();
+}
+
 fn grammar(c: &mut Criterion) {
     let mut group = c.benchmark_group("grammar");
     group.sample_size(20).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(3));
@@ -91,5 +195,5 @@ fn grammar(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, grammar);
+criterion_group!(benches, guided, grammar);
 criterion_main!(benches);

@@ -310,6 +310,20 @@ impl<'m> Sampler<'m> {
         self.select_and_accept(logits).map(|(t, _)| t)
     }
 
+    /// The number of tokens the chain's llguidance constraint allows next
+    /// (computing its mask, which the next sample then reuses); `None`
+    /// without a constraint. For benchmarks of the mask alone.
+    ///
+    /// # Errors
+    /// [`Error::Grammar`] as a sample would report it.
+    #[doc(hidden)]
+    pub fn constraint_mask_len(&mut self) -> Result<Option<usize>> {
+        match &mut self.guide {
+            Some(guide) => Ok(Some(guide.mask()?.num_set())),
+            None => Ok(None),
+        }
+    }
+
     /// Whether the chain holds a grammar (whose masks can cost far more
     /// than the rest of a sample).
     pub fn has_grammar(&self) -> bool {

@@ -7,7 +7,8 @@ use llama::constraint::{Constraint, JsonOptions};
 use llama::{AddBos, Error, SamplerChain, Special};
 use serde_json::{Value, json};
 
-use super::corpus::{cases, model, unsupported_cases};
+use super::cases::{cases, unsupported_cases};
+use super::corpus::model;
 
 /// Whether the constraint lets `text` be generated in full and then end.
 fn accepts(constraint: &Constraint, text: &str) -> bool {
