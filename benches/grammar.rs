@@ -20,6 +20,9 @@
 //! - `grammar/random/{none,guided}/<state>`: a random chain (top-k 40,
 //!   top-p 0.95, min-p 0.05, temperature 0.8) without and with the schema's
 //!   llguidance constraint;
+//! - `grammar/guided/alternatives-1900`: a Lark grammar of 1,900
+//!   alternatives sharing a prefix, just inside llguidance's budget of
+//!   2,000 Earley items per row, after that prefix;
 //! - `grammar/guided-compile`: compiling the schema's constraint.
 //!
 //! Before criterion runs, the mask alone (`Sampler::constraint_mask_len`)
@@ -78,6 +81,9 @@ mod cases;
 /// Schema's semantics and with the tight options: p50, p99, max.
 fn mask_percentiles() {
     let vocab = model().vocab();
+    let start = std::time::Instant::now();
+    SamplerChain::new().constraint(model(), &Constraint::regex("a")).greedy().build().expect("regex");
+    eprintln!("the model's token table (built by the first constraint): {:?}", start.elapsed());
     let mut times = Vec::new();
     for case in cases::cases() {
         for options in [JsonOptions::default(), JsonOptions::tight()] {
@@ -86,12 +92,12 @@ fn mask_percentiles() {
                 let Ok(mut sampler) = SamplerChain::new().constraint(model(), &constraint).greedy().build() else {
                     continue;
                 };
-                for t in vocab.tokenize(doc, AddBos::No).expect("tokenize") {
+                let tokens = vocab.tokenize(doc, AddBos::No).expect("tokenize");
+                for (at, &t) in tokens.iter().enumerate() {
                     let start = std::time::Instant::now();
-                    if sampler.constraint_mask_len().is_err() {
-                        break;
-                    }
-                    times.push(start.elapsed());
+                    let Ok(Some(allowed)) = sampler.constraint_mask_len() else { break };
+                    let prefix = vocab.detokenize(&tokens[..at], AddBos::No, llama::Special::Plain).expect("text");
+                    times.push((start.elapsed(), allowed, prefix));
                     if sampler.accept(t).is_err() {
                         break;
                     }
@@ -99,15 +105,18 @@ fn mask_percentiles() {
             }
         }
     }
-    times.sort();
-    let at = |q: f64| times[((times.len() - 1) as f64 * q).round() as usize];
+    times.sort_by_key(|t| t.0);
+    let at = |q: f64| times[((times.len() - 1) as f64 * q).round() as usize].0;
     eprintln!(
         "constraint mask over the corpus: {} masks, p50 {:?}, p99 {:?}, max {:?}",
         times.len(),
         at(0.5),
         at(0.99),
-        times.last().copied().unwrap_or_default()
+        times.last().map(|t| t.0).unwrap_or_default()
     );
+    for (took, allowed, prefix) in times.iter().rev().take(5) {
+        eprintln!("  {took:?}: {allowed} tokens allowed after {prefix:?}");
+    }
 }
 
 fn guided(c: &mut Criterion) {
@@ -127,10 +136,9 @@ fn guided(c: &mut Criterion) {
     let label = |state: &str| if state.is_empty() { "start".to_string() } else { format!("{state:?}") };
     let object = Constraint::json_schema(json!({"type": "object"}));
     let schema = Constraint::json_schema(schema()).with_json_options(JsonOptions::tight());
-    for (name, constraint, states) in [
-        ("json-object", &object, ["", "{\"name\": \"Al", "{\"a\": [1, 2"]),
-        ("schema", &schema, states),
-    ] {
+    for (name, constraint, states) in
+        [("json-object", &object, ["", "{\"name\": \"Al", "{\"a\": [1, 2"]), ("schema", &schema, states)]
+    {
         for state in states {
             let base = after(SamplerChain::new().constraint(model(), constraint).greedy(), state);
             group.bench_function(BenchmarkId::new(format!("guided/{name}"), label(state)), |b| {
@@ -156,6 +164,18 @@ fn guided(c: &mut Criterion) {
             });
         }
     }
+    // Just under llguidance's 2,000 items per row: the costliest mask its
+    // budget lets through for this shape, after the shared prefix.
+    let alternatives: Vec<String> = (0..1900).map(|i| format!("\"wqq{i:04}x\" e")).collect();
+    let wide = Constraint::lark(format!("start: e\ne: {} | \"wqqend\"", alternatives.join(" | ")));
+    let base = after(SamplerChain::new().constraint(model(), &wide).greedy(), "wqq");
+    group.bench_function(BenchmarkId::new("guided/alternatives-1900", "\"wqq\""), |b| {
+        b.iter_batched(
+            || base.try_clone().expect("clone"),
+            |mut s| s.sample(&mut ctx, Output::Last).expect("sample"),
+            BatchSize::SmallInput,
+        )
+    });
     group.bench_function("guided-compile", |b| {
         b.iter(|| SamplerChain::new().constraint(model(), &schema).greedy().build().expect("chain"))
     });

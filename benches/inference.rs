@@ -14,6 +14,9 @@
 //!   32-token prompts, 32 new tokens each, greedy), submit to last token;
 //!   throughput in generated tokens (`llama-serve/examples/serve_bench` measures the
 //!   engine's latencies and compares it with llama-server);
+//! - `engine_mix/{plain,mixed}`: 8 concurrent requests as `engine/8`, all
+//!   plain or half of them constrained by llguidance (a JSON array of at
+//!   least 50 strings, so none completes within the 32 tokens);
 //! - `validation/N`: what `Context::decode` checks in Rust before calling
 //!   llama.cpp, for an N-token batch (the batch fails the check at its last
 //!   token, so llama.cpp never runs).
@@ -283,5 +286,58 @@ fn engine(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, prefill, decode, batched_decode, kv_type, prompt_cache, sampling, validation, engine);
+fn engine_mix(c: &mut Criterion) {
+    use llama::SamplingParams;
+    use llama::constraint::{Constraint, JsonOptions};
+    use llama::engine::{Completion, Engine, EngineConfig, Request};
+    const PROMPT: usize = 32;
+    const NEW: usize = 32;
+    const STREAMS: usize = 8;
+    let path = llama_suite::model_cache::model_path().unwrap_or_else(|e| panic!("no model: {e}"));
+    let model = std::sync::Arc::new(Model::load(&path, &ModelParams::default()).expect("model"));
+    let schema = serde_json::json!({"type": "array", "items": {"type": "string"}, "minItems": 50});
+    let constrained =
+        SamplingParams::greedy().constraint(Constraint::json_schema(schema).with_json_options(JsonOptions::tight()));
+    let mut group = c.benchmark_group("engine_mix");
+    group.sample_size(10).warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(8));
+    group.throughput(Throughput::Elements((STREAMS * NEW) as u64));
+    let config = EngineConfig::default().n_ctx(4096).max_running(16).n_threads(threads());
+    let engine = Engine::start(model.clone(), config).expect("engine");
+    let mut round = 0u64;
+    for mixed in [false, true] {
+        group.bench_function(if mixed { "mixed" } else { "plain" }, |b| {
+            b.iter(|| {
+                round += 1;
+                let completions: Vec<Completion> = (0..STREAMS)
+                    .map(|i| {
+                        let mut request =
+                            Request::tokens(prompt(PROMPT, round * 1000 + i as u64)).max_tokens(NEW).stop_at_eog(false);
+                        if mixed && i % 2 == 0 {
+                            request = request.sampling(constrained.clone());
+                        }
+                        engine.submit(request).expect("submit")
+                    })
+                    .collect();
+                for completion in completions {
+                    let out = completion.wait();
+                    assert_eq!(out.tokens.len(), NEW, "{:?}", out.finish.reason);
+                }
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(
+    benches,
+    prefill,
+    decode,
+    batched_decode,
+    kv_type,
+    prompt_cache,
+    sampling,
+    validation,
+    engine,
+    engine_mix
+);
 criterion_main!(benches);

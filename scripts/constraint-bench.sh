@@ -26,7 +26,8 @@ ROWS="$OUT/rows.tsv"
 run() {
   local schema="$1" mode="$2"; shift 2
   local stats
-  stats=$("$G" --threads "$THREADS" --prompt "$PROMPT" "$@" 2>&1 >/dev/null | grep '^prompt' | tail -1)
+  # A document cut at -n is an error exit; its statistics line still counts.
+  stats=$("$G" --threads "$THREADS" --prompt "$PROMPT" "$@" 2>&1 >/dev/null | grep '^prompt' | tail -1 || true)
   local n ms
   n=$(sed -E 's/.*generated ([0-9]+) tokens.*/\1/' <<<"$stats")
   ms=$(sed -E 's/.* ([0-9.]+) ms\/token.*/\1/' <<<"$stats")
@@ -41,8 +42,8 @@ for round in $(seq "$ROUNDS"); do
       run "$schema" "$pick/llguidance" --json-schema "$S" -n 400 "${P[@]}"
       n=$(tail -1 "$ROWS" | cut -f3)
       run "$schema" "$pick/none" -n "$n" "${P[@]}"
-      run "$schema" "$pick/gbnf-checked" --json-schema "$S" --json-gbnf -n "$n" "${P[@]}" || true
-      run "$schema" "$pick/gbnf-masked" --json-schema "$S" --json-gbnf --grammar-first -n "$n" "${P[@]}" || true
+      run "$schema" "$pick/gbnf-checked" --json-schema "$S" --json-gbnf -n "$n" "${P[@]}"
+      run "$schema" "$pick/gbnf-masked" --json-schema "$S" --json-gbnf --grammar-first -n "$n" "${P[@]}"
     done
   done
 done

@@ -372,6 +372,14 @@ fn load(
         None
     };
     let engine = Engine::start(model.clone(), config).map_err(|e| e.to_string())?;
+    // The token table for `response_format` constraints (about a second
+    // for a large vocabulary), built beside the first requests instead of
+    // inside the first constrained one; a failure shows on that request.
+    let warm = model.clone();
+    std::thread::Builder::new()
+        .name("constraint-table".into())
+        .spawn(move || warm.prepare_constraints())
+        .map_err(|e| format!("cannot start a thread: {e}"))?;
     Ok(Ready { model, engine, chat, tool_format, embeddings })
 }
 

@@ -13,13 +13,26 @@ use crate::error::{Error, Result};
 use crate::stack::with_stack;
 use crate::vocab::Token;
 
+// `Sampler` is `Send` (its `unsafe impl` covers llama.cpp's chain); the
+// guide it holds must be `Send` on its own account, which this checks at
+// compile time: llguidance's matcher and token table hold no thread-bound
+// state (no `Rc`, no thread-local), and the table is shared through `Arc`.
+const _: fn() = || {
+    fn send<T: Send>() {}
+    fn sync<T: Send + Sync>() {}
+    send::<Guide>();
+    sync::<TokenTable>();
+};
+
 /// A compiled constraint following one generation.
 pub(crate) struct Guide {
     table: Arc<TokenTable>,
     matcher: Matcher,
     /// The mask of the current position, once computed.
     mask: Option<SimpleVob>,
-    /// An end-of-generation token was accepted: the document is complete.
+    /// An end-of-generation token was accepted: the document is complete,
+    /// and only end tokens are allowed after it (as llama.cpp's grammar
+    /// sampler does once its grammar completes).
     ended: bool,
 }
 
@@ -122,11 +135,12 @@ impl Guide {
 
     /// The tokens allowed next (computed once per position).
     pub(crate) fn mask(&mut self) -> Result<&SimpleVob> {
-        if self.ended {
-            return Err(Error::Grammar("the constrained document has ended".into()));
-        }
         if self.mask.is_none() {
-            let mask = self.matcher.compute_mask_or_eos().map_err(grammar_error)?;
+            let mask = if self.ended {
+                self.table.factory.tok_env().tok_trie().eos_token_set()
+            } else {
+                self.matcher.compute_mask_or_eos().map_err(grammar_error)?
+            };
             if mask.is_zero() {
                 return Err(Error::Grammar("the constraint allows no token here".into()));
             }
@@ -138,8 +152,11 @@ impl Guide {
     /// Whether `token` may come next: the mask if it is computed, else
     /// llguidance's check of that one token (cheaper than a mask).
     pub(crate) fn allows(&mut self, token: Token) -> Result<bool> {
-        if self.ended || token.0 < 0 {
+        if token.0 < 0 {
             return Ok(false);
+        }
+        if self.ended {
+            return Ok(self.is_eog(token));
         }
         if let Some(mask) = &self.mask {
             return Ok(mask.is_allowed(token.0 as u32));
@@ -153,6 +170,10 @@ impl Guide {
 
     /// Moves past `token`, which [`Guide::allows`] or the mask allowed.
     pub(crate) fn consume(&mut self, token: Token) -> Result<()> {
+        if self.ended {
+            // Only end tokens come here (see `allows`); the mask stays.
+            return Ok(());
+        }
         self.mask = None;
         if self.is_eog(token) {
             // The document is complete; llguidance needs no end token.

@@ -155,6 +155,20 @@ impl Model {
         self.ptr.as_ptr()
     }
 
+    /// Builds the vocabulary's token table for constrained sampling
+    /// ([`crate::constraint`]) now, rather than in the first constrained
+    /// sampler (about a second for a 262,144-token vocabulary): a server
+    /// calls it at startup, off its request path.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a model
+    /// without a vocabulary;
+    /// [`Error::Grammar`](crate::Error::Grammar) for a vocabulary without an
+    /// end-of-generation token.
+    pub fn prepare_constraints(&self) -> crate::Result<()> {
+        self.constraint_tokens().map(drop)
+    }
+
     /// llguidance's token table of the vocabulary, built on first use and
     /// shared by every constrained sampler of this model.
     pub(crate) fn constraint_tokens(&self) -> crate::Result<std::sync::Arc<crate::constraint::TokenTable>> {

@@ -65,7 +65,8 @@ impl fmt::Debug for SamplerChain<'_> {
 // SAFETY: the chain is exclusively owned; llama.cpp samplers have no thread
 // affinity (llama-cpp-c-api.md §1.17: "llama_sampler is Send, !Sync"), and
 // custom samplers are `Send`. Samplers that hold a vocab pointer read only
-// immutable, thread-safe vocab data.
+// immutable, thread-safe vocab data. The llguidance guide is `Send` itself
+// (asserted at compile time in `crate::constraint`).
 unsafe impl Send for SamplerChain<'_> {}
 
 impl Default for SamplerChain<'_> {

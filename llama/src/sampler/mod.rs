@@ -152,8 +152,9 @@ fn deep<R: Send>(helper: &mut DeepStack, needed: usize, f: impl FnOnce() -> R + 
     Ok(r)
 }
 
-// SAFETY: see `SamplerChain`. Not Sync: sampling mutates RNG state and the
-// chain's scratch buffer.
+// SAFETY: see `SamplerChain`; the llguidance guide is `Send` itself
+// (asserted at compile time in `crate::constraint`). Not Sync: sampling
+// mutates RNG state and the chain's scratch buffer.
 unsafe impl Send for Sampler<'_> {}
 
 impl fmt::Debug for Sampler<'_> {

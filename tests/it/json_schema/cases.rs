@@ -285,4 +285,3 @@ pub(super) fn unsupported_cases() -> Vec<(Value, &'static str, &'static str)> {
         ),
     ]
 }
-

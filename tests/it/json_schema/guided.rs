@@ -137,6 +137,19 @@ NUMBER: /[0-9]+/"#,
     assert!(accepts(&lark, "maybe 42"));
     assert!(accepts(&lark, "no"));
     assert!(!accepts(&lark, "nope"));
+    // After the document and its end token, only end tokens (as llama.cpp's
+    // grammar sampler once its grammar completes), for a caller that
+    // decodes past the end.
+    let vocab = model().vocab();
+    let mut ended = SamplerChain::new().constraint(model(), &digits).greedy().build().unwrap();
+    for t in vocab.tokenize("123-abc", AddBos::No).unwrap().into_iter().chain(vocab.eos()) {
+        ended.accept(t).unwrap();
+    }
+    let row = vec![0.0f32; vocab.n_tokens()];
+    for _ in 0..2 {
+        assert!(vocab.is_eog(ended.sample_logits(vocab, &row).unwrap()));
+    }
+    assert!(matches!(ended.accept(vocab.tokenize("x", AddBos::No).unwrap()[0]), Err(Error::Grammar(_))));
     let bad = SamplerChain::new().constraint(model(), &Constraint::regex("(unclosed")).greedy().build();
     assert!(matches!(bad, Err(Error::Grammar(_))), "{bad:?}");
     let _ = json!(null);
