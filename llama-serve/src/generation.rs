@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use axum::http::StatusCode;
 use futures::{Stream, StreamExt};
+use llama::constraint::Constraint;
 use llama::engine::{Completion, Engine, Event, Finish, Request, SamplingParams, TokenLogprob};
 use llama::generate::FinishReason;
 use llama::{Error, Special, Token, Vocab};
@@ -69,22 +70,15 @@ fn fresh_seed() -> u32 {
     ((x ^ (x >> 29)) as u32) ^ nanos
 }
 
-/// What a request's output is constrained by: a GBNF grammar (the
-/// `grammar` extension field, forced tool calls) for llama.cpp's grammar
-/// sampler, or an llguidance constraint (`response_format`).
-#[derive(Clone, Debug)]
-pub enum Constrain {
-    Gbnf(String),
-    Guided(llama::constraint::Constraint),
-}
-
 /// The engine's sampling for choice `choice` (seeds differ per choice, so
-/// `n` sampled choices differ).
+/// `n` sampled choices differ). `constraint` is llguidance's
+/// (`response_format`, forced tool calls); without one, the `grammar`
+/// extension field is a GBNF grammar for llama.cpp's sampler.
 pub fn sampling_params(
     s: &Sampling,
     vocab: &Vocab,
     top_logprobs: Option<usize>,
-    constrain: Option<&Constrain>,
+    constraint: Option<&Constraint>,
     choice: usize,
 ) -> Result<SamplingParams, ApiError> {
     let mut p = SamplingParams::greedy()
@@ -117,9 +111,9 @@ pub fn sampling_params(
         }
         p = p.logit_bias(list);
     }
-    match (constrain, &s.grammar) {
-        (Some(Constrain::Guided(c)), _) => p = p.constraint(c.clone()),
-        (Some(Constrain::Gbnf(g)), _) | (None, Some(g)) => p = p.grammar(g.clone()),
+    match (constraint, &s.grammar) {
+        (Some(c), _) => p = p.constraint(c.clone()),
+        (None, Some(g)) => p = p.grammar(g.clone()),
         (None, None) => {}
     }
     if let Some(top) = top_logprobs {

@@ -11,7 +11,7 @@ use llama::{AddBos, Special, Token, Vocab};
 use serde_json::{Value, json};
 
 use crate::content::{self, ContentError};
-use crate::generation::{self, Constrain, MAX_CHOICES};
+use crate::generation::{self, MAX_CHOICES};
 use crate::openai::{ApiError, ChatRequest, CompletionRequest, PromptInput, ResponseFormat};
 use crate::state::Ready;
 use crate::tools::{self, ToolChoice, ToolFormat, Tools};
@@ -87,7 +87,7 @@ pub(super) fn chat_prompt(
     req: &ChatRequest,
     tools: Option<&Tools>,
     special_in_content: bool,
-) -> Result<(Prompt, Option<Constrain>), ApiError> {
+) -> Result<(Prompt, Option<Constraint>), ApiError> {
     for (i, m) in req.messages.iter().enumerate() {
         check_message(i, m)?;
     }
@@ -112,10 +112,9 @@ pub(super) fn chat_prompt(
     // (bounded whitespace, no undeclared properties, bounded numbers and
     // recursion), as the GBNF converter wrote it before; compiled when the
     // engine takes the request (a bad schema is a 400 on response_format).
-    let json =
-        |schema: Value| Constrain::Guided(Constraint::json_schema(schema).with_json_options(JsonOptions::tight()));
-    let grammar = match (tools.filter(|t| t.forced()), &req.response_format) {
-        (Some(forced), _) => Some(Constrain::Gbnf(tools::forcing_grammar(ready.tool_format, forced)?)),
+    let json = |schema: Value| Constraint::json_schema(schema).with_json_options(JsonOptions::tight());
+    let constraint = match (tools.filter(|t| t.forced()), &req.response_format) {
+        (Some(forced), _) => Some(tools::forcing_constraint(ready.tool_format, forced, &ready.model)?),
         (None, None | Some(ResponseFormat::Text)) => None,
         (None, Some(ResponseFormat::JsonObject)) => Some(json(json!({"type": "object"}))),
         (None, Some(ResponseFormat::JsonSchema { json_schema })) => {
@@ -128,7 +127,7 @@ pub(super) fn chat_prompt(
     // for llama.cpp's behaviour.
     if !special_in_content {
         match content::plain_content_tokens(&ready.chat, vocab, &messages, &options) {
-            Ok(Some(tokens)) => return Ok((Prompt::Tokens(tokens), grammar)),
+            Ok(Some(tokens)) => return Ok((Prompt::Tokens(tokens), constraint)),
             Ok(None) => {}
             Err(ContentError::Llama(e)) => return Err(generation::engine_error(e)),
             Err(ContentError::Messages(e)) => return Err(invalid(e)),
@@ -145,7 +144,7 @@ pub(super) fn chat_prompt(
         serde_json::from_value(Value::Array(messages.into_owned())).map_err(|e| invalid(e.to_string()))?;
     let text = ready.chat.render(&messages, &options).map_err(generation::engine_error)?;
     let add_bos = content::bos_to_add(vocab, &text);
-    Ok((Prompt::Text { text, add_bos, special: Special::Markup }, grammar))
+    Ok((Prompt::Text { text, add_bos, special: Special::Markup }, constraint))
 }
 
 /// `messages` with the tools and the call syntax described in the system

@@ -1,14 +1,19 @@
-//! A grammar that admits only calls in the model's syntax, with arguments
-//! valid against each tool's parameter schema: what `tool_choice:
-//! "required"` or a named function runs under, so that even a base model
-//! answers with a call a client can execute.
+//! A constraint that admits only calls in the model's syntax, with
+//! arguments valid against each tool's parameter schema: what
+//! `tool_choice: "required"` or a named function runs under, so that even
+//! a base model answers with a call a client can execute. It is a Lark
+//! grammar for llguidance (`llama::constraint`), each tool's arguments an
+//! inline `%json` schema with the tight options, and the syntax's markers
+//! that are control tokens of the model written as those tokens.
+
+use llama::constraint::{Constraint, JsonOptions};
+use llama::{AddBos, Model, SamplerChain, Vocab};
 
 use super::format::ToolFormat;
 use super::request::{ToolChoice, Tools};
 use crate::openai::ApiError;
 
-/// How a syntax writes its calls: the text around them, and one call with
-/// its name and arguments (rule names in GBNF).
+/// How a syntax writes its calls: the text around them and between them.
 struct Shape {
     open: &'static str,
     separator: &'static str,
@@ -31,41 +36,79 @@ impl ToolFormat {
         }
     }
 
-    /// One call to `name` (a literal-safe name) with arguments `args` (a
-    /// rule), as a GBNF sequence.
-    fn call(self, name: &str, args: &str) -> String {
-        let (before, between, after) = match self {
+    /// The text of one call before the function's name, between the name
+    /// and the arguments, and after them.
+    fn call(self) -> (&'static str, &'static str, &'static str) {
+        match self {
             ToolFormat::Hermes | ToolFormat::Generic => {
-                ("<tool_call>\\n{\\\"name\\\": \\\"", "\\\", \\\"arguments\\\": ", "}\\n</tool_call>")
+                ("<tool_call>\n{\"name\": \"", "\", \"arguments\": ", "}\n</tool_call>")
             }
-            ToolFormat::Llama3 => ("{\\\"name\\\": \\\"", "\\\", \\\"parameters\\\": ", "}"),
-            ToolFormat::MistralList => ("{\\\"name\\\": \\\"", "\\\", \\\"arguments\\\": ", "}"),
+            ToolFormat::Llama3 => ("{\"name\": \"", "\", \"parameters\": ", "}"),
+            ToolFormat::MistralList => ("{\"name\": \"", "\", \"arguments\": ", "}"),
             ToolFormat::MistralArgs => ("[TOOL_CALLS]", "[ARGS]", ""),
             ToolFormat::FunctionaryV31 => ("<function=", ">", "</function>"),
-            ToolFormat::FunctionaryV32 => ("", "\\n", ""),
+            ToolFormat::FunctionaryV32 => ("", "\n", ""),
             ToolFormat::DeepSeekR1 => {
-                ("<｜tool▁call▁begin｜>function<｜tool▁sep｜>", "\\n```json\\n", "\\n```<｜tool▁call▁end｜>")
+                ("<｜tool▁call▁begin｜>function<｜tool▁sep｜>", "\n```json\n", "\n```<｜tool▁call▁end｜>")
             }
             ToolFormat::DeepSeekV3 => ("<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>"),
-            ToolFormat::CommandR7b | ToolFormat::CommandRPlus => {
-                ("{\\\"tool_name\\\": \\\"", "\\\", \\\"parameters\\\": ", "}")
-            }
+            ToolFormat::CommandR7b | ToolFormat::CommandRPlus => ("{\"tool_name\": \"", "\", \"parameters\": ", "}"),
             ToolFormat::KimiK2 => {
                 ("<|tool_call_begin|>functions.", ":0<|tool_call_argument_begin|>", "<|tool_call_end|>")
             }
-        };
-        let after = if after.is_empty() { String::new() } else { format!(" \"{after}\"") };
-        format!("\"{before}{name}{between}\" {args}{after}")
+        }
     }
 }
 
-/// The grammar of what a forced request may answer: one call (or, with
+/// `text` as a sequence of Lark elements: its runs of ordinary text as
+/// string literals, and each control token of the model in it (which no
+/// text can produce: `[TOOL_CALLS]`, `<|START_ACTION|>`, ...) as that token
+/// (`<[id]>`). Empty for empty text. Tokenizing with control tokens
+/// parsed tells which ones occur; the text is split at their markup.
+fn lark_text(text: &str, vocab: &Vocab) -> Result<String, String> {
+    let literal = |s: &str| serde_json::to_string(s).map_err(|e| e.to_string());
+    let mut controls: Vec<(String, i32)> = Vec::new();
+    for t in vocab.tokenize_special(text, AddBos::No).map_err(|e| e.to_string())? {
+        if vocab.is_control(t) {
+            let markup = vocab.token_to_piece(t, llama::Special::Markup).map_err(|e| e.to_string())?;
+            let markup = String::from_utf8_lossy(&markup).into_owned();
+            if !markup.is_empty() && !controls.iter().any(|(m, _)| *m == markup) {
+                controls.push((markup, t.0));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    let mut rest = text;
+    while !rest.is_empty() {
+        let next = controls.iter().filter_map(|(m, id)| rest.find(m.as_str()).map(|at| (at, m.len(), *id))).min();
+        match next {
+            Some((at, len, id)) => {
+                if at > 0 {
+                    out.push(literal(&rest[..at])?);
+                }
+                out.push(format!("<[{id}]>"));
+                rest = &rest[at + len..];
+            }
+            None => {
+                out.push(literal(rest)?);
+                rest = "";
+            }
+        }
+    }
+    Ok(out.join(" "))
+}
+
+/// The constraint of what a forced request may answer: one call (or, with
 /// `parallel_tool_calls`, one or more) to the required tool or any tool,
 /// each tool's arguments valid against its `parameters`.
 ///
 /// # Errors
-/// A 400 (`tools`) if a tool's parameters cannot be turned into a grammar.
-pub fn forcing_grammar(format: ToolFormat, tools: &Tools) -> Result<String, ApiError> {
+/// A 400 (`tools`) if a tool's parameters are a schema llguidance refuses,
+/// or the syntax's text cannot be tokenized.
+pub fn forcing_constraint(format: ToolFormat, tools: &Tools, model: &Model) -> Result<Constraint, ApiError> {
+    let vocab = model.vocab();
+    let fail = |e: String| ApiError::bad_request(format!("tools: {e}")).param("tools");
+    let (before, between, after) = format.call();
     let mut rules = String::new();
     let mut calls = Vec::new();
     for (i, (name, parameters)) in tools.functions.iter().enumerate() {
@@ -74,87 +117,120 @@ pub fn forcing_grammar(format: ToolFormat, tools: &Tools) -> Result<String, ApiE
         {
             continue;
         }
-        let grammar = llama::json_schema::schema_to_grammar(parameters)
+        // Compiled alone first, so that a bad schema is the tool's error.
+        let alone = Constraint::json_schema(parameters.clone()).with_json_options(JsonOptions::tight());
+        SamplerChain::new()
+            .constraint(model, &alone)
+            .greedy()
+            .build()
             .map_err(|e| ApiError::bad_request(format!("tools[{i}]: parameters: {e}")).param("tools"))?;
-        let prefix = format!("tool{i}-");
-        rules.push_str(&prefixed(&grammar, &prefix));
-        rules.push('\n');
-        calls.push(format.call(name, &format!("{prefix}root")));
+        let schema = JsonOptions::tight().prepare(parameters);
+        let head = lark_text(&format!("{before}{name}{between}"), vocab).map_err(fail)?;
+        let tail = lark_text(after, vocab).map_err(fail)?;
+        rules.push_str(&format!("call{i}: {head} args{i} {tail}\nargs{i}: %json {schema}\n"));
+        calls.push(format!("call{i}"));
     }
     let shape = format.shape();
-    // GBNF has no empty literal: absent parts are left out.
-    let literal = |text: &str| if text.is_empty() { String::new() } else { format!("\"{}\" ", escape(text)) };
-    let more = if tools.parallel { format!("({}call)* ", literal(shape.separator)) } else { String::new() };
-    Ok(format!(
-        "root ::= {}call {more}{}\ncall ::= {}\n{rules}",
-        literal(shape.open),
-        literal(shape.close),
-        calls.join(" | ")
-    ))
-}
-
-/// A GBNF literal's inside.
-fn escape(text: &str) -> String {
-    text.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
-}
-
-/// `grammar` with every rule name prefixed, so that several grammars can
-/// share one file. Names are GBNF's words (letters, digits, `-`, `_`)
-/// outside literals, character classes, repetition counts and comments.
-fn prefixed(grammar: &str, prefix: &str) -> String {
-    let mut out = String::with_capacity(grammar.len() * 2);
-    let mut chars = grammar.chars().peekable();
-    let word = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_';
-    while let Some(c) = chars.next() {
-        match c {
-            '"' | '[' => {
-                let end = if c == '"' { '"' } else { ']' };
-                out.push(c);
-                while let Some(d) = chars.next() {
-                    out.push(d);
-                    if d == '\\' {
-                        if let Some(e) = chars.next() {
-                            out.push(e);
-                        }
-                    } else if d == end {
-                        break;
-                    }
-                }
-            }
-            '{' | '#' => {
-                let end = if c == '{' { '}' } else { '\n' };
-                out.push(c);
-                for d in chars.by_ref() {
-                    out.push(d);
-                    if d == end {
-                        break;
-                    }
-                }
-            }
-            c if word(c) => {
-                out.push_str(prefix);
-                out.push(c);
-                while let Some(&d) = chars.peek().filter(|&&d| word(d)) {
-                    out.push(d);
-                    chars.next();
-                }
-            }
-            c => out.push(c),
-        }
-    }
-    out
+    let (open, separator, close) =
+        (lark_text(shape.open, vocab), lark_text(shape.separator, vocab), lark_text(shape.close, vocab));
+    let (open, separator, close) = (open.map_err(fail)?, separator.map_err(fail)?, close.map_err(fail)?);
+    let more = if tools.parallel { format!("({separator} call)*") } else { String::new() };
+    Ok(Constraint::lark(format!("start: {open} call {more} {close}\ncall: {}\n{rules}", calls.join(" | "))))
 }
 
 #[cfg(test)]
 mod tests {
+    use llama::testing::{TINY_CONTROL_TOKEN, TINY_CONTROL_TOKEN_ID, TinyModelSpec, tiny_llama_path};
+    use llama::{Error, ModelParams};
+    use serde_json::json;
+
     use super::*;
 
+    fn tiny() -> Model {
+        Model::load(tiny_llama_path(&TinyModelSpec::default()).unwrap(), &ModelParams::default()).unwrap()
+    }
+
+    /// Whether `constraint` lets `text` be written in full, one byte token
+    /// at a time (the tiny vocabulary's tokenizer adds a leading space),
+    /// and then end.
+    fn accepts(model: &Model, constraint: &Constraint, text: &str) -> bool {
+        let vocab = model.vocab();
+        let byte_token = |b: u8| {
+            (0..vocab.n_tokens() as i32)
+                .map(llama::Token)
+                .find(|&t| vocab.token_to_piece(t, llama::Special::Plain).unwrap() == [b])
+                .unwrap_or_else(|| panic!("no token for byte {b}"))
+        };
+        let mut sampler = SamplerChain::new().constraint(model, constraint).greedy().build().unwrap();
+        let tokens: Vec<llama::Token> = text.bytes().map(byte_token).collect();
+        tokens.into_iter().chain(vocab.eos()).all(|t| match sampler.accept(t) {
+            Ok(()) => true,
+            Err(Error::Grammar(_)) => false,
+            Err(e) => panic!("{e}"),
+        })
+    }
+
+    const ALL: [ToolFormat; 12] = [
+        ToolFormat::Hermes,
+        ToolFormat::Llama3,
+        ToolFormat::MistralList,
+        ToolFormat::MistralArgs,
+        ToolFormat::FunctionaryV31,
+        ToolFormat::FunctionaryV32,
+        ToolFormat::DeepSeekR1,
+        ToolFormat::DeepSeekV3,
+        ToolFormat::CommandR7b,
+        ToolFormat::CommandRPlus,
+        ToolFormat::KimiK2,
+        ToolFormat::Generic,
+    ];
+
+    /// In every syntax, a call to a tool with valid arguments passes, and
+    /// a call to an unknown tool or with arguments its schema refuses
+    /// does not; with parallel calls, two in a row pass.
     #[test]
-    fn rule_names_are_prefixed_outside_literals_classes_and_counts() {
-        let g = "root ::= \"a-b \\\" x\" item{2,3} [a-z\\]] # note root\nitem ::= [0-9]+ | \"root\"";
-        assert_eq!(
-            prefixed(g, "t0-"),
-            "t0-root ::= \"a-b \\\" x\" t0-item{2,3} [a-z\\]] # note root\nt0-item ::= [0-9]+ | \"root\""
-        );
+    fn each_syntax_forces_a_valid_call() {
+        let model = tiny();
+        let add = json!({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                         "required": ["a", "b"]});
+        for format in ALL {
+            for parallel in [false, true] {
+                let tools = Tools {
+                    functions: vec![("add".into(), add.clone())],
+                    choice: ToolChoice::Required,
+                    parallel,
+                    raw: vec![],
+                };
+                let constraint = forcing_constraint(format, &tools, &model).unwrap();
+                let (before, between, after) = format.call();
+                let shape = format.shape();
+                let call = |name: &str, args: &str| format!("{before}{name}{between}{args}{after}");
+                let one = call("add", r#"{"a": 1, "b": 2}"#);
+                let whole = |calls: &[String]| format!("{}{}{}", shape.open, calls.join(shape.separator), shape.close);
+                let single = whole(std::slice::from_ref(&one));
+                assert!(accepts(&model, &constraint, &single), "{format:?}: {single}");
+                let two = whole(&[one.clone(), one.clone()]);
+                assert_eq!(accepts(&model, &constraint, &two), parallel, "{format:?} parallel {parallel}: {two}");
+                let wrong_name = whole(&[call("sub", r#"{"a": 1, "b": 2}"#)]);
+                assert!(!accepts(&model, &constraint, &wrong_name), "{format:?}: {wrong_name}");
+                let bad_args = whole(&[call("add", r#"{"a": "1", "b": 2}"#)]);
+                assert!(!accepts(&model, &constraint, &bad_args), "{format:?}: {bad_args}");
+            }
+        }
+    }
+
+    #[test]
+    fn control_tokens_in_the_syntax_are_written_as_tokens() {
+        let model = tiny();
+        let text = lark_text(&format!("a{TINY_CONTROL_TOKEN}b"), model.vocab()).unwrap();
+        assert_eq!(text, format!("\"a\" <[{TINY_CONTROL_TOKEN_ID}]> \"b\""));
+        let bad = Tools {
+            functions: vec![("f".into(), json!({"type": "strin"}))],
+            choice: ToolChoice::Required,
+            parallel: false,
+            raw: vec![],
+        };
+        let e = forcing_constraint(ToolFormat::Hermes, &bad, &model).unwrap_err();
+        assert!(format!("{e:?}").contains("tools[0]: parameters"), "{e:?}");
     }
 }

@@ -1,7 +1,7 @@
 //! Tool calls: which syntax the model's chat template teaches
 //! ([`ToolFormat::from_template`]), the calls parsed back out of its
-//! output, whole or as it streams ([`ToolStream`]), and a grammar that
-//! forces a call when the client requires one ([`forcing_grammar`]).
+//! output, whole or as it streams ([`ToolStream`]), and a constraint that
+//! forces a call when the client requires one ([`forcing_constraint`]).
 
 mod format;
 mod grammar;
@@ -9,7 +9,7 @@ mod request;
 mod stream;
 
 pub use format::ToolFormat;
-pub use grammar::forcing_grammar;
+pub use grammar::forcing_constraint;
 pub use request::{ToolChoice, Tools};
 pub use stream::{ToolEvent, ToolStream, parse};
 

@@ -144,6 +144,15 @@ impl JsonOptions {
     pub fn tight() -> JsonOptions {
         JsonOptions { bounded_whitespace: true, no_additional_properties: true, ..JsonOptions::default() }
     }
+
+    /// The schema llguidance compiles for `schema` under these options:
+    /// recursion unrolled to [`max_depth`](Self::max_depth), the
+    /// tightenings written into it (and llguidance's whitespace option
+    /// under `x-guidance`). [`Constraint::json_schema`] does this itself;
+    /// this is for schemas embedded in a Lark grammar (`%json {...}`).
+    pub fn prepare(&self, schema: &Value) -> Value {
+        prepared_schema(schema, self)
+    }
 }
 
 impl Default for JsonOptions {
