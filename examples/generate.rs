@@ -6,6 +6,7 @@
 //! cargo run --release --example generate -- --chat --prompt "Write a haiku about rust" -n 64
 //! cargo run --release --example generate -- --model other.gguf --file prompt.txt --greedy
 //! cargo run --release --example generate -- --json-schema person.schema.json --prompt "A person in JSON:" --greedy
+//! cargo run --release --example generate -- --spec --file edit-this-code.txt --greedy
 //! ```
 //!
 //! With `--json-schema FILE` (output valid against that JSON Schema) or
@@ -28,6 +29,7 @@ use clap::Parser;
 use llama::chat::RenderOptions;
 use llama::constraint::{Constraint, JsonOptions};
 use llama::generate::{FinishReason, GenerateOptions, Overflow, Session};
+use llama::speculative::Speculation;
 use llama::{AddBos, ChatFormat, ChatMessage, ContextParams, Model, ModelParams, Sampler, SamplerChain};
 
 #[derive(Parser, Debug)]
@@ -127,6 +129,15 @@ struct Args {
     /// Stop when this text appears (repeatable).
     #[arg(long)]
     stop: Vec<String>,
+    /// Speculative decoding with drafts from the text itself (n-gram
+    /// lookup in the prompt and the output): same output, several tokens
+    /// per decode where the text repeats. The statistics line counts the
+    /// drafted and accepted tokens.
+    #[arg(long)]
+    spec: bool,
+    /// With --spec: the most tokens one draft holds.
+    #[arg(long, default_value_t = Speculation::ngram().max_draft())]
+    draft_max: usize,
 }
 
 fn main() -> ExitCode {
@@ -193,6 +204,9 @@ fn run(args: &Args) -> Result<(), BoxError> {
     );
     if let Ok(n) = usize::try_from(args.n_predict) {
         options = options.max_tokens(n);
+    }
+    if args.spec {
+        options = options.speculation(Speculation::ngram().draft_max(args.draft_max));
     }
 
     let mut session = Session::new();

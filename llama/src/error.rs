@@ -123,6 +123,11 @@ pub enum Error {
     /// The KV cache of this context cannot shift positions (`llama_memory_can_shift`).
     #[error("the KV cache of this context cannot shift positions")]
     CannotShift,
+    /// Speculative decoding ([`Speculation`](crate::speculative::Speculation))
+    /// needs a cache that can drop a sequence's last positions; this
+    /// context's cannot (the text says why).
+    #[error("speculative decoding is not possible here: {0}")]
+    CannotSpeculate(&'static str),
     /// Generation needs another position but the sequence already fills
     /// the context (see [`Overflow`](crate::generate::Overflow)).
     #[error("the context is full ({n_ctx} tokens per sequence)")]

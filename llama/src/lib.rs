@@ -87,6 +87,7 @@ mod quantize;
 #[cfg_attr(docsrs, doc(cfg(feature = "rpc")))]
 pub mod rpc;
 mod sampler;
+pub mod speculative;
 mod stack;
 mod state;
 #[cfg(feature = "testing")]

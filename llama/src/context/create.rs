@@ -131,6 +131,7 @@ impl<'m> Context<'m> {
             // and GGML_ASSERT(ggml_can_mul_mat) aborts when they differ.
             mean_pooling_blocked: mean_pooling && n_seq_max > 0 && n_ctx.min(n_ubatch) % n_seq_max != 0,
             has_memory,
+            swa_full: p.swa_full,
             needs_encoder_output,
             encoded: false,
             // Grown by the first decode to that batch's size: n_batch

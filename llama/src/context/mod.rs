@@ -108,6 +108,8 @@ pub struct Context<'m> {
     /// The context has a memory module (KV cache); without one llama.cpp
     /// runs `decode` as `encode`.
     has_memory: bool,
+    /// Created with `swa_full`: a sliding-window cache keeps every position.
+    swa_full: bool,
     /// An encoder-decoder model whose decoder reads the encoder output
     /// (cross-attention): decoding needs a successful `encode` first.
     needs_encoder_output: bool,
@@ -344,6 +346,30 @@ impl<'m> Context<'m> {
     pub fn seq_epoch(&self, seq: SeqId) -> Result<u64> {
         self.check_seq(seq)?;
         Ok(self.epochs[seq as usize])
+    }
+
+    /// Whether the cache can take a draft and drop its rejected tail
+    /// exactly, as speculative decoding needs.
+    ///
+    /// # Errors
+    /// [`Error::CannotSpeculate`] for a context without a KV cache, a
+    /// recurrent or hybrid model (one state per sequence, no positions to
+    /// drop), or a sliding-window model without `swa_full` (decoding a draft
+    /// may evict positions that the tokens kept after it still attend to).
+    pub(crate) fn check_can_speculate(&self) -> Result<()> {
+        let model = self.model();
+        if !self.has_memory || self.memory().is_null() {
+            return Err(Error::CannotSpeculate("the context has no KV cache"));
+        }
+        if model.is_recurrent() || model.is_hybrid() {
+            return Err(Error::CannotSpeculate("a recurrent or hybrid model's cache cannot drop its last tokens"));
+        }
+        if model.n_swa() > 0 && !self.swa_full {
+            return Err(Error::CannotSpeculate(
+                "a sliding-window cache without swa_full can evict positions a rejected draft pushed out",
+            ));
+        }
+        Ok(())
     }
 
     /// Records a change to the cache of `seq` (every sequence for `None`).

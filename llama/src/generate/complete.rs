@@ -6,6 +6,7 @@ use crate::context::ContextParams;
 use crate::error::{Error, Result};
 use crate::model::Model;
 use crate::sampler::SamplingParams;
+use crate::speculative::Speculation;
 use crate::vocab::{AddBos, Token};
 
 use super::{FinishReason, GenerateOptions, GenerationStats, Session};
@@ -64,6 +65,15 @@ impl CompleteOptions {
         S: Into<String>,
     {
         self.generate = self.generate.stop(stops);
+        self
+    }
+
+    /// Speculative decoding with drafts from the text itself (see
+    /// [`crate::speculative`]): same output distribution, several tokens
+    /// per decode where the text repeats.
+    #[must_use]
+    pub fn speculation(mut self, speculation: impl Into<Option<Speculation>>) -> Self {
+        self.generate = self.generate.speculation(speculation);
         self
     }
 

@@ -4,6 +4,7 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::batch::SeqId;
+use crate::speculative::Speculation;
 use crate::vocab::Special;
 
 /// What to do when the context is full and another token must be decoded.
@@ -26,7 +27,7 @@ pub enum Overflow {
 ///
 /// Defaults: no token limit, no stop strings, stop at end-of-generation
 /// tokens, `n_keep` 0, [`Overflow::Error`], sequence 0, control tokens
-/// rendered as nothing.
+/// rendered as nothing, no speculative decoding.
 #[derive(Clone, Debug)]
 pub struct GenerateOptions {
     pub(super) max_tokens: Option<usize>,
@@ -36,6 +37,7 @@ pub struct GenerateOptions {
     pub(super) overflow: Overflow,
     pub(super) seq: SeqId,
     pub(super) special: Special,
+    pub(super) speculation: Option<Speculation>,
 }
 
 impl Default for GenerateOptions {
@@ -48,6 +50,7 @@ impl Default for GenerateOptions {
             overflow: Overflow::Error,
             seq: 0,
             special: Special::Plain,
+            speculation: None,
         }
     }
 }
@@ -118,6 +121,17 @@ impl GenerateOptions {
         self.special = special;
         self
     }
+
+    /// Speculative decoding with drafts from the sequence's own text (see
+    /// [`crate::speculative`]): the same output distribution, several
+    /// tokens per decode where the text repeats. [`Session::generate`](crate::generate::Session::generate)
+    /// checks the settings and the context
+    /// ([`Error::CannotSpeculate`](crate::Error::CannotSpeculate)).
+    #[must_use]
+    pub fn speculation(mut self, speculation: impl Into<Option<Speculation>>) -> Self {
+        self.speculation = speculation.into();
+        self
+    }
 }
 
 /// Why a generation ended.
@@ -173,6 +187,12 @@ pub struct GenerationStats {
     pub prompt_evaluated: usize,
     /// Tokens sampled, including a final end-of-generation token.
     pub generated_tokens: usize,
+    /// Draft tokens decoded for verification
+    /// ([`GenerateOptions::speculation`]).
+    pub drafted_tokens: usize,
+    /// Draft tokens the model's samples confirmed: each is a generated
+    /// token that took no decode step of its own.
+    pub accepted_draft_tokens: usize,
     /// Context shifts performed ([`Overflow::Shift`]).
     pub context_shifts: usize,
     /// From the start to the first sampled token; `None` if none was.
@@ -236,6 +256,9 @@ impl fmt::Display for GenerationStats {
             self.decode_tokens_per_second(),
             self.ms_per_token(),
         )?;
+        if self.drafted_tokens > 0 {
+            write!(f, " | draft {}/{} accepted", self.accepted_draft_tokens, self.drafted_tokens)?;
+        }
         if self.context_shifts > 0 {
             write!(f, " | {} context shifts", self.context_shifts)?;
         }

@@ -2,4 +2,5 @@
 //! the real one.
 
 mod real;
+mod speculative;
 mod synthetic;

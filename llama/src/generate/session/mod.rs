@@ -4,11 +4,14 @@ use std::fmt;
 use std::ops::ControlFlow;
 use std::time::Instant;
 
-use crate::batch::{Batch, Logits, Pos, SeqId};
+use crate::batch::{Batch, Pos, SeqId};
 use crate::context::{AbortHandle, Context, Output};
 use crate::error::{Error, Result};
 use crate::sampler::Sampler;
+use crate::speculative::NgramDrafter;
 use crate::vocab::Token;
+
+mod decode;
 
 use super::tail::{TailBuffers, TextTail};
 use super::{FinishReason, GenerateOptions, GenerationStats, Overflow};
@@ -104,7 +107,10 @@ impl Session {
     /// [`Error::EmptyPrompt`]; [`Error::PromptTooLong`] for a prompt longer
     /// than the context of a sequence ([`Context::n_ctx_seq`]);
     /// [`Error::InvalidToken`] for a token outside the vocabulary;
-    /// [`Error::InvalidSeqId`] for a sequence outside the context.
+    /// [`Error::InvalidSeqId`] for a sequence outside the context;
+    /// with [`GenerateOptions::speculation`], [`Error::InvalidParameter`]
+    /// for its settings and [`Error::CannotSpeculate`] for a context whose
+    /// cache cannot drop a rejected draft.
     pub fn generate<'a, 'm, 's>(
         &'a mut self,
         ctx: &'a mut Context<'m>,
@@ -124,6 +130,14 @@ impl Session {
         for &token in prompt {
             ctx.model().vocab().check(token)?;
         }
+        let drafter = match options.speculation {
+            Some(spec) => {
+                spec.validate()?;
+                ctx.check_can_speculate()?;
+                Some(NgramDrafter::new(spec))
+            }
+            None => None,
+        };
 
         // What is in the cache: the record of the last run on this
         // sequence, if the cache still ends where that record says.
@@ -181,6 +195,8 @@ impl Session {
             overflow: options.overflow,
             seq,
             n_ctx,
+            draft: Vec::with_capacity(drafter.as_ref().map_or(0, |_| n_batch)),
+            drafter,
             phase: Phase::Prefill,
             pending: None,
             start: None,
@@ -238,6 +254,10 @@ pub struct Generation<'a, 'm, 's> {
     overflow: Overflow,
     seq: SeqId,
     n_ctx: usize,
+    /// Speculative decoding: the drafter, and the draft decoded after the
+    /// pending token.
+    drafter: Option<NgramDrafter>,
+    draft: Vec<Token>,
     phase: Phase,
     /// A sampled token that has not been decoded yet.
     pending: Option<Token>,
@@ -384,7 +404,9 @@ impl Generation<'_, '_, '_> {
     }
 
     /// One step: the prefill (first call), then decode the pending token
-    /// and sample the next one, leaving its releasable text in the tail.
+    /// (and a draft after it) and sample the next one (and one after each
+    /// draft token the model confirms), leaving the releasable text in
+    /// the tail.
     fn step(&mut self) -> Result<()> {
         if self.abort.take() {
             self.finish(FinishReason::Cancelled);
@@ -401,11 +423,43 @@ impl Generation<'_, '_, '_> {
             self.finish(FinishReason::Length);
             return Ok(());
         }
-        if let Some(token) = self.pending.take() {
-            self.decode_pending(token)?;
+        let drafted = match self.pending.take() {
+            Some(token) => self.decode_pending(token)?,
+            None => 0,
+        };
+        if drafted == 0 {
+            let token = self.sampler.sample(self.ctx, Output::Last)?;
+            self.take(token)?;
+            return Ok(());
         }
+        // Batch index m + 1 holds draft[m]; the output of index m predicts
+        // it. Sample in order while the samples confirm the draft.
+        let mut accepted = 0;
+        let verified = (|| -> Result<()> {
+            for m in 0..=drafted {
+                let token = self.sampler.sample(self.ctx, Output::Index(m))?;
+                let confirmed = self.take(token)? && m < drafted && token == self.draft[m];
+                if !confirmed {
+                    break;
+                }
+                // The draft token at this position is the sampled one.
+                self.pending = None;
+                self.session.n_cached += 1;
+                accepted += 1;
+            }
+            Ok(())
+        })();
+        self.stats.accepted_draft_tokens += accepted;
+        if let Some(drafter) = &mut self.drafter {
+            drafter.record(drafted, accepted);
+        }
+        let dropped = self.drop_rejected(drafted - accepted);
+        verified.and(dropped)
+    }
 
-        let token = self.sampler.sample(self.ctx, Output::Last)?;
+    /// Counts a sampled token and hands it to the tail; false when it
+    /// ended the run. Otherwise it is pending: the next token to decode.
+    fn take(&mut self, token: Token) -> Result<bool> {
         let now = Instant::now();
         self.stats.generated_tokens += 1;
         match self.first_token {
@@ -418,83 +472,15 @@ impl Generation<'_, '_, '_> {
         let vocab = self.ctx.model().vocab();
         if self.stop_at_eog && vocab.is_eog(token) {
             self.finish(FinishReason::EndOfGeneration);
-            return Ok(());
+            return Ok(false);
         }
         self.session.tokens.push(token);
         self.pending = Some(token);
         if let Some(stop) = self.tail.push(token)? {
             self.finish(FinishReason::Stop(stop));
+            return Ok(false);
         }
-        Ok(())
-    }
-
-    /// Decodes the uncached part of the prompt in chunks of `n_batch`,
-    /// with logits for the last prompt token only.
-    fn prefill(&mut self) -> Result<()> {
-        let start = Instant::now();
-        self.start = Some(start);
-        let batch = &mut self.session.batch;
-        let total = self.session.tokens.len();
-        while self.session.n_cached < total {
-            if self.abort.take() {
-                self.finish(FinishReason::Cancelled);
-                return Ok(());
-            }
-            let from = self.session.n_cached;
-            let to = total.min(from + batch.capacity());
-            batch.clear();
-            batch.push_sequence(&self.session.tokens[from..to], from as Pos, self.seq, Logits::from(to == total))?;
-            if let Err(e) = self.ctx.decode(batch) {
-                self.resync();
-                return Err(e);
-            }
-            self.session.n_cached = to;
-        }
-        self.ctx.synchronize();
-        self.stats.prefill_time = start.elapsed();
-        Ok(())
-    }
-
-    /// Decodes the last sampled token, making room first if the context
-    /// is full.
-    fn decode_pending(&mut self, token: Token) -> Result<()> {
-        if self.session.n_cached >= self.n_ctx {
-            match self.overflow {
-                Overflow::Error => return Err(Error::ContextFull { n_ctx: self.n_ctx as u32 }),
-                Overflow::Shift => self.shift()?,
-            }
-        }
-        let batch = &mut self.session.batch;
-        batch.clear();
-        batch.push(token, self.session.n_cached as Pos, &[self.seq], Logits::Yes)?;
-        if let Err(e) = self.ctx.decode(batch) {
-            self.resync();
-            return Err(e);
-        }
-        self.session.n_cached += 1;
-        Ok(())
-    }
-
-    /// Context shift: keep `n_keep` tokens, discard half of the rest.
-    fn shift(&mut self) -> Result<()> {
-        if !self.ctx.can_shift() {
-            return Err(Error::CannotShift);
-        }
-        let n_past = self.session.n_cached;
-        let keep = self.n_keep.min(n_past);
-        let discard = (n_past - keep) / 2;
-        if discard == 0 {
-            return Err(Error::ContextFull { n_ctx: self.n_ctx as u32 });
-        }
-        if !self.ctx.seq_rm(Some(self.seq), Some(keep as Pos), Some((keep + discard) as Pos))? {
-            return Err(Error::CannotShift);
-        }
-        self.ctx.seq_add(self.seq, Some((keep + discard) as Pos), Some(n_past as Pos), -(discard as Pos))?;
-        self.session.epoch = self.ctx.seq_epoch(self.seq)?;
-        self.session.tokens.drain(keep..keep + discard);
-        self.session.n_cached -= discard;
-        self.stats.context_shifts += 1;
-        Ok(())
+        Ok(true)
     }
 }
 

@@ -1,0 +1,233 @@
+//! The n-gram drafter: pure logic over a token history.
+
+use std::collections::HashMap;
+
+use super::{MAX_PAUSE, Speculation};
+use crate::vocab::Token;
+
+/// Drafts the continuation of a history from where its last n tokens
+/// occurred before, and adapts the draft length to how much is accepted.
+///
+/// The history is the caller's (prompt, generated tokens, the token about
+/// to be decoded last); it may only grow between calls, except through
+/// [`NgramDrafter::reset`].
+#[derive(Debug)]
+pub(crate) struct NgramDrafter {
+    spec: Speculation,
+    /// Per n-gram length (`ngram_min + i`): a hash of the `n` tokens
+    /// before position `p` → the latest such `p` (the token that followed).
+    tables: Vec<HashMap<u64, u32>>,
+    /// History positions indexed so far: every `p < indexed` is in the
+    /// tables.
+    indexed: usize,
+    /// The longest next draft.
+    limit: usize,
+    /// Drafts in a row of which nothing was accepted.
+    misses: u32,
+    /// Steps left without drafting.
+    pause: usize,
+}
+
+/// A hash of `tokens` (FNV-1a over the ids, then a final mix): collisions
+/// are checked against the history, so it only needs to spread well.
+fn hash(tokens: &[Token]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for t in tokens {
+        h ^= u64::from(t.0 as u32);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h ^ (h >> 29)
+}
+
+impl NgramDrafter {
+    pub fn new(spec: Speculation) -> NgramDrafter {
+        NgramDrafter {
+            spec,
+            tables: vec![HashMap::new(); spec.ngram_max - spec.ngram_min + 1],
+            indexed: 0,
+            limit: spec.draft_max.div_ceil(2),
+            misses: 0,
+            pause: 0,
+        }
+    }
+
+    /// Forgets the history (after it changed other than by growing).
+    pub fn reset(&mut self) {
+        self.tables.iter_mut().for_each(HashMap::clear);
+        self.indexed = 0;
+    }
+
+    /// Indexes the positions of `history` not indexed yet.
+    fn index(&mut self, history: &[Token]) {
+        let min = self.spec.ngram_min;
+        for p in self.indexed.max(min)..history.len() {
+            for (i, table) in self.tables.iter_mut().enumerate() {
+                let n = min + i;
+                if n > p {
+                    break;
+                }
+                table.insert(hash(&history[p - n..p]), p as u32);
+            }
+        }
+        self.indexed = self.indexed.max(history.len());
+    }
+
+    /// Writes into `out` (cleared first) a draft of at most `max` tokens
+    /// to follow `history`, or nothing. Every call is one step: a paused
+    /// drafter counts it.
+    pub fn draft(&mut self, history: &[Token], max: usize, out: &mut Vec<Token>) {
+        out.clear();
+        // The key looked up, the n-gram ending the history, would be
+        // indexed at position `history.len()`, which never is: whatever is
+        // found occurred before.
+        self.index(history);
+        if self.pause > 0 {
+            self.pause -= 1;
+        } else {
+            let max = max.min(self.limit);
+            if max > 0
+                && let Some(from) = self.lookup(history)
+            {
+                // The text after `from` repeats with period len - from as
+                // far as the draft goes: it continues into itself.
+                let period = history.len() - from;
+                out.extend((0..max).map(|m| history[from + m % period]));
+            }
+        }
+    }
+
+    /// The position after the latest earlier occurrence of the longest
+    /// n-gram that ends `history`.
+    fn lookup(&self, history: &[Token]) -> Option<usize> {
+        let len = history.len();
+        let min = self.spec.ngram_min;
+        (min..=self.spec.ngram_max).rev().filter(|&n| n < len).find_map(|n| {
+            let key = &history[len - n..];
+            let p = *self.tables[n - min].get(&hash(key))? as usize;
+            (p < len && &history[p - n..p] == key).then_some(p)
+        })
+    }
+
+    /// Adapts to the last draft: `accepted` of its `drafted` tokens.
+    pub fn record(&mut self, drafted: usize, accepted: usize) {
+        if drafted == 0 {
+            return;
+        }
+        let max = self.spec.draft_max;
+        if accepted == drafted {
+            self.misses = 0;
+            self.limit = (self.limit * 2).min(max);
+        } else if accepted > 0 {
+            self.misses = 0;
+            self.limit = (accepted + 1).min(max);
+        } else {
+            self.misses += 1;
+            self.limit = (self.limit / 2).max(1);
+            if self.misses >= 2 {
+                self.pause = (1usize << self.misses.min(8)).min(MAX_PAUSE);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tokens(ids: &[i32]) -> Vec<Token> {
+        ids.iter().map(|&i| Token(i)).collect()
+    }
+
+    fn draft(d: &mut NgramDrafter, history: &[i32], max: usize) -> Vec<i32> {
+        let mut out = Vec::new();
+        d.draft(&tokens(history), max, &mut out);
+        out.iter().map(|t| t.0).collect()
+    }
+
+    #[test]
+    fn drafts_what_followed_the_last_occurrence() {
+        let mut d = NgramDrafter::new(Speculation::ngram().draft_max(4).ngram_sizes(2, 3));
+        // "1 2 3" occurred; after "... 1 2" the draft is what followed.
+        assert_eq!(draft(&mut d, &[9, 1, 2, 3, 4, 5, 6, 7, 1, 2], 8), [3, 4]);
+        // The limit starts at half of draft_max and doubles when a draft is
+        // accepted whole.
+        d.record(2, 2);
+        assert_eq!(draft(&mut d, &[9, 1, 2, 3, 4, 5, 6, 7, 1, 2], 8), [3, 4, 5, 6]);
+        // The caller's max bounds it too.
+        assert_eq!(draft(&mut d, &[9, 1, 2, 3, 4, 5, 6, 7, 1, 2], 3), [3, 4, 5]);
+    }
+
+    #[test]
+    fn prefers_the_longest_ngram_and_the_latest_occurrence() {
+        let mut d = NgramDrafter::new(Speculation::ngram().draft_max(2).ngram_sizes(1, 3));
+        // "2" last occurred before 8; "1 2" before 5: the longer wins.
+        assert_eq!(draft(&mut d, &[1, 2, 5, 0, 2, 8, 7, 1, 2], 1), [5]);
+        let mut d = NgramDrafter::new(Speculation::ngram().draft_max(2).ngram_sizes(2, 2));
+        // "1 2" occurred twice: the later one counts.
+        assert_eq!(draft(&mut d, &[1, 2, 5, 1, 2, 6, 1, 2], 1), [6]);
+    }
+
+    #[test]
+    fn a_draft_past_the_end_continues_the_repetition() {
+        let mut d = NgramDrafter::new(Speculation::ngram().draft_max(8).ngram_sizes(2, 2));
+        d.record(1, 1);
+        d.record(1, 1);
+        // "... 7 8 9 7 8": period 3, the draft repeats 9 7 8.
+        assert_eq!(draft(&mut d, &[7, 8, 9, 7, 8], 8), [9, 7, 8, 9, 7, 8, 9, 7]);
+    }
+
+    #[test]
+    fn no_draft_without_an_earlier_occurrence() {
+        let mut d = NgramDrafter::new(Speculation::ngram());
+        assert!(draft(&mut d, &[1, 2, 3, 4, 5, 6], 8).is_empty());
+        assert!(draft(&mut d, &[1], 8).is_empty());
+        assert!(draft(&mut d, &[], 8).is_empty());
+        // The history's own last n-gram is not an earlier occurrence.
+        let mut d = NgramDrafter::new(Speculation::ngram());
+        assert!(draft(&mut d, &[1, 2, 3, 4, 5, 6, 7], 8).is_empty());
+        assert!(draft(&mut d, &[1, 2, 3, 4, 5, 6, 7], 8).is_empty());
+    }
+
+    #[test]
+    fn grows_incrementally_and_resets() {
+        let mut d = NgramDrafter::new(Speculation::ngram().ngram_sizes(2, 2));
+        let mut history = vec![1, 2, 3];
+        assert!(draft(&mut d, &history, 4).is_empty());
+        history.extend([4, 1, 2]);
+        assert_eq!(draft(&mut d, &history, 4), [3, 4, 1, 2]);
+        d.reset();
+        assert!(draft(&mut d, &[4, 1, 2], 4).is_empty());
+    }
+
+    #[test]
+    fn rejected_drafts_shrink_and_pause() {
+        let history = [1, 2, 3, 1, 2];
+        let mut d = NgramDrafter::new(Speculation::ngram().draft_max(8).ngram_sizes(2, 2));
+        assert_eq!(draft(&mut d, &history, 8).len(), 4);
+        d.record(4, 2);
+        assert_eq!(draft(&mut d, &history, 8).len(), 3);
+        d.record(3, 0);
+        assert_eq!(draft(&mut d, &history, 8).len(), 1);
+        d.record(1, 0);
+        // Two misses in a row: 4 steps without a draft, then drafts again.
+        for _ in 0..4 {
+            assert!(draft(&mut d, &history, 8).is_empty());
+        }
+        assert_eq!(draft(&mut d, &history, 8).len(), 1);
+        d.record(1, 0);
+        assert_eq!((0..8).filter(|_| draft(&mut d, &history, 8).is_empty()).count(), 8);
+        // Nothing drafted: nothing learned.
+        d.record(0, 0);
+        assert_eq!(draft(&mut d, &history, 8).len(), 1);
+    }
+
+    #[test]
+    fn validates_its_settings() {
+        assert!(Speculation::ngram().validate().is_ok());
+        assert!(Speculation::ngram().ngram_sizes(0, 2).validate().is_err());
+        assert!(Speculation::ngram().ngram_sizes(3, 2).validate().is_err());
+        assert!(Speculation::ngram().ngram_sizes(1, 17).validate().is_err());
+        assert!(Speculation::ngram().draft_max(0).validate().is_err());
+        assert!(Speculation::ngram().draft_max(65).validate().is_err());
+    }
+}
