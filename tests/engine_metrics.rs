@@ -67,11 +67,17 @@ fn counters_gauges_and_histograms_reach_the_installed_recorder() {
     let waiting = engine.submit(long()).unwrap();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     // The recorder's own snapshot is what is checked: the engine's stats
-    // and a later read of the recorder could straddle a step.
+    // and a later read of the recorder could straddle a step. The gauges
+    // are set one by one, so a snapshot can also fall inside a publish
+    // (running and waiting already set, the cells not yet): wait for one
+    // that shows the whole busy state.
     let busy = loop {
         let series = Series::read(&snapshotter);
         let gauge = |name: &str| series.gauges.get(name).copied();
-        if gauge("llama_engine_running") == Some(1.0) && gauge("llama_engine_waiting") == Some(1.0) {
+        if gauge("llama_engine_running") == Some(1.0)
+            && gauge("llama_engine_waiting") == Some(1.0)
+            && gauge("llama_engine_kv_cells_used").is_some_and(|used| used > 0.0)
+        {
             break series;
         }
         assert!(std::time::Instant::now() < deadline, "never one running and one waiting: {:?}", engine.stats());
@@ -82,7 +88,7 @@ fn counters_gauges_and_histograms_reach_the_installed_recorder() {
     drop(engine);
     assert_eq!(busy.gauges.get("llama_engine_running"), Some(&1.0));
     assert_eq!(busy.gauges.get("llama_engine_waiting"), Some(&1.0));
-    assert!(busy.gauges.get("llama_engine_kv_cells_used").is_some_and(|&used| used > 0.0), "{:?}", busy.gauges);
+    assert_eq!(busy.gauges.get("llama_engine_kv_cells_total"), Some(&(stats.kv_cells_total as f64)));
 }
 
 /// The recorder's series by name (counters and gauges with their labels
