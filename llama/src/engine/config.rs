@@ -2,6 +2,7 @@
 
 use crate::context::{FlashAttention, KvType};
 use crate::error::{Error, Result};
+use crate::speculative::Speculation;
 
 /// How the engine is set up; a builder.
 ///
@@ -10,7 +11,8 @@ use crate::error::{Error, Result};
 /// while streams are generating, up to 16 generating sequences and 16
 /// cached prefixes holding at most half the pool, 256 waiting requests, 16
 /// cells reserved per admitted request, F16 KV cache, the machine's thread
-/// count, 5 ms of waiting per step for grammar samples (`grammar_wait`).
+/// count, 5 ms of waiting per step for grammar samples (`grammar_wait`),
+/// no speculative decoding.
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
     pub(crate) n_ctx: u32,
@@ -28,6 +30,7 @@ pub struct EngineConfig {
     pub(crate) prefix_block: usize,
     pub(crate) memory_budget: Option<u64>,
     pub(crate) grammar_wait: std::time::Duration,
+    pub(crate) speculation: Option<Speculation>,
 }
 
 impl Default for EngineConfig {
@@ -48,6 +51,7 @@ impl Default for EngineConfig {
             prefix_block: 16,
             memory_budget: None,
             grammar_wait: std::time::Duration::from_millis(5),
+            speculation: None,
         }
     }
 }
@@ -110,6 +114,16 @@ impl EngineConfig {
         /// grammar adds to every other request's step (default 5 ms); a
         /// grammar that takes longer costs only its own request steps.
         grammar_wait: std::time::Duration => grammar_wait;
+        /// Speculative decoding for every request that does not say
+        /// otherwise ([`Request::speculation`](super::Request::speculation)):
+        /// drafts from each sequence's own text, verified in the step (see
+        /// [`crate::speculative`]). Draft tokens take what the step's budget
+        /// leaves after every stream's token and the prefill chunks (at
+        /// most `prefill_cap` of them while a prompt prefills), and only
+        /// cells the pool has free: they never delay another stream's
+        /// token or push anything out. Requests sampled off the step (with
+        /// a grammar or constraint) do not draft. Default: off.
+        speculation: Speculation => speculation (Some);
     }
 
     pub(crate) fn check(&self) -> Result<()> {
@@ -136,6 +150,9 @@ impl EngineConfig {
         }
         if !(0.0..=1.0).contains(&self.prefix_cache_share) {
             return bad("prefix_cache_share", format!("must be in [0, 1], got {}", self.prefix_cache_share));
+        }
+        if let Some(spec) = &self.speculation {
+            spec.validate()?;
         }
         if self.prefill_cap == Some(0) {
             return bad("prefill_cap", "must be at least 1".into());

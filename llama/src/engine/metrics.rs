@@ -20,6 +20,8 @@ pub(crate) enum Counter {
     CompletionTokens,
     Preemptions,
     Steps,
+    DraftTokens,
+    DraftTokensAccepted,
 }
 
 impl Counter {
@@ -33,6 +35,8 @@ impl Counter {
             Counter::CompletionTokens => "llama_engine_completion_tokens_total",
             Counter::Preemptions => "llama_engine_preemptions_total",
             Counter::Steps => "llama_engine_steps_total",
+            Counter::DraftTokens => "llama_engine_draft_tokens_total",
+            Counter::DraftTokensAccepted => "llama_engine_draft_tokens_accepted_total",
         })
     }
 
@@ -45,6 +49,8 @@ impl Counter {
             Counter::CompletionTokens => &mut stats.completion_tokens,
             Counter::Preemptions => &mut stats.preemptions,
             Counter::Steps => &mut stats.steps,
+            Counter::DraftTokens => &mut stats.draft_tokens,
+            Counter::DraftTokensAccepted => &mut stats.draft_tokens_accepted,
         }
     }
 }

@@ -64,6 +64,7 @@
 //! | `llama_engine_completion_tokens_total` | counter | sampled tokens |
 //! | `llama_engine_preemptions_total` | counter | sequences preempted for room |
 //! | `llama_engine_steps_total` | counter | decode steps |
+//! | `llama_engine_draft_tokens_total`, `llama_engine_draft_tokens_accepted_total` | counter | speculative draft tokens decoded, and confirmed by the sampler |
 //! | `llama_engine_running`, `llama_engine_waiting` | gauge | requests |
 //! | `llama_engine_kv_cells_used`, `llama_engine_kv_cells_total`, `llama_engine_cached_prefix_cells` | gauge | KV pool |
 //! | `llama_engine_ttft_seconds`, `llama_engine_inter_token_seconds`, `llama_engine_e2e_seconds`, `llama_engine_queue_seconds` | histogram | latencies |
@@ -94,6 +95,7 @@ mod scheduler;
 mod worker;
 
 pub use crate::sampler::{MAX_TOP_LOGPROBS, SamplingParams};
+pub use crate::speculative::Speculation;
 pub use config::EngineConfig;
 pub use metrics::Latency;
 pub use request::{Prompt, Request};
@@ -147,6 +149,11 @@ pub struct Usage {
     pub cached_tokens: usize,
     /// Tokens sampled (including a final end-of-generation token).
     pub completion_tokens: usize,
+    /// Of those, the ones a speculative draft proposed and the sampler
+    /// confirmed (they took no decode step of their own).
+    pub accepted_draft_tokens: usize,
+    /// Draft tokens decoded and then rejected.
+    pub rejected_draft_tokens: usize,
 }
 
 /// Latencies of one request.
@@ -345,6 +352,10 @@ pub struct EngineStats {
     pub prompt_tokens_evaluated: u64,
     /// Tokens sampled.
     pub completion_tokens: u64,
+    /// Draft tokens decoded for verification (speculative decoding).
+    pub draft_tokens: u64,
+    /// Of those, the ones the sampler confirmed.
+    pub draft_tokens_accepted: u64,
     /// Requests finished (any reason).
     pub requests_finished: u64,
     /// Decode steps.
@@ -389,6 +400,8 @@ struct Handle {
     next_id: AtomicU64,
     pool: usize,
     max_queue: usize,
+    /// The engine's default for requests that do not choose.
+    speculation: Option<crate::speculative::Speculation>,
 }
 
 impl Handle {
@@ -469,6 +482,9 @@ impl Engine {
             config.n_ctx = pool_for_budget(&model, &config, bytes)?;
         }
         config.check()?;
+        if config.speculation.is_some() {
+            request::check_can_speculate(&model)?;
+        }
         let shared = Arc::new(Shared::default());
         let (commands, inbox) = mpsc::channel();
         let (ready_tx, ready) = mpsc::sync_channel(1);
@@ -501,6 +517,7 @@ impl Engine {
                 next_id: AtomicU64::new(0),
                 pool,
                 max_queue: config.max_queue,
+                speculation: config.speculation,
             }),
         })
     }
@@ -535,7 +552,7 @@ impl Engine {
         if let Some(exit) = &*lock(&h.shared.stopped) {
             return Err(Error::EngineStopped(exit.to_string()));
         }
-        let checked = request::check(&h.model, h.pool, request)?;
+        let checked = request::check(&h.model, h.pool, h.speculation, request)?;
         if h.shared
             .queued
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < h.max_queue).then_some(n + 1))

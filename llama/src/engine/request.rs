@@ -4,6 +4,7 @@
 use crate::error::{Error, Result};
 use crate::model::Model;
 use crate::sampler::{SamplerChain, SamplingParams};
+use crate::speculative::Speculation;
 use crate::vocab::{AddBos, Special, Token};
 
 /// A prompt: token ids, or text the engine tokenizes at submit.
@@ -45,6 +46,8 @@ pub struct Request {
     pub(crate) max_context: Option<usize>,
     pub(crate) priority: i32,
     pub(crate) special: Special,
+    /// `None`: the engine's default ([`EngineConfig::speculation`](super::EngineConfig::speculation)).
+    pub(crate) speculation: Option<Option<Speculation>>,
 }
 
 impl Request {
@@ -71,6 +74,7 @@ impl Request {
             max_context: None,
             priority: 0,
             special: Special::Plain,
+            speculation: None,
         }
     }
 
@@ -133,6 +137,16 @@ impl Request {
         self.special = special;
         self
     }
+
+    /// Speculative decoding for this request (`Some`) or not (`None`),
+    /// whatever the engine's default
+    /// ([`EngineConfig::speculation`](super::EngineConfig::speculation)).
+    /// The output is the same either way; see [`crate::speculative`].
+    #[must_use]
+    pub fn speculation(mut self, speculation: impl Into<Option<Speculation>>) -> Self {
+        self.speculation = Some(speculation.into());
+        self
+    }
 }
 
 /// A request that passed every check, with its prompt as tokens.
@@ -141,14 +155,22 @@ pub(crate) struct Checked {
     pub prompt: Vec<Token>,
     /// The most cells the sequence may hold.
     pub max_context: usize,
+    /// Speculative decoding, the engine's default resolved.
+    pub speculation: Option<Speculation>,
     /// The rest of the request as submitted (its `prompt` is now `prompt`
     /// above, and left empty here).
     pub request: Request,
 }
 
 /// Tokenizes and checks `request` for an engine whose pool has `pool`
-/// cells: everything the worker could fail on later is refused here.
-pub(crate) fn check(model: &Model, pool: usize, mut request: Request) -> Result<Checked> {
+/// cells and whose default speculation is `speculation`: everything the
+/// worker could fail on later is refused here.
+pub(crate) fn check(
+    model: &Model,
+    pool: usize,
+    speculation: Option<Speculation>,
+    mut request: Request,
+) -> Result<Checked> {
     let vocab = model.vocab();
     let prompt = match std::mem::replace(&mut request.prompt, Prompt::Tokens(Vec::new())) {
         Prompt::Tokens(tokens) => tokens,
@@ -195,5 +217,19 @@ pub(crate) fn check(model: &Model, pool: usize, mut request: Request) -> Result<
         // built here rather than on the engine's thread).
         SamplerChain::new().constraint(model, constraint).greedy().build()?;
     }
-    Ok(Checked { prompt, max_context, request })
+    let speculation = request.speculation.unwrap_or(speculation);
+    if let Some(spec) = &speculation {
+        spec.validate()?;
+        check_can_speculate(model)?;
+    }
+    Ok(Checked { prompt, max_context, speculation, request })
+}
+
+/// Whether the engine's cache (unified, `swa_full`) can drop a rejected
+/// draft of `model`: not for recurrent and hybrid models.
+pub(crate) fn check_can_speculate(model: &Model) -> Result<()> {
+    if model.is_recurrent() || model.is_hybrid() {
+        return Err(Error::CannotSpeculate("a recurrent or hybrid model's cache cannot drop its last tokens"));
+    }
+    Ok(())
 }

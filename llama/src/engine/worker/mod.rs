@@ -31,6 +31,7 @@ mod cause;
 mod offstep;
 mod pool;
 mod seq;
+mod speculate;
 
 pub(crate) use cause::Exit;
 use cause::{Cause, Failure};
@@ -143,6 +144,9 @@ struct Worker<'m> {
     batch: Batch,
     loads: Vec<Load>,
     plan: Vec<usize>,
+    /// Draft tokens of each running sequence in this step (speculative
+    /// decoding), decoded after its planned token.
+    drafts: Vec<usize>,
     /// Admissions so far, for the preemption rule's "most recently
     /// admitted".
     admissions: u64,
@@ -175,6 +179,7 @@ impl<'m> Worker<'m> {
             batch: Batch::new(config.n_batch as usize, 1),
             loads: Vec::new(),
             plan: Vec::new(),
+            drafts: Vec::new(),
             admissions: 0,
             meter: Meter::default(),
             outbox: Vec::new(),
@@ -423,10 +428,17 @@ impl<'m> Worker<'m> {
             if seq.kv.n_cached == seq.tokens.len() {
                 to_sample.push((i, row - 1));
             }
+            row += self.drafts[i];
         }
         let mut ended = Vec::new();
         for (i, row) in to_sample {
             if self.running[i].has_grammar() && self.send_off(i, row) {
+                continue;
+            }
+            if self.drafts[i] > 0 {
+                if let Some(cause) = self.verify(i, row, step) {
+                    ended.push((i, cause));
+                }
                 continue;
             }
             let (seq, ctx) = (&mut self.running[i], &mut self.ctx);
@@ -454,8 +466,9 @@ impl<'m> Worker<'m> {
             if !self.plan_with_room() {
                 return Ok(false);
             }
+            self.plan_drafts();
             self.batch.clear();
-            for (seq, &n) in self.running.iter().zip(&self.plan) {
+            for ((seq, &n), &k) in self.running.iter().zip(&self.plan).zip(&self.drafts) {
                 if n == 0 {
                     continue;
                 }
@@ -463,6 +476,11 @@ impl<'m> Worker<'m> {
                 let slot = seq.kv.slot.expect("running sequences have a slot");
                 let last = from + n == seq.tokens.len();
                 self.batch.push_sequence(&seq.tokens[from..from + n], from as Pos, slot, Logits::from(last))?;
+                // A draft follows its sequence's pending token, each with
+                // logits: the sampler verifies it position by position.
+                for (j, &token) in seq.draft()[..k].iter().enumerate() {
+                    self.batch.push(token, (from + n + j) as Pos, &[slot], Logits::Yes)?;
+                }
             }
             match self.ctx.decode(&self.batch) {
                 Ok(()) => return Ok(true),

@@ -16,6 +16,7 @@ use crate::error::Result;
 use crate::generate::TextTail;
 use crate::model::Model;
 use crate::sampler::Sampler;
+use crate::speculative::NgramDrafter;
 use crate::vocab::Token;
 
 /// A request the worker has accepted: waiting, prefilling or generating.
@@ -37,6 +38,15 @@ pub(super) struct Seq<'m> {
     limits: Limits,
     pub clock: Clock,
     pub usage: Usage,
+    /// Speculative decoding, if the request has it.
+    drafting: Option<Drafting>,
+}
+
+/// A sequence's drafter and the draft of the current step.
+struct Drafting {
+    drafter: NgramDrafter,
+    /// Decoded after the pending token in this step, to be verified.
+    draft: Vec<Token>,
 }
 
 /// Where a sequence is in the KV pool.
@@ -200,6 +210,7 @@ impl<'m> Seq<'m> {
         let Submission { id, checked, events, cancel, submitted, submit_step } = submission;
         let Request { sampling, max_tokens, stop, stop_at_eog, priority, special, .. } = checked.request;
         let prompt = checked.prompt;
+        let drafting = checked.speculation.map(|spec| Drafting { drafter: NgramDrafter::new(spec), draft: Vec::new() });
         Seq {
             id,
             priority,
@@ -218,7 +229,45 @@ impl<'m> Seq<'m> {
             },
             limits: Limits { max_tokens, stop_at_eog, max_context: checked.max_context },
             clock: Clock::new(submitted, submit_step),
+            drafting,
         }
+    }
+
+    /// Whether it can draft in this step: speculating, generating (its one
+    /// token to decode is the pending one), sampled on the step.
+    pub fn can_draft(&self) -> bool {
+        self.drafting.is_some()
+            && self.decoding()
+            && self.remaining() == 1
+            && self.sampler.is_some()
+            && !self.has_grammar()
+    }
+
+    /// Drafts at most `max` tokens to follow its tokens, within its limits
+    /// (a step samples one token more than it drafts, and every draft
+    /// token takes a cell): the draft's length.
+    pub fn make_draft(&mut self, max: usize) -> usize {
+        let to_sample = self.limits.max_tokens.map_or(usize::MAX, |m| m.saturating_sub(self.usage.completion_tokens));
+        let cells = self.limits.max_context.saturating_sub(self.kv.n_cached + 1);
+        let max = max.min(to_sample.saturating_sub(1)).min(cells);
+        let Some(d) = &mut self.drafting else { return 0 };
+        d.drafter.draft(&self.tokens, max, &mut d.draft);
+        d.draft.len()
+    }
+
+    /// The draft of this step.
+    pub fn draft(&self) -> &[Token] {
+        self.drafting.as_ref().map_or(&[], |d| &d.draft)
+    }
+
+    /// Records how much of this step's draft was accepted.
+    pub fn verified(&mut self, accepted: usize) {
+        let Some(d) = &mut self.drafting else { return };
+        let drafted = d.draft.len();
+        d.drafter.record(drafted, accepted);
+        d.draft.clear();
+        self.usage.accepted_draft_tokens += accepted;
+        self.usage.rejected_draft_tokens += drafted - accepted;
     }
 
     pub fn decoding(&self) -> bool {

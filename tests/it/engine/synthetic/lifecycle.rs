@@ -76,6 +76,11 @@ fn random_submit_cancel_and_drop_from_eight_threads() {
                     if next(4) == 0 {
                         request = request.sampling(SamplingParams::greedy().grammar(ANY_TEXT));
                     }
+                    // Half draft (speculative decoding), so requests are
+                    // cancelled and dropped with drafts in flight.
+                    if next(2) == 0 {
+                        request = request.speculation(llama::speculative::Speculation::ngram());
+                    }
                     let completion = match engine.submit(request) {
                         Ok(c) => c,
                         Err(Error::QueueFull { .. }) => continue,
@@ -113,6 +118,7 @@ fn random_submit_cancel_and_drop_from_eight_threads() {
     assert_eq!(stats.kv_cells_used, stats.cached_prefix_cells, "{stats:?}");
     assert!(stats.cached_prefixes <= 16);
     assert!(stats.prefix_hit_tokens >= 100, "the system prompt was never shared: {stats:?}");
+    assert!(stats.draft_tokens_accepted > 0, "no draft was ever accepted: {stats:?}");
     // Everything still works afterwards.
     let out = engine.submit(greedy(prompt(10, 999), 3)).unwrap().wait();
     assert_eq!(out.finish.usage.completion_tokens, 3);

@@ -10,6 +10,7 @@ mod lifecycle;
 mod requests;
 mod scheduling;
 mod sharing;
+mod speculative;
 
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};

@@ -1,0 +1,78 @@
+//! Speculative decoding in the step: which sequences draft and how many
+//! tokens, and the verification of a draft after the decode.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use super::cause::{Cause, Failure};
+use super::{Worker, took};
+use crate::batch::Pos;
+use crate::engine::metrics::Counter;
+
+impl Worker<'_> {
+    /// Gives the sequences that can draft what the planned step leaves:
+    /// budget after every stream's token and the prefill chunks (at most
+    /// `prefill_cap` while a prompt prefills), and cells the pool has free
+    /// after the planned tokens. The budget is split evenly, each
+    /// sequence's unused share going to those after it.
+    pub(super) fn plan_drafts(&mut self) {
+        self.drafts.clear();
+        self.drafts.resize(self.running.len(), 0);
+        let eligible: Vec<usize> =
+            (0..self.running.len()).filter(|&i| self.plan[i] == 1 && self.running[i].can_draft()).collect();
+        if eligible.is_empty() {
+            return;
+        }
+        let planned: usize = self.plan.iter().sum();
+        let prefilling = self.running.iter().zip(&self.plan).any(|(s, &n)| n > 0 && !s.decoding());
+        let free = self.pool.capacity().saturating_sub(self.pool.cells_used(&self.running) + planned);
+        let mut left = self.budget.saturating_sub(planned).min(free);
+        if prefilling {
+            left = left.min(self.prefill_cap);
+        }
+        for (j, &i) in eligible.iter().enumerate() {
+            let share = left / (eligible.len() - j);
+            let n = self.running[i].make_draft(share);
+            self.drafts[i] = n;
+            left -= n;
+        }
+    }
+
+    /// Samples sequence `i` at its rows from `row` (its pending token's,
+    /// then one per draft token) while the samples confirm the draft;
+    /// the first sample that differs is kept, the draft's cells after the
+    /// last confirmed token are removed. The cause if the request ends.
+    pub(super) fn verify(&mut self, i: usize, row: usize, step: u64) -> Option<Cause> {
+        let drafted = self.drafts[i];
+        let (seq, ctx) = (&mut self.running[i], &mut self.ctx);
+        let slot = seq.kv.slot.expect("running sequences have a slot");
+        let mut accepted = 0;
+        let mut end = None;
+        for m in 0..=drafted {
+            let sampled = match catch_unwind(AssertUnwindSafe(|| seq.sample(ctx, row + m, step))) {
+                Ok(sampled) => sampled.map_err(Failure::from),
+                Err(panic) => Err(Failure::panic(&*panic)),
+            };
+            end = took(&mut self.meter, &mut self.outbox, seq, sampled);
+            // Not ended: the sampled token is the sequence's last.
+            if end.is_some() || m == drafted || seq.tokens.last() != Some(&seq.draft()[m]) {
+                break;
+            }
+            // The draft token in the cell after the cached ones is the
+            // sampled one.
+            seq.kv.n_cached += 1;
+            seq.kv.cells.append(seq.kv.own_run, 1);
+            accepted += 1;
+        }
+        if accepted < drafted {
+            // Removing a tail of an attention cache does not fail; a
+            // failure would leave cells the accounting does not count,
+            // which the next decode's slot search tolerates.
+            let _ = ctx.seq_rm(Some(slot), Some(seq.kv.n_cached as Pos), None);
+        }
+        seq.verified(accepted);
+        self.pool.indexed(slot, seq.held());
+        self.meter.count(Counter::DraftTokens, drafted as u64);
+        self.meter.count(Counter::DraftTokensAccepted, accepted as u64);
+        end
+    }
+}
