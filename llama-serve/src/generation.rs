@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use axum::http::StatusCode;
 use futures::{Stream, StreamExt};
 use llama::constraint::Constraint;
-use llama::engine::{Completion, Engine, Event, Finish, Request, SamplingParams, TokenLogprob};
+use llama::engine::{Completion, Engine, Event, Finish, Request, SamplingParams, Speculation, TokenLogprob};
 use llama::generate::FinishReason;
 use llama::{Error, Special, Token, Vocab};
 
@@ -74,6 +74,15 @@ fn fresh_seed() -> u32 {
 /// `n` sampled choices differ). `constraint` is llguidance's
 /// (`response_format`, forced tool calls); without one, the `grammar`
 /// extension field is a GBNF grammar for llama.cpp's sampler.
+/// `request` with the client's `speculative` choice, if it made one
+/// (`spec`: the server's settings for it).
+pub fn with_speculation(request: Request, s: &Sampling, spec: Speculation) -> Request {
+    match s.speculative {
+        Some(on) => request.speculation(on.then_some(spec)),
+        None => request,
+    }
+}
+
 pub fn sampling_params(
     s: &Sampling,
     vocab: &Vocab,
@@ -196,6 +205,10 @@ pub fn combined_usage(usages: impl IntoIterator<Item = Usage>, n: usize) -> Usag
             total.prompt_tokens_details.cached_tokens += u.prompt_tokens_details.cached_tokens;
         }
         total.completion_tokens += u.completion_tokens;
+        total.completion_tokens_details.accepted_prediction_tokens +=
+            u.completion_tokens_details.accepted_prediction_tokens;
+        total.completion_tokens_details.rejected_prediction_tokens +=
+            u.completion_tokens_details.rejected_prediction_tokens;
     }
     total.total_tokens = total.prompt_tokens + total.completion_tokens;
     total

@@ -31,7 +31,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
-use llama::engine::{Engine, EngineConfig};
+use llama::engine::{Engine, EngineConfig, Speculation};
 use llama::{KvType, Model, ModelParams, Pooling};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
@@ -150,6 +150,15 @@ pub struct Args {
     /// example) whose devices take the offloaded layers (--gpu-layers).
     #[arg(long, value_delimiter = ',')]
     rpc: Vec<String>,
+    /// Speculative decoding for every request that does not say
+    /// otherwise (the request field `speculative`): drafts from each
+    /// request's own text, verified in the step; the same output, several
+    /// tokens per decode where the text repeats (copies, edits, quotes).
+    #[arg(long)]
+    spec: bool,
+    /// Most tokens one draft holds (--spec, `speculative: true`).
+    #[arg(long, default_value_t = Speculation::ngram().max_draft() as u64, value_parser = clap::value_parser!(u64).range(1..=Speculation::DRAFT_LIMIT as u64))]
+    draft_max: u64,
     /// Wait this long before loading the model (for tests of the loading
     /// state).
     #[arg(long, default_value_t = 0, hide = true)]
@@ -192,6 +201,7 @@ fn new_state(args: &Args, model_path: &std::path::Path, prometheus: PrometheusHa
             body_limit: args.body_limit,
             body_timeout: Duration::from_secs(args.body_timeout),
             special_in_content: args.special_in_content,
+            speculation: speculation(args),
         },
         loaded: OnceLock::new(),
         prometheus,
@@ -324,6 +334,10 @@ fn model_params(args: &Args) -> ModelParams {
     ModelParams::default().n_gpu_layers(args.gpu_layers).rpc_servers(args.rpc.clone())
 }
 
+fn speculation(args: &Args) -> Speculation {
+    Speculation::ngram().draft_max(args.draft_max as usize)
+}
+
 fn engine_config(args: &Args) -> EngineConfig {
     let mut config = EngineConfig::default()
         .n_ctx(args.ctx)
@@ -345,6 +359,9 @@ fn engine_config(args: &Args) -> EngineConfig {
     config = config.grammar_wait(Duration::from_millis(args.grammar_wait_ms));
     if let Some(bytes) = args.memory_budget {
         config = config.memory_budget(bytes);
+    }
+    if args.spec {
+        config = config.speculation(speculation(args));
     }
     config
 }

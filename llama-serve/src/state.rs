@@ -26,6 +26,9 @@ pub struct Config {
     /// Message content may hold control tokens (llama.cpp's behaviour), not
     /// only the template's markup (`--special-in-content`).
     pub special_in_content: bool,
+    /// Speculative decoding's settings for requests that ask for it (and
+    /// every request with `--spec`).
+    pub speculation: llama::speculative::Speculation,
 }
 
 /// Set once the model has loaded and the engine runs.

@@ -47,6 +47,9 @@ pub struct Sampling {
     pub stream: bool,
     #[serde(default)]
     pub stream_options: Option<StreamOptions>,
+    /// Speculative decoding for this request (drafts from its own text;
+    /// the same output): `true` or `false`, else the server's `--spec`.
+    pub speculative: Option<bool>,
 }
 
 impl Sampling {

@@ -9,6 +9,15 @@ pub struct Usage {
     pub completion_tokens: usize,
     pub total_tokens: usize,
     pub prompt_tokens_details: PromptTokensDetails,
+    pub completion_tokens_details: CompletionTokensDetails,
+}
+
+/// OpenAI's names for predicted tokens: here the speculative draft tokens
+/// the sampler confirmed and the ones it rejected.
+#[derive(Debug, Serialize, Clone, Copy, Default)]
+pub struct CompletionTokensDetails {
+    pub accepted_prediction_tokens: usize,
+    pub rejected_prediction_tokens: usize,
 }
 
 #[derive(Debug, Serialize, Clone, Copy, Default)]
@@ -22,6 +31,10 @@ impl std::ops::AddAssign for Usage {
         self.completion_tokens += o.completion_tokens;
         self.total_tokens += o.total_tokens;
         self.prompt_tokens_details.cached_tokens += o.prompt_tokens_details.cached_tokens;
+        self.completion_tokens_details.accepted_prediction_tokens +=
+            o.completion_tokens_details.accepted_prediction_tokens;
+        self.completion_tokens_details.rejected_prediction_tokens +=
+            o.completion_tokens_details.rejected_prediction_tokens;
     }
 }
 
@@ -32,6 +45,10 @@ impl From<llama::engine::Usage> for Usage {
             completion_tokens: u.completion_tokens,
             total_tokens: u.prompt_tokens + u.completion_tokens,
             prompt_tokens_details: PromptTokensDetails { cached_tokens: u.cached_tokens },
+            completion_tokens_details: CompletionTokensDetails {
+                accepted_prediction_tokens: u.accepted_draft_tokens,
+                rejected_prediction_tokens: u.rejected_draft_tokens,
+            },
         }
     }
 }

@@ -49,13 +49,12 @@ pub async fn completions(
             for prompt in &prompts {
                 for j in 0..n {
                     let sampling = generation::sampling_params(&req.sampling, vocab, req.logprobs, None, j)?;
-                    requests.push(
-                        Request::new(prompt.clone())
-                            .max_tokens(max_tokens)
-                            .stop(stops.clone())
-                            .stop_at_eog(!req.sampling.ignore_eos)
-                            .sampling(sampling),
-                    );
+                    let request = Request::new(prompt.clone())
+                        .max_tokens(max_tokens)
+                        .stop(stops.clone())
+                        .stop_at_eog(!req.sampling.ignore_eos)
+                        .sampling(sampling);
+                    requests.push(generation::with_speculation(request, &req.sampling, state.config.speculation));
                 }
             }
             Ok((generation::submit_all(&ready.engine, requests)?, echoes))
@@ -102,12 +101,13 @@ pub async fn chat(State(state): State<Arc<AppState>>, request: axum::extract::Re
                 .map(|j| {
                     let sampling =
                         generation::sampling_params(&req.sampling, ready.model.vocab(), top, grammar.as_ref(), j)?;
-                    Ok(Request::new(prompt.clone())
+                    let request = Request::new(prompt.clone())
                         .max_tokens(max_tokens)
                         .stop(stops.clone())
                         .stop_at_eog(!req.sampling.ignore_eos)
                         .special(special)
-                        .sampling(sampling))
+                        .sampling(sampling);
+                    Ok(generation::with_speculation(request, &req.sampling, state.config.speculation))
                 })
                 .collect::<Result<Vec<_>, ApiError>>()?;
             generation::submit_all(&ready.engine, requests)

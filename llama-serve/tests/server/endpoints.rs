@@ -385,3 +385,39 @@ fn sigterm_lets_requests_in_flight_finish_then_exits_0() {
     };
     assert_eq!(code.code(), Some(0));
 }
+
+#[test]
+fn speculative_decoding_by_flag_and_per_request_reports_its_drafts_in_usage() {
+    // A copy task: the model repeats the passage, the drafts come from it.
+    let prompt = include_str!("../../../benches/prompts/copy.txt");
+    let passage = prompt.split("Passage:\n").nth(1).unwrap().split("\n\nCopy:").next().unwrap();
+    let server = Server::start(&["--spec"]);
+    let ask = |speculative: Option<bool>| {
+        let mut body = json!({"prompt": prompt, "max_tokens": 48, "temperature": 0});
+        if let Some(on) = speculative {
+            body["speculative"] = json!(on);
+        }
+        let (status, r) = server.post("/v1/completions", &body);
+        assert_eq!(status, 200, "{r}");
+        let text = r["choices"][0]["text"].as_str().unwrap().to_owned();
+        // The 48 tokens copy the passage on, with or without drafts.
+        assert!(passage.contains(text.trim_end()), "{text:?}");
+        let details = &r["usage"]["completion_tokens_details"];
+        (
+            details["accepted_prediction_tokens"].as_u64().unwrap(),
+            details["rejected_prediction_tokens"].as_u64().unwrap(),
+        )
+    };
+    let (accepted, _) = ask(None);
+    assert!(accepted >= 24, "{accepted} of 48 tokens from drafts with --spec");
+    assert_eq!(ask(Some(false)), (0, 0));
+    let metrics = server.metrics();
+    let accepted_total = metric(&metrics, "llama_engine_draft_tokens_accepted_total", "").unwrap();
+    assert_eq!(accepted_total, accepted as f64);
+    drop(server);
+    let server = Server::start(&[]);
+    let (status, r) = server
+        .post("/v1/completions", &json!({"prompt": prompt, "max_tokens": 48, "temperature": 0, "speculative": true}));
+    assert_eq!(status, 200, "{r}");
+    assert!(r["usage"]["completion_tokens_details"]["accepted_prediction_tokens"].as_u64().unwrap() >= 24, "{r}");
+}
