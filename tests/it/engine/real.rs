@@ -295,3 +295,29 @@ fn a_constraint_over_budget_fails_its_request_only() {
     }
     assert!(failed.tokens.is_empty());
 }
+
+#[test]
+fn drafting_streams_pass_the_teacher_forced_check() {
+    // Copy tasks (drafts accepted at length) beside free text (drafts
+    // mostly refused), all speculating, eight at once.
+    let copy = include_str!("../../../benches/prompts/copy.txt");
+    let code = include_str!("../../../benches/prompts/code.txt");
+    let engine = Engine::start(model(), config().speculation(llama::speculative::Speculation::ngram())).unwrap();
+    let prompts: Vec<Vec<Token>> =
+        [copy, code, copy, code].into_iter().chain(SUBJECTS[..4].iter().copied()).map(tokens).collect();
+    let completions: Vec<Completion> = prompts
+        .iter()
+        .map(|p| engine.submit(Request::tokens(p.clone()).max_tokens(64).stop_at_eog(false)).unwrap())
+        .collect();
+    let mut accepted = 0;
+    for (i, (prompt, completion)) in prompts.iter().zip(completions).enumerate() {
+        let out = completion.wait();
+        assert_eq!(out.finish.usage.completion_tokens, 64);
+        assert_teacher_forced(prompt, &out, &format!("drafting stream {i}"));
+        if i < 4 {
+            accepted += out.finish.usage.accepted_draft_tokens;
+        }
+    }
+    // The copies came mostly from drafts.
+    assert!(accepted >= 4 * 32, "{accepted} of the copies' {} tokens accepted from drafts", 4 * 64);
+}

@@ -218,3 +218,29 @@ fn chinese_and_emoji_stream_as_valid_utf8() {
     // Nothing was left in the detokenizer when the run ended.
     assert_eq!(generation.stats().incomplete_utf8_bytes, 0);
 }
+
+#[test]
+fn speculative_greedy_passes_the_teacher_forced_check() {
+    // A copy task through a Session with speculation: most tokens come
+    // from drafts, and every one is the model's greedy choice within the
+    // rounding of a batch (re-scored alone).
+    let prompt = model().vocab().tokenize(include_str!("../../../benches/prompts/copy.txt"), AddBos::Yes).unwrap();
+    let mut ctx = context(1_024, 512);
+    let mut sampler = Sampler::greedy();
+    let mut session = Session::new();
+    let options = GenerateOptions::default()
+        .max_tokens(97)
+        .stop_at_eog(false)
+        .speculation(llama::speculative::Speculation::ngram());
+    let mut generation = session.generate(&mut ctx, &mut sampler, &prompt, &options).unwrap();
+    let (_, error) = collect(&mut generation);
+    assert!(error.is_none(), "{error:?}");
+    let stats = generation.stats().clone();
+    drop(generation);
+    assert_eq!(stats.generated_tokens, 97);
+    assert!(stats.accepted_draft_tokens >= 60, "{stats}");
+    let generated = &session.tokens()[prompt.len()..];
+    assert_eq!(generated.len(), 96);
+    let check = llama_suite::teacher::rescore(model(), &prompt, generated).unwrap();
+    assert!(check.worst() <= 1.0, "gaps {:?}", check.gaps);
+}
