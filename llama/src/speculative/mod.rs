@@ -14,7 +14,10 @@
 //!   indexed by n-grams of `ngram_min..=ngram_max` tokens (a hash of the n
 //!   tokens → where they last ended; memory grows with the history, which
 //!   the context bounds). The draft continues the longest n-gram that
-//!   occurred before, as the text went on after it.
+//!   occurred before, as the text went on after it, and is at most as long
+//!   as the stretch of text that matched there (up to 64 tokens): a long
+//!   match is a copy in progress, a short one is often a common phrase
+//!   that goes on differently.
 //! * **Verification.** The sampled token and its draft go into one batch,
 //!   with logits for each. The sampler samples at each position in turn
 //!   and the draft is accepted while its samples equal the draft; the first

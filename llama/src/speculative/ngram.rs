@@ -28,6 +28,11 @@ pub(crate) struct NgramDrafter {
     pause: usize,
 }
 
+/// How far back a match is measured (a draft is at most as long as the
+/// text before it that matched the history's end: a long match is a copy
+/// in progress, a short one often a common phrase that goes on otherwise).
+const MATCH_LIMIT: usize = 64;
+
 /// A hash of `tokens` (FNV-1a over the ids, then a final mix): collisions
 /// are checked against the history, so it only needs to spread well.
 fn hash(tokens: &[Token]) -> u64 {
@@ -91,6 +96,10 @@ impl NgramDrafter {
                 // The text after `from` repeats with period len - from as
                 // far as the draft goes: it continues into itself.
                 let period = history.len() - from;
+                let matched = (1..=MATCH_LIMIT.min(from))
+                    .take_while(|&j| history[from - j] == history[history.len() - j])
+                    .count();
+                let max = max.min(matched.max(1));
                 out.extend((0..max).map(|m| history[from + m % period]));
             }
         }
@@ -144,17 +153,35 @@ mod tests {
         out.iter().map(|t| t.0).collect()
     }
 
+    /// `0..n`, then its first `k` tokens again: a copy in progress whose
+    /// match is `k` tokens long.
+    fn copying(n: i32, k: usize) -> Vec<i32> {
+        (0..n).chain(0..n).take(n as usize + k).collect()
+    }
+
     #[test]
     fn drafts_what_followed_the_last_occurrence() {
-        let mut d = NgramDrafter::new(Speculation::ngram().draft_max(4).ngram_sizes(2, 3));
-        // "1 2 3" occurred; after "... 1 2" the draft is what followed.
-        assert_eq!(draft(&mut d, &[9, 1, 2, 3, 4, 5, 6, 7, 1, 2], 8), [3, 4]);
-        // The limit starts at half of draft_max and doubles when a draft is
-        // accepted whole.
-        d.record(2, 2);
-        assert_eq!(draft(&mut d, &[9, 1, 2, 3, 4, 5, 6, 7, 1, 2], 8), [3, 4, 5, 6]);
+        let mut d = NgramDrafter::new(Speculation::ngram().draft_max(8).ngram_sizes(2, 3));
+        let history = copying(20, 10);
+        // The limit starts at half of draft_max.
+        assert_eq!(draft(&mut d, &history, 16), [10, 11, 12, 13]);
+        // It doubles when a draft is accepted whole.
+        d.record(4, 4);
+        assert_eq!(draft(&mut d, &history, 16), [10, 11, 12, 13, 14, 15, 16, 17]);
         // The caller's max bounds it too.
-        assert_eq!(draft(&mut d, &[9, 1, 2, 3, 4, 5, 6, 7, 1, 2], 3), [3, 4, 5]);
+        assert_eq!(draft(&mut d, &history, 3), [10, 11, 12]);
+    }
+
+    #[test]
+    fn a_draft_is_at_most_as_long_as_its_match() {
+        let mut d = NgramDrafter::new(Speculation::ngram().draft_max(16).ngram_sizes(2, 3));
+        d.record(8, 8);
+        // "9 1 2" is preceded by 9, "7 1 2" by 7: a match of 2 tokens.
+        assert_eq!(draft(&mut d, &[9, 1, 2, 3, 4, 5, 6, 7, 1, 2], 16), [3, 4]);
+        let mut d = NgramDrafter::new(Speculation::ngram().draft_max(16).ngram_sizes(2, 3));
+        d.record(8, 8);
+        assert_eq!(draft(&mut d, &copying(30, 5), 16).len(), 5);
+        assert_eq!(draft(&mut d, &copying(30, 12), 16).len(), 12);
     }
 
     #[test]
@@ -170,10 +197,10 @@ mod tests {
     #[test]
     fn a_draft_past_the_end_continues_the_repetition() {
         let mut d = NgramDrafter::new(Speculation::ngram().draft_max(8).ngram_sizes(2, 2));
-        d.record(1, 1);
-        d.record(1, 1);
-        // "... 7 8 9 7 8": period 3, the draft repeats 9 7 8.
-        assert_eq!(draft(&mut d, &[7, 8, 9, 7, 8], 8), [9, 7, 8, 9, 7, 8, 9, 7]);
+        d.record(4, 4);
+        // "7 8 9" three times, then "7 8": period 3, a match of 8 tokens,
+        // the draft repeats 9 7 8.
+        assert_eq!(draft(&mut d, &[7, 8, 9, 7, 8, 9, 7, 8, 9, 7, 8], 8), [9, 7, 8, 9, 7, 8, 9, 7]);
     }
 
     #[test]
@@ -194,14 +221,14 @@ mod tests {
         let mut history = vec![1, 2, 3];
         assert!(draft(&mut d, &history, 4).is_empty());
         history.extend([4, 1, 2]);
-        assert_eq!(draft(&mut d, &history, 4), [3, 4, 1, 2]);
+        assert_eq!(draft(&mut d, &history, 4), [3, 4]);
         d.reset();
         assert!(draft(&mut d, &[4, 1, 2], 4).is_empty());
     }
 
     #[test]
     fn rejected_drafts_shrink_and_pause() {
-        let history = [1, 2, 3, 1, 2];
+        let history = copying(40, 20);
         let mut d = NgramDrafter::new(Speculation::ngram().draft_max(8).ngram_sizes(2, 2));
         assert_eq!(draft(&mut d, &history, 8).len(), 4);
         d.record(4, 2);

@@ -35,8 +35,7 @@ fn drafting_streams_equal_their_sequential_runs() {
     }
     let stats = idle(&engine);
     assert_eq!(stats.draft_tokens_accepted as usize, accepted);
-    // Drafts were both confirmed and refused (6 of 42 here), so both
-    // paths ran.
+    // Drafts were both confirmed and refused, so both paths ran.
     assert!(accepted > 0 && stats.draft_tokens > stats.draft_tokens_accepted, "{stats:?}");
     assert_eq!(stats.completion_tokens, 6 * 48);
     assert_eq!(stats.kv_cells_used, stats.cached_prefix_cells, "{stats:?}");
