@@ -37,7 +37,7 @@
 //! It needs a cache that can drop a sequence's last positions: recurrent
 //! and hybrid models, and a sliding-window cache without `swa_full` (which
 //! may have dropped positions the kept tokens attend to), refuse it with
-//! [`Error::CannotSpeculate`](crate::Error::CannotSpeculate).
+//! [`Error::CannotSpeculate`].
 
 mod ngram;
 
