@@ -33,6 +33,7 @@ pub fn engine_error(e: Error) -> ApiError {
         Error::Grammar(_) | Error::JsonSchema { .. } => ApiError::bad_request(e.to_string()).param("response_format"),
         Error::ChatTemplate(_) | Error::ChatTemplateRaised(_) => ApiError::bad_request(e.to_string()).param("messages"),
         Error::InvalidParameter { name, .. } => ApiError::bad_request(e.to_string()).param(name),
+        Error::CannotSpeculate(_) => ApiError::bad_request(e.to_string()).param("speculative"),
         Error::InvalidArgument(_)
         | Error::EmptyPrompt
         | Error::PromptTooLong { .. }
@@ -219,4 +220,17 @@ pub fn combined_usage(usages: impl IntoIterator<Item = Usage>, n: usize) -> Usag
 pub fn token_text(vocab: &Vocab, token: Token) -> (String, Vec<u8>) {
     let bytes = vocab.token_to_piece(token, Special::Plain).unwrap_or_default();
     (String::from_utf8_lossy(&bytes).into_owned(), bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_that_cannot_speculate_is_a_bad_request_naming_the_field() {
+        let e = engine_error(Error::CannotSpeculate("a recurrent or hybrid model's cache cannot drop its last tokens"));
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        assert_eq!(e.param.as_deref(), Some("speculative"));
+        assert!(e.message.contains("recurrent"), "{}", e.message);
+    }
 }
