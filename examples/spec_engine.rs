@@ -50,6 +50,10 @@ struct Args {
     /// Longest draft (`Speculation::draft_max`).
     #[arg(long, default_value_t = Speculation::default().max_draft())]
     draft_max: usize,
+    /// Drafts as long as the budget allows, not cut to what pays by the
+    /// fitted step cost (`EngineConfig::draft_by_cost(false)`).
+    #[arg(long)]
+    uncut: bool,
 }
 
 /// One round's figures.
@@ -118,7 +122,11 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     };
     let model = Arc::new(Model::load(&path, &ModelParams::default())?);
     let workload = Workload::load(&model)?;
-    let config = EngineConfig::default().n_ctx(8192).max_running(args.streams).n_threads(args.threads);
+    let config = EngineConfig::default()
+        .n_ctx(8192)
+        .max_running(args.streams)
+        .n_threads(args.threads)
+        .draft_by_cost(!args.uncut);
     let engine = Engine::start(model, config)?;
     round(&engine, &workload, args, 0, false)?;
     let mut ratios = Vec::new();

@@ -12,7 +12,7 @@ use crate::speculative::Speculation;
 /// cached prefixes holding at most half the pool, 256 waiting requests, 16
 /// cells reserved per admitted request, F16 KV cache, the machine's thread
 /// count, 5 ms of waiting per step for grammar samples (`grammar_wait`),
-/// no speculative decoding.
+/// no speculative decoding (drafts cut to what pays when it is on).
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
     pub(crate) n_ctx: u32,
@@ -31,6 +31,7 @@ pub struct EngineConfig {
     pub(crate) memory_budget: Option<u64>,
     pub(crate) grammar_wait: std::time::Duration,
     pub(crate) speculation: Option<Speculation>,
+    pub(crate) draft_by_cost: bool,
 }
 
 impl Default for EngineConfig {
@@ -52,6 +53,7 @@ impl Default for EngineConfig {
             memory_budget: None,
             grammar_wait: std::time::Duration::from_millis(5),
             speculation: None,
+            draft_by_cost: true,
         }
     }
 }
@@ -124,6 +126,15 @@ impl EngineConfig {
         /// token or push anything out. Requests sampled off the step (with
         /// a grammar or constraint) do not draft. Default: off.
         speculation: Speculation => speculation (Some);
+        /// Whether a draft is cut to the length that pays for itself
+        /// (default true): the engine fits each step's time as a fixed
+        /// part plus a part per row and drafts a token only while its
+        /// chance of being accepted, times what a token costs without
+        /// drafts, beats the row it adds (see `docs/speculative.md`).
+        /// Where rows cost as much as tokens (many streams on a few CPU
+        /// cores) drafting then stops. False drafts as long as the step's
+        /// budget and the drafter allow.
+        draft_by_cost: bool => draft_by_cost;
     }
 
     pub(crate) fn check(&self) -> Result<()> {

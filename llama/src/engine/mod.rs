@@ -92,6 +92,7 @@ mod kv;
 mod metrics;
 mod request;
 mod scheduler;
+mod step_cost;
 mod worker;
 
 pub use crate::sampler::{MAX_TOP_LOGPROBS, SamplingParams};

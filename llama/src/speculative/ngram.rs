@@ -26,7 +26,19 @@ pub(crate) struct NgramDrafter {
     misses: u32,
     /// Steps left without drafting.
     pause: usize,
+    /// Draft tokens accepted, and tokens tried (accepted ones plus the
+    /// first rejected one of each draft), both fading with each draft:
+    /// their ratio estimates the chance that a draft token is accepted
+    /// after the ones before it were.
+    accepted: f64,
+    tried: f64,
 }
+
+/// How much of the acceptance estimate each further draft keeps.
+const ACCEPTANCE_DECAY: f64 = 0.9;
+/// The estimate before any draft, as accepted and tried counts: 0.8, worth
+/// five tokens.
+const ACCEPTANCE_PRIOR: (f64, f64) = (4.0, 5.0);
 
 /// How far back a match is measured (a draft is at most as long as the
 /// text before it that matched the history's end: a long match is a copy
@@ -53,6 +65,8 @@ impl NgramDrafter {
             limit: spec.draft_max.div_ceil(2),
             misses: 0,
             pause: 0,
+            accepted: ACCEPTANCE_PRIOR.0,
+            tried: ACCEPTANCE_PRIOR.1,
         }
     }
 
@@ -117,11 +131,19 @@ impl NgramDrafter {
         })
     }
 
+    /// The estimated chance that a draft token is accepted once the ones
+    /// before it were (recent drafts count most).
+    pub fn acceptance(&self) -> f64 {
+        self.accepted / self.tried
+    }
+
     /// Adapts to the last draft: `accepted` of its `drafted` tokens.
     pub fn record(&mut self, drafted: usize, accepted: usize) {
         if drafted == 0 {
             return;
         }
+        self.accepted = self.accepted * ACCEPTANCE_DECAY + accepted as f64;
+        self.tried = self.tried * ACCEPTANCE_DECAY + (accepted + usize::from(accepted < drafted)) as f64;
         let max = self.spec.draft_max;
         if accepted == drafted {
             self.misses = 0;
@@ -246,6 +268,25 @@ mod tests {
         // Nothing drafted: nothing learned.
         d.record(0, 0);
         assert_eq!(draft(&mut d, &history, 8).len(), 1);
+    }
+
+    #[test]
+    fn estimates_acceptance_from_recent_drafts() {
+        let mut d = NgramDrafter::new(Speculation::ngram());
+        assert!((d.acceptance() - 0.8).abs() < 1e-9);
+        for _ in 0..20 {
+            d.record(8, 8);
+        }
+        assert!(d.acceptance() > 0.99, "{}", d.acceptance());
+        // One token of each draft accepted, then the second rejected.
+        for _ in 0..80 {
+            d.record(4, 1);
+        }
+        assert!((d.acceptance() - 0.5).abs() < 0.01, "{}", d.acceptance());
+        for _ in 0..80 {
+            d.record(4, 0);
+        }
+        assert!(d.acceptance() < 0.01, "{}", d.acceptance());
     }
 
     #[test]

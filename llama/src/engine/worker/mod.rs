@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use super::metrics::{Counter, Gauge, LatencySeries, Meter};
 use super::request::Checked;
 use super::scheduler::{self, Candidate, Load};
+use super::step_cost::StepCost;
 use super::{EngineConfig, Event, Finish, Shared, Timings, Usage, lock};
 use crate::batch::{Batch, Logits, Pos};
 use crate::context::{Context, ContextParams, PerfCounters};
@@ -147,6 +148,13 @@ struct Worker<'m> {
     /// Draft tokens of each running sequence in this step (speculative
     /// decoding), decoded after its planned token.
     drafts: Vec<usize>,
+    /// Step time by rows, which bounds drafts to those that pay (when
+    /// `draft_by_cost`).
+    step_cost: StepCost,
+    draft_by_cost: bool,
+    /// Rows with logits of the planned step when it has no prompt rows
+    /// (the steps [`StepCost`] fits).
+    decode_rows: Option<usize>,
     /// Admissions so far, for the preemption rule's "most recently
     /// admitted".
     admissions: u64,
@@ -180,6 +188,9 @@ impl<'m> Worker<'m> {
             loads: Vec::new(),
             plan: Vec::new(),
             drafts: Vec::new(),
+            step_cost: StepCost::default(),
+            draft_by_cost: config.draft_by_cost,
+            decode_rows: None,
             admissions: 0,
             meter: Meter::default(),
             outbox: Vec::new(),
@@ -404,6 +415,7 @@ impl<'m> Worker<'m> {
 
     /// One decode over the planned tokens, then sampling.
     fn step(&mut self) -> Result<()> {
+        let started = Instant::now();
         if !self.decode()? {
             return Ok(());
         }
@@ -449,6 +461,9 @@ impl<'m> Worker<'m> {
             if let Some(cause) = took(&mut self.meter, &mut self.outbox, seq, sampled) {
                 ended.push((i, cause));
             }
+        }
+        if let Some(rows) = self.decode_rows {
+            self.step_cost.record(rows, started.elapsed().as_secs_f64());
         }
         for (i, cause) in ended.into_iter().rev() {
             let seq = self.running.remove(i);
@@ -518,6 +533,9 @@ impl<'m> Worker<'m> {
             self.outbox.push((seq.events().clone(), Event::Piece(piece)));
         }
         log::debug!("request {} finished: {} ({:?})", seq.id, finish.reason, finish.usage);
+        if let Some((fixed, per_row)) = self.step_cost.fit() {
+            log::debug!("step cost: {:.2} ms + {:.2} ms a row", fixed * 1e3, per_row * 1e3);
+        }
         self.meter.finished(cause.label());
         self.meter.record(LatencySeries::EndToEnd, finish.timings.total);
         self.outbox.push((seq.events().clone(), Event::Done(finish)));

@@ -255,6 +255,12 @@ impl<'m> Seq<'m> {
         d.draft.len()
     }
 
+    /// The estimated chance that its draft tokens are accepted (one after
+    /// another).
+    pub fn draft_acceptance(&self) -> f64 {
+        self.drafting.as_ref().map_or(0.0, |d| d.drafter.acceptance())
+    }
+
     /// The draft of this step.
     pub fn draft(&self) -> &[Token] {
         self.drafting.as_ref().map_or(&[], |d| &d.draft)

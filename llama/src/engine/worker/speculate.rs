@@ -13,17 +13,21 @@ impl Worker<'_> {
     /// budget after every stream's token and the prefill chunks (at most
     /// `prefill_cap` while a prompt prefills), and cells the pool has free
     /// after the planned tokens. The budget is split evenly, each
-    /// sequence's unused share going to those after it.
+    /// sequence's unused share going to those after it. With
+    /// `draft_by_cost`, a draft is no longer than pays for itself by the step cost fitted so far and the
+    /// sequence's acceptance rate ([`StepCost::draft_limit`](crate::engine::step_cost::StepCost::draft_limit)).
     pub(super) fn plan_drafts(&mut self) {
         self.drafts.clear();
         self.drafts.resize(self.running.len(), 0);
+        let planned: usize = self.plan.iter().sum();
+        let prefilling = self.running.iter().zip(&self.plan).any(|(s, &n)| n > 0 && !s.decoding());
+        let streams = self.plan.iter().filter(|&&n| n > 0).count();
+        self.decode_rows = (!prefilling).then_some(streams);
         let eligible: Vec<usize> =
             (0..self.running.len()).filter(|&i| self.plan[i] == 1 && self.running[i].can_draft()).collect();
         if eligible.is_empty() {
             return;
         }
-        let planned: usize = self.plan.iter().sum();
-        let prefilling = self.running.iter().zip(&self.plan).any(|(s, &n)| n > 0 && !s.decoding());
         let free = self.pool.capacity().saturating_sub(self.pool.cells_used(&self.running) + planned);
         let mut left = self.budget.saturating_sub(planned).min(free);
         if prefilling {
@@ -31,9 +35,17 @@ impl Worker<'_> {
         }
         for (j, &i) in eligible.iter().enumerate() {
             let share = left / (eligible.len() - j);
-            let n = self.running[i].make_draft(share);
+            let pays = if self.draft_by_cost {
+                self.step_cost.draft_limit(streams, self.running[i].draft_acceptance())
+            } else {
+                usize::MAX
+            };
+            let n = self.running[i].make_draft(share.min(pays));
             self.drafts[i] = n;
             left -= n;
+        }
+        if let Some(rows) = &mut self.decode_rows {
+            *rows += self.drafts.iter().sum::<usize>();
         }
     }
 

@@ -47,7 +47,8 @@ fn random_submit_cancel_and_drop_from_eight_threads() {
             }
         });
     }
-    let engine = Engine::start(model(), config().n_ctx(1024).max_running(6).max_queue(64)).unwrap();
+    let engine =
+        Engine::start(model(), config().n_ctx(1024).max_running(6).max_queue(64).draft_by_cost(false)).unwrap();
     let threads: Vec<_> = (0..8)
         .map(|t| {
             let engine = engine.clone();

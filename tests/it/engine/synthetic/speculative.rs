@@ -8,10 +8,17 @@ use llama::speculative::Speculation;
 
 use super::*;
 
+/// Every request drafts as long as the budget allows (not cut by the
+/// fitted step cost, which depends on the machine's timing): these tests
+/// check what drafts do, not when they pay.
+fn drafting() -> EngineConfig {
+    config().speculation(Speculation::ngram()).draft_by_cost(false)
+}
+
 #[test]
 fn drafting_streams_equal_their_sequential_runs() {
     let cases = decisive(6, |i| 20 + 11 * i, 48);
-    let engine = Engine::start(model(), config().speculation(Speculation::ngram())).unwrap();
+    let engine = Engine::start(model(), drafting()).unwrap();
     // The last one opts out.
     let completions: Vec<Completion> = cases
         .iter()
@@ -44,7 +51,7 @@ fn drafting_streams_equal_their_sequential_runs() {
 #[test]
 fn max_tokens_and_stop_strings_land_exactly_with_drafts() {
     let (prompt, expected) = decisive(1, |_| 30, 64).remove(0);
-    let engine = Engine::start(model(), config().speculation(Speculation::ngram())).unwrap();
+    let engine = Engine::start(model(), drafting()).unwrap();
     let mut accepted = 0;
     for max in [1, 2, 5, 9, 17, 33, 64] {
         let out = engine.submit(greedy(prompt.clone(), max)).unwrap().wait();
@@ -78,7 +85,7 @@ fn bad_speculation_settings_are_refused() {
     assert!(matches!(err, Error::InvalidParameter { name: "ngram_sizes", .. }), "{err}");
     let path = llama_suite::synthetic::tiny_mamba_path(&TinyModelSpec::default()).unwrap();
     let mamba = Arc::new(Model::load(&path, &ModelParams::default()).unwrap());
-    let err = Engine::start(mamba.clone(), config().speculation(Speculation::ngram())).unwrap_err();
+    let err = Engine::start(mamba.clone(), drafting()).unwrap_err();
     assert!(matches!(err, Error::CannotSpeculate(_)), "{err}");
     let engine = Engine::start(mamba, config()).unwrap();
     let err = engine.submit(greedy(prompt(8, 1), 4).speculation(Speculation::ngram())).unwrap_err();
