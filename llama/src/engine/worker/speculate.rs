@@ -14,8 +14,9 @@ impl Worker<'_> {
     /// `prefill_cap` while a prompt prefills), and cells the pool has free
     /// after the planned tokens. The budget is split evenly, each
     /// sequence's unused share going to those after it. With
-    /// `draft_by_cost`, a draft is no longer than pays for itself by the step cost fitted so far and the
-    /// sequence's acceptance rate ([`StepCost::draft_limit`](crate::engine::step_cost::StepCost::draft_limit)).
+    /// `draft_by_cost`, a draft is no longer than pays for itself by the
+    /// step cost fitted so far and the sequence's acceptance rate
+    /// ([`StepCost::draft_limit`](crate::engine::step_cost::StepCost::draft_limit)).
     pub(super) fn plan_drafts(&mut self) {
         self.drafts.clear();
         self.drafts.resize(self.running.len(), 0);
