@@ -1,4 +1,4 @@
-//! Criterion benchmarks of `llama::embed` on the default model (Gemma 3
+//! Criterion benchmarks of `llamacpp::embed` on the default model (Gemma 3
 //! 270M Q4_K_M, or `LLAMA_MODEL`), threads from `LLAMA_BENCH_THREADS`
 //! (default 2), mean pooling:
 //!
@@ -25,9 +25,9 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use llama::embed::{EmbedParams, Embedder};
-use llama::{AddBos, Batch, Context, ContextParams, Pooling, Token};
 use llama_suite::bench::{model, threads};
+use llamacpp::embed::{EmbedParams, Embedder};
+use llamacpp::{AddBos, Batch, Context, ContextParams, Pooling, Token};
 
 fn embed_params() -> EmbedParams {
     EmbedParams::default()

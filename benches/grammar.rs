@@ -4,7 +4,7 @@
 //!
 //! - `grammar/none`: a greedy chain, no grammar (the argmax shortcut);
 //! - `grammar/json-object/masked/<state>`: a greedy chain behind
-//!   [`llama::json_schema::json_grammar`] built with `grammar_first(true)`,
+//!   [`llamacpp::json_schema::json_grammar`] built with `grammar_first(true)`,
 //!   in a given parse state (after the text `<state>` was accepted): the
 //!   grammar masks all 262,144 candidates, then greedy picks one;
 //! - `grammar/json-object/checked/<state>`: the default chain: the argmax
@@ -36,10 +36,10 @@
 use std::time::Duration;
 
 use criterion::{BatchSize, BenchmarkId, Criterion, criterion_group, criterion_main};
-use llama::constraint::{Constraint, JsonOptions};
-use llama::json_schema::{json_grammar, schema_to_grammar};
-use llama::{AddBos, Batch, Context, ContextParams, Output, Sampler, SamplerChain};
 use llama_suite::bench::{model, threads};
+use llamacpp::constraint::{Constraint, JsonOptions};
+use llamacpp::json_schema::{json_grammar, schema_to_grammar};
+use llamacpp::{AddBos, Batch, Context, ContextParams, Output, Sampler, SamplerChain};
 use serde_json::json;
 
 /// A context whose last decode left the logits of a real prompt.
@@ -96,7 +96,7 @@ fn mask_percentiles() {
                 for (at, &t) in tokens.iter().enumerate() {
                     let start = std::time::Instant::now();
                     let Ok(Some(allowed)) = sampler.constraint_mask_len() else { break };
-                    let prefix = vocab.detokenize(&tokens[..at], AddBos::No, llama::Special::Plain).expect("text");
+                    let prefix = vocab.detokenize(&tokens[..at], AddBos::No, llamacpp::Special::Plain).expect("text");
                     times.push((start.elapsed(), allowed, prefix));
                     if sampler.accept(t).is_err() {
                         break;

@@ -10,7 +10,7 @@
 //! - `sampling/*`: one sample from Gemma's 262,144-entry logits row, our
 //!   `Sampler::sample` (greedy and top-k shortcuts) vs llama.cpp's
 //!   `llama_sampler_sample` on the same chain;
-//! - `engine/N`: N concurrent requests through `llama::engine` (distinct
+//! - `engine/N`: N concurrent requests through `llamacpp::engine` (distinct
 //!   32-token prompts, 32 new tokens each, greedy), submit to last token;
 //!   throughput in generated tokens (`llama-serve/examples/serve_bench` measures the
 //!   engine's latencies and compares it with llama-server);
@@ -28,8 +28,8 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use llama::{Batch, Context, ContextParams, KvType, Logits, Model, ModelParams, Output, Sampler, Token};
 use llama_suite::bench::{model, threads};
+use llamacpp::{Batch, Context, ContextParams, KvType, Logits, Model, ModelParams, Output, Sampler, Token};
 
 fn params(n_ctx: u32) -> ContextParams {
     ContextParams::default().n_ctx(n_ctx).n_batch(2048).n_ubatch(512).n_threads(threads()).n_threads_batch(threads())
@@ -217,7 +217,7 @@ fn sampling(c: &mut Criterion) {
     group.sample_size(30).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2));
     let mut ctx = model().new_context(&params(512)).expect("context");
     decode_prompt(&mut ctx, &prompt(32, 17), 0, 0);
-    let top_k = || llama::SamplerChain::new().top_k(40).top_p(0.95, 1).temp(0.8).dist(1234).build().expect("chain");
+    let top_k = || llamacpp::SamplerChain::new().top_k(40).top_p(0.95, 1).temp(0.8).dist(1234).build().expect("chain");
     for (name, mut ours, mut upstream) in
         [("greedy", Sampler::greedy(), Sampler::greedy()), ("top-k-p-temp", top_k(), top_k())]
     {
@@ -228,7 +228,7 @@ fn sampling(c: &mut Criterion) {
             b.iter(|| {
                 // SAFETY: a chain ending in a selecting sampler; the last
                 // decode requested logits for its last token.
-                unsafe { llama::sys::llama_sampler_sample(upstream.as_ptr(), ctx.as_ptr(), -1) }
+                unsafe { llamacpp::sys::llama_sampler_sample(upstream.as_ptr(), ctx.as_ptr(), -1) }
             })
         });
     }
@@ -254,7 +254,7 @@ fn validation(c: &mut Criterion) {
 }
 
 fn engine(c: &mut Criterion) {
-    use llama::engine::{Completion, Engine, EngineConfig, Request};
+    use llamacpp::engine::{Completion, Engine, EngineConfig, Request};
     const PROMPT: usize = 32;
     const NEW: usize = 32;
     let path = llama_suite::model_cache::model_path().unwrap_or_else(|e| panic!("no model: {e}"));
@@ -287,9 +287,9 @@ fn engine(c: &mut Criterion) {
 }
 
 fn engine_mix(c: &mut Criterion) {
-    use llama::SamplingParams;
-    use llama::constraint::{Constraint, JsonOptions};
-    use llama::engine::{Completion, Engine, EngineConfig, Request};
+    use llamacpp::SamplingParams;
+    use llamacpp::constraint::{Constraint, JsonOptions};
+    use llamacpp::engine::{Completion, Engine, EngineConfig, Request};
     const PROMPT: usize = 32;
     const NEW: usize = 32;
     const STREAMS: usize = 8;

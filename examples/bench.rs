@@ -1,5 +1,5 @@
 //! Prints llama-bench-shaped rows (pp N, tg N: mean ± sd tokens/s over `-r`
-//! repetitions), measured through the safe `llama` API, so they can be put
+//! repetitions), measured through the safe `llamacpp` API, so they can be put
 //! beside `llama-bench -m MODEL -t T` built from the same llama.cpp source.
 //!
 //! The method follows llama-bench: random tokens (BOS first), prompts in
@@ -12,7 +12,7 @@
 //! Extra rows (`--sampling`) time the same generation with a sampler in the
 //! loop: our greedy and top-k fast paths, and llama.cpp's own
 //! `llama_sampler_sample`, to show what sampling adds per token; and the
-//! whole streaming generator (`llama::generate`: sampling, detokenizing,
+//! whole streaming generator (`llamacpp::generate`: sampling, detokenizing,
 //! stop-string checks) from a one-token prompt.
 //!
 //! ```sh
@@ -24,11 +24,11 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::Parser;
-use llama::generate::{GenerateOptions, Session};
-use llama::{Batch, Context, ContextParams, Logits, Model, ModelParams, Output, Sampler, SamplerChain, Token};
+use llamacpp::generate::{GenerateOptions, Session};
+use llamacpp::{Batch, Context, ContextParams, Logits, Model, ModelParams, Output, Sampler, SamplerChain, Token};
 
 #[derive(Parser, Debug)]
-#[command(about = "llama-bench-shaped prefill/decode numbers through the llama crate")]
+#[command(about = "llama-bench-shaped prefill/decode numbers through the llamacpp crate")]
 struct Args {
     /// GGUF model (default: LLAMA_MODEL or the cached default model).
     #[arg(short, long)]
@@ -100,7 +100,7 @@ fn run_prompt(
     batch: &mut Batch,
     n_prompt: usize,
     rng: &mut Rng,
-) -> llama::Result<()> {
+) -> llamacpp::Result<()> {
     let n_vocab = model.vocab().n_tokens();
     let n_batch = ctx.n_batch() as usize;
     let mut processed = 0;
@@ -127,7 +127,7 @@ fn run_gen(
     n_gen: usize,
     rng: &mut Rng,
     picker: &mut Picker<'_>,
-) -> llama::Result<()> {
+) -> llamacpp::Result<()> {
     let n_vocab = model.vocab().n_tokens();
     let mut token = first_token(model, rng, 0);
     let start = ctx.seq_pos_max(0)?.map_or(0, |p| p + 1);
@@ -144,7 +144,7 @@ fn run_gen(
             Picker::Upstream(sampler) => {
                 // SAFETY: a chain that ends in a selecting sampler, and a
                 // context whose last batch requested logits for its token.
-                let raw = unsafe { llama::sys::llama_sampler_sample(sampler.as_ptr(), ctx.as_ptr(), -1) };
+                let raw = unsafe { llamacpp::sys::llama_sampler_sample(sampler.as_ptr(), ctx.as_ptr(), -1) };
                 Token(raw)
             }
         };
@@ -166,7 +166,7 @@ struct Bench<'m> {
 }
 
 impl Bench<'_> {
-    fn context(&self, n_ctx: usize) -> llama::Result<Context<'_>> {
+    fn context(&self, n_ctx: usize) -> llamacpp::Result<Context<'_>> {
         let params = ContextParams::default()
             .n_ctx(n_ctx as u32)
             .n_batch(self.args.batch)
@@ -179,7 +179,7 @@ impl Bench<'_> {
     }
 
     /// One llama-bench test: warmup, then `reps` timed runs from an empty cache.
-    fn test(&self, n_prompt: usize, n_gen: usize, mut picker: Picker<'_>) -> llama::Result<Vec<f64>> {
+    fn test(&self, n_prompt: usize, n_gen: usize, mut picker: Picker<'_>) -> llamacpp::Result<Vec<f64>> {
         let mut ctx = self.context(n_prompt + n_gen)?;
         let mut batch = Batch::new(ctx.n_batch() as usize, 1);
         let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
@@ -208,7 +208,7 @@ impl Bench<'_> {
 
     /// `reps` runs of the streaming generator producing `n_gen` tokens from
     /// a one-token prompt: n_gen decodes, samples and detokenizations.
-    fn generator(&self, n_gen: usize, sampler: &mut Sampler<'static>) -> llama::Result<Vec<f64>> {
+    fn generator(&self, n_gen: usize, sampler: &mut Sampler<'static>) -> llamacpp::Result<Vec<f64>> {
         let mut ctx = self.context(n_gen + 1)?;
         let prompt = [first_token(self.model, &mut Rng(1), 0)];
         let options = GenerateOptions::default().max_tokens(n_gen).stop_at_eog(false);
@@ -232,9 +232,9 @@ impl Bench<'_> {
     /// the first GPU's name (`CUDA0`, `Vulkan0`) when layers are offloaded
     /// to one, else `CPU`.
     fn backend(&self) -> String {
-        let gpu = llama::devices()
+        let gpu = llamacpp::devices()
             .into_iter()
-            .find(|d| matches!(d.kind, llama::DeviceKind::Gpu | llama::DeviceKind::IntegratedGpu));
+            .find(|d| matches!(d.kind, llamacpp::DeviceKind::Gpu | llamacpp::DeviceKind::IntegratedGpu));
         match gpu {
             Some(d) if self.args.gpu_layers != 0 => d.name,
             _ => "CPU".to_owned(),

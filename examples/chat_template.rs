@@ -21,8 +21,8 @@ use std::process::ExitCode;
 use std::time::{Duration, UNIX_EPOCH};
 
 use clap::Parser;
-use llama::Error;
-use llama::chat::{ChatTemplate, RenderOptions};
+use llamacpp::Error;
+use llamacpp::chat::{ChatTemplate, RenderOptions};
 
 #[derive(Parser, Debug)]
 #[command(about = "Render a conversation with a Jinja chat template")]

@@ -15,7 +15,7 @@
 
 use std::process::ExitCode;
 
-use llama::{ContextParams, Model, ModelParams, Output, Sampler, Token};
+use llamacpp::{ContextParams, Model, ModelParams, Output, Sampler, Token};
 
 fn main() -> ExitCode {
     match run() {
@@ -43,16 +43,16 @@ fn run() -> Result<(), String> {
         .collect::<Result<Vec<Vec<Token>>, String>>()?;
 
     let model = Model::load(model, &ModelParams::default()).map_err(|e| e.to_string())?;
-    let forced = match llama_sys::cpu_variant_forced() {
+    let forced = match llamacpp_sys::cpu_variant_forced() {
         None => "unset",
         Some(true) => "yes",
         Some(false) => "ignored",
     };
     println!(
         "variant {} score {} forced {forced} built {}",
-        llama::cpu_variant().unwrap_or("none"),
-        llama_sys::cpu_variant_score(),
-        llama::cpu_variants().len()
+        llamacpp::cpu_variant().unwrap_or("none"),
+        llamacpp_sys::cpu_variant_score(),
+        llamacpp::cpu_variants().len()
     );
     let params = ContextParams::default().n_ctx(256).n_batch(256).n_ubatch(256).n_threads(1);
     for prompt in &prompts {

@@ -22,11 +22,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use clap::Parser;
-use llama::engine::{Engine, EngineConfig, Request};
-use llama::plan::Planner;
-use llama::testing::{TinyModelSpec, write_tiny_llama};
-use llama::{ContextParams, DeviceKind, FileType, LoadMode, Model, ModelParams, QuantizeParams, Token, quantize};
 use llama_suite::teacher::rescore;
+use llamacpp::engine::{Engine, EngineConfig, Request};
+use llamacpp::plan::Planner;
+use llamacpp::testing::{TinyModelSpec, write_tiny_llama};
+use llamacpp::{ContextParams, DeviceKind, FileType, LoadMode, Model, ModelParams, QuantizeParams, Token, quantize};
 use serde_json::json;
 
 #[derive(Parser, Debug)]
@@ -73,7 +73,7 @@ fn run(args: &Args) -> Result<bool, Box<dyn std::error::Error>> {
         (None, Some(path)) => path.clone(),
         (None, None) => llama_suite::model_cache::model_path()?,
     };
-    let devices = llama::devices();
+    let devices = llamacpp::devices();
     for d in &devices {
         println!(
             "{}",
@@ -165,7 +165,7 @@ fn prompt_for(model: &Model, stream: usize) -> Vec<Token> {
 }
 
 /// Greedy tokens after `prompt`, one decode per token.
-fn greedy(model: &Model, params: &ContextParams, prompt: &[Token], n: usize) -> llama::Result<Vec<Token>> {
+fn greedy(model: &Model, params: &ContextParams, prompt: &[Token], n: usize) -> llamacpp::Result<Vec<Token>> {
     llama_suite::teacher::greedy(model, &params.clone().n_ctx(1024), prompt, n)
 }
 

@@ -19,8 +19,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, ValueEnum};
-use llama::embed::{EmbedParams, Embedder, cosine_similarity};
-use llama::{Error, Model, ModelParams, Pooling};
+use llamacpp::embed::{EmbedParams, Embedder, cosine_similarity};
+use llamacpp::{Error, Model, ModelParams, Pooling};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum PoolingArg {

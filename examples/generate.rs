@@ -12,7 +12,7 @@
 //! With `--json-schema FILE` (output valid against that JSON Schema) or
 //! `--json` (any JSON object), stdout is the JSON document alone; a schema
 //! that cannot be enforced is a one-line error. Constraints (these,
-//! `--regex` and `--lark`) run through llguidance (`llama::constraint`);
+//! `--regex` and `--lark`) run through llguidance (`llamacpp::constraint`);
 //! `--json-gbnf` converts the schema to GBNF for llama.cpp's grammar
 //! sampler instead (for comparison).
 //!
@@ -26,11 +26,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use llama::chat::RenderOptions;
-use llama::constraint::{Constraint, JsonOptions};
-use llama::generate::{FinishReason, GenerateOptions, Overflow, Session};
-use llama::speculative::Speculation;
-use llama::{AddBos, ChatFormat, ChatMessage, ContextParams, Model, ModelParams, Sampler, SamplerChain};
+use llamacpp::chat::RenderOptions;
+use llamacpp::constraint::{Constraint, JsonOptions};
+use llamacpp::generate::{FinishReason, GenerateOptions, Overflow, Session};
+use llamacpp::speculative::Speculation;
+use llamacpp::{AddBos, ChatFormat, ChatMessage, ContextParams, Model, ModelParams, Sampler, SamplerChain};
 
 #[derive(Parser, Debug)]
 #[command(about = "Stream a completion from a GGUF model")]
@@ -106,7 +106,7 @@ struct Args {
     #[arg(long)]
     json_spec: bool,
     /// With --json-schema: how deep a recursive schema may nest.
-    #[arg(long, default_value_t = llama::constraint::JsonOptions::DEFAULT_MAX_DEPTH)]
+    #[arg(long, default_value_t = llamacpp::constraint::JsonOptions::DEFAULT_MAX_DEPTH)]
     json_max_depth: usize,
     /// With --json-schema/--json: convert to GBNF and constrain with
     /// llama.cpp's grammar sampler instead of llguidance.
@@ -274,7 +274,7 @@ fn constrain(args: &Args) -> Result<Option<Constrain>, BoxError> {
         (_, Some(regex), ..) => Some(Constrain::Guidance(Constraint::regex(regex))),
         (_, _, Some(path), _) => Some(Constrain::Guidance(Constraint::lark(read(path, "Lark grammar")?))),
         (_, _, _, Some(schema)) if args.json_gbnf => Some(Constrain::Gbnf(
-            llama::json_schema::schema_to_grammar(&schema).map_err(|e| format!("the JSON schema: {e}"))?,
+            llamacpp::json_schema::schema_to_grammar(&schema).map_err(|e| format!("the JSON schema: {e}"))?,
         )),
         (_, _, _, Some(schema)) => {
             let options = if args.json_spec { JsonOptions::default() } else { JsonOptions::tight() };
@@ -285,7 +285,7 @@ fn constrain(args: &Args) -> Result<Option<Constrain>, BoxError> {
     })
 }
 
-fn build_sampler<'m>(args: &Args, model: &'m Model, constrain: Option<&Constrain>) -> llama::Result<Sampler<'m>> {
+fn build_sampler<'m>(args: &Args, model: &'m Model, constrain: Option<&Constrain>) -> llamacpp::Result<Sampler<'m>> {
     let mut chain = SamplerChain::new().grammar_first(args.grammar_first);
     match constrain {
         Some(Constrain::Gbnf(gbnf)) => chain = chain.grammar(model.vocab(), gbnf, "root"),

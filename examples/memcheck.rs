@@ -54,9 +54,9 @@
 
 use std::path::{Path, PathBuf};
 
-use llama::generate::{GenerateOptions, Session};
-use llama::{AddBos, Batch, ContextParams, Detokenizer, Model, ModelParams, Output, Sampler, SamplerChain, Special};
 use llama_suite::synthetic::{TinyModelSpec, write_tiny_llama};
+use llamacpp::generate::{GenerateOptions, Session};
+use llamacpp::{AddBos, Batch, ContextParams, Detokenizer, Model, ModelParams, Output, Sampler, SamplerChain, Special};
 
 /// A folder of this process under the system's temporary folder, removed
 /// on drop (not `tempfile`: see the top of this file).

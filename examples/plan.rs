@@ -18,9 +18,9 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::Parser;
-use llama::plan::analytic::{ModelShape, WeightType};
-use llama::plan::{Budget, FitGoal, MemoryBreakdown, Planner};
-use llama::{ContextParams, FlashAttention, KvType, Model, ModelParams};
+use llamacpp::plan::analytic::{ModelShape, WeightType};
+use llamacpp::plan::{Budget, FitGoal, MemoryBreakdown, Planner};
+use llamacpp::{ContextParams, FlashAttention, KvType, Model, ModelParams};
 
 #[derive(Parser, Debug)]
 #[command(about = "Plan the memory of a GGUF model's contexts without allocating it")]
@@ -39,7 +39,7 @@ struct Args {
     kv: Vec<KvType>,
     /// A memory budget (e.g. 2GiB, 512MiB, 1.5GB, bytes): prints the largest
     /// context that fits it for each sequence count (first KV type that fits).
-    #[arg(long, value_parser = llama::plan::parse_size)]
+    #[arg(long, value_parser = llamacpp::plan::parse_size)]
     budget: Option<u64>,
     /// Flash attention.
     #[arg(long, default_value = "auto", value_parser = parse_fa)]
@@ -145,9 +145,9 @@ struct Row {
     n_ctx: u32,
     n_seq: u32,
     kv: KvType,
-    memory: Result<MemoryBreakdown, llama::Error>,
+    memory: Result<MemoryBreakdown, llamacpp::Error>,
     analytic_kv: Option<u64>,
-    live: Option<Result<MemoryBreakdown, llama::Error>>,
+    live: Option<Result<MemoryBreakdown, llamacpp::Error>>,
 }
 
 fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
@@ -185,7 +185,7 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     }
     let after = rss_kib();
 
-    let fits: Vec<(u32, Result<llama::plan::Fit, llama::Error>)> = match args.budget {
+    let fits: Vec<(u32, Result<llamacpp::plan::Fit, llamacpp::Error>)> = match args.budget {
         Some(bytes) => args
             .seqs
             .iter()

@@ -20,7 +20,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use llama::rpc::{self, ServerOptions};
+use llamacpp::rpc::{self, ServerOptions};
 
 #[derive(Parser, Debug)]
 #[command(about = "Serve this machine's devices to llama.cpp RPC clients (no authentication: trusted networks only)")]
@@ -38,7 +38,7 @@ struct Args {
     /// loads the same model again sends hashes instead of data.
     #[arg(long)]
     cache: Option<PathBuf>,
-    /// Devices to serve, by name (default: the CPU); see `llama::devices`.
+    /// Devices to serve, by name (default: the CPU); see `llamacpp::devices`.
     #[arg(long, value_delimiter = ',')]
     device: Vec<String>,
     /// Exit when standard input closes: a parent that starts the worker
@@ -113,8 +113,8 @@ fn main() -> ExitCode {
     ExitCode::FAILURE
 }
 
-fn find_device(name: &str) -> Result<llama::Device, String> {
-    let devices = llama::devices();
+fn find_device(name: &str) -> Result<llamacpp::Device, String> {
+    let devices = llamacpp::devices();
     devices.iter().find(|d| d.name.eq_ignore_ascii_case(name)).cloned().ok_or_else(|| {
         let names: Vec<&str> = devices.iter().map(|d| d.name.as_str()).collect();
         format!("no device {name}; this machine has {}", names.join(", "))

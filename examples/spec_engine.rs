@@ -1,4 +1,4 @@
-//! Speculative decoding through `llama::engine` under load, side by side:
+//! Speculative decoding through `llamacpp::engine` under load, side by side:
 //! the same mixed workload without and with `Request::speculation`,
 //! interleaved round by round on one engine.
 //!
@@ -22,9 +22,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use clap::Parser;
-use llama::engine::{Engine, EngineConfig, Request};
-use llama::speculative::Speculation;
-use llama::{AddBos, Model, ModelParams, SamplingParams, Token};
+use llamacpp::engine::{Engine, EngineConfig, Request};
+use llamacpp::speculative::Speculation;
+use llamacpp::{AddBos, Model, ModelParams, SamplingParams, Token};
 
 #[derive(Parser, Debug)]
 #[command(about = "aggregate tokens/s of a mixed engine workload without and with speculative decoding")]
@@ -91,7 +91,7 @@ impl Workload {
     }
 }
 
-fn round(engine: &Engine, workload: &Workload, args: &Args, index: usize, speculate: bool) -> llama::Result<Round> {
+fn round(engine: &Engine, workload: &Workload, args: &Args, index: usize, speculate: bool) -> llamacpp::Result<Round> {
     let before = engine.stats();
     let started = Instant::now();
     let completions = (0..args.requests)
@@ -100,7 +100,7 @@ fn round(engine: &Engine, workload: &Workload, args: &Args, index: usize, specul
             let speculation = speculate.then(|| Speculation::default().draft_max(args.draft_max));
             engine.submit(request.speculation(speculation))
         })
-        .collect::<llama::Result<Vec<_>>>()?;
+        .collect::<llamacpp::Result<Vec<_>>>()?;
     let mut generated = 0;
     for completion in completions {
         generated += completion.wait().tokens.len();

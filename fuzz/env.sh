@@ -26,8 +26,8 @@ fi
 # Reuse the cmake the main build already unpacked, if there is one.
 if [ -z "${CMAKE:-}" ] && ! command -v cmake >/dev/null; then
     _root=$(cd "$(dirname "${BASH_SOURCE[0]:-$0}")/.." && pwd)
-    if [ -x "$_root/target/llama-sys/cmake-wheel/cmake/data/bin/cmake" ]; then
-        export CMAKE="$_root/target/llama-sys/cmake-wheel/cmake/data/bin/cmake"
+    if [ -x "$_root/target/llamacpp-sys/cmake-wheel/cmake/data/bin/cmake" ]; then
+        export CMAKE="$_root/target/llamacpp-sys/cmake-wheel/cmake/data/bin/cmake"
     fi
     unset _root
 fi

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Builds llama.cpp's own `llama-server` and `llama-bench` from the SAME pinned
-# llama.cpp source that llama-sys links (llama-cpp-python 0.3.36's sdist,
-# upstream commit 0c1e570), with the same CMake defines as llama-sys
-# (llama-sys/build/features.rs `cmake_defines`, default features native +
+# llama.cpp source that llamacpp-sys links (llama-cpp-python 0.3.36's sdist,
+# upstream commit 0c1e570), with the same CMake defines as llamacpp-sys
+# (llamacpp-sys/build/features.rs `cmake_defines`, default features native +
 # openmp), except that the common library, tools and server are switched on.
 # Used as the reference side of llama-serve/examples/serve_bench and loadgen.
 #
 # Everything lives under target/ (gitignored):
-#   target/llama-sys/download/llama_cpp_python-0.3.36.tar.gz  the sdist (shared with llama-sys)
+#   target/llamacpp-sys/download/llama_cpp_python-0.3.36.tar.gz  the sdist (shared with llamacpp-sys)
 #   target/llama-tools/src     its vendor/llama.cpp/ subtree, in full
 #   target/llama-tools/build   the CMake build; binaries in build/bin/
 #   target/llama-tools/venv    a venv with pip's cmake, only if no cmake is found
@@ -78,7 +78,7 @@ fi
 
 rm -rf "$SRC_DIR/.git"  # trees extracted before the line above
 
-# 3. cmake: $CMAKE, cmake on PATH, the cmake wheel llama-sys's build
+# 3. cmake: $CMAKE, cmake on PATH, the cmake wheel llamacpp-sys's build
 #    script already unpacked, else pip's cmake in a venv of our own.
 if ! CMAKE_BIN="$(installed_cmake "$ROOT" 2>/dev/null)"; then
     if ! "$VENV_DIR/bin/cmake" --version >/dev/null 2>&1; then
@@ -91,9 +91,9 @@ fi
 "$CMAKE_BIN" --version >/dev/null 2>&1 || die "cmake ($CMAKE_BIN) does not run"
 say "using $("$CMAKE_BIN" --version | head -n1) ($CMAKE_BIN)"
 
-# 4. Configure and build. The first block is llama-sys's cmake_defines for
+# 4. Configure and build. The first block is llamacpp-sys's cmake_defines for
 #    its default features (native, openmp) on Linux; the second what differs.
-#    A native x86-64 build leaves AMX out, as llama-sys's does
+#    A native x86-64 build leaves AMX out, as llamacpp-sys's does
 #    (features.rs `compile_flags`): ggml's AMX kernels crash on this
 #    project's Xeon VM (docs/building.md, "AMX").
 AMX_OFF=""

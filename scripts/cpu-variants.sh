@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# How the CPU-tuning choices of llama-sys compare on this machine: the
+# How the CPU-tuning choices of llamacpp-sys compare on this machine: the
 # build time of llama.cpp and pp512/tg128 for
 #
 #   native    the `native` feature (GGML_NATIVE: -march=native)
@@ -45,7 +45,7 @@ tools_tree() {
 }
 
 # cmake_build NAME DEFINES... : configures a fresh build of llama.cpp with
-# llama-sys's library defines plus DEFINES, builds the `llama` target and
+# llamacpp-sys's library defines plus DEFINES, builds the `llama` target and
 # then llama-bench, and records the library's build time.
 cmake_build() {
     local name="$1"; shift
@@ -68,7 +68,7 @@ cmake_build() {
 }
 
 # cargo_build NAME RUSTFLAGS CARGO-ARGS... : the bench example in a target
-# folder of its own, and the cold build time of llama-sys's build script.
+# folder of its own, and the cold build time of llamacpp-sys's build script.
 cargo_build() {
     local name="$1" flags="$2"; shift 2
     local target="$OUT/target-$name" start

@@ -3,7 +3,7 @@
 # feature on a machine without a GPU or a system CUDA install: nvcc, the
 # runtime, CCCL and cuBLAS (the `cuda-toolkit` meta-package's extras, one
 # pinned release) in the venv target/cuda-venv, laid out in
-# target/cuda-toolkit as CMake's FindCUDAToolkit and llama-sys's link line
+# target/cuda-toolkit as CMake's FindCUDAToolkit and llamacpp-sys's link line
 # expect a toolkit (bin/, include/, nvvm/, lib64/ with the unversioned
 # library names the wheels lack).
 #

@@ -17,7 +17,7 @@
 # run: the same source built there with the same options plus GGML_CUDA for
 #   sm_90 (LLAMA_CUDA_ARCHITECTURES) and llama-bench, installed into the
 #   same $PREFIX, where the Rust binaries find libllama and load the CUDA
-#   module (llama::init loads an install's modules); then
+#   module (llamacpp::init loads an install's modules); then
 #   device_check --write-model (a synthetic 8-layer, width-2048 model in
 #   Q4_K_M: no model can travel), our bench beside llama-bench (pp512,
 #   tg128, every layer on the GPU), and device_check's checks
@@ -70,7 +70,7 @@ prepare() {
         strip -o "$PACK/$bin" "$ROOT/target/device-check-cargo/release/examples/$bin"
     done
     # The source with tools/ and common/ (for llama-bench), from the pinned
-    # sdist (llama-sys keeps only the library's part), less what the CUDA
+    # sdist (llamacpp-sys keeps only the library's part), less what the CUDA
     # build does not read.
     local tarball stage="$ROOT/target/device-check-src"
     tarball="$(pinned_sdist "$ROOT")" || die "cannot get the pinned sdist"
@@ -122,7 +122,7 @@ run() {
         # Copied, not `cmake --install`, which wants every tool built. The
         # libraries in lib/, where the Rust binaries were linked to find
         # them; the backend modules in bin/ too, beside llama-bench (ggml
-        # looks beside the executable; llama::init in the install's lib/
+        # looks beside the executable; llamacpp::init in the install's lib/
         # and bin/).
         rm -rf "$PREFIX"
         mkdir -p "$PREFIX/lib" "$PREFIX/bin"

@@ -1,7 +1,7 @@
 # Sourced by the scripts that build the pinned llama.cpp themselves: the
 # pinned facts and the verified sdist come from `cargo xtask` (which
-# includes llama-sys/build/pinned.rs, the one place that names them); the
-# sdist lives in target/llama-sys/download, shared with llama-sys's build.
+# includes llamacpp-sys/build/pinned.rs, the one place that names them); the
+# sdist lives in target/llamacpp-sys/download, shared with llamacpp-sys's build.
 #
 #   source "$ROOT/scripts/pinned-llama.sh"   # sets SDIST_PREFIX, PINNED_COMMIT, ...
 #   tarball="$(pinned_sdist "$ROOT")"   # the verified .tar.gz
@@ -19,11 +19,11 @@ pinned_sdist() {
 }
 
 # Prints the cmake to use: $CMAKE, cmake on PATH, or the PyPI wheel that a
-# checkout build of llama-sys unpacked into target/llama-sys/; fails when
+# checkout build of llamacpp-sys unpacked into target/llamacpp-sys/; fails when
 # none of them runs.
 installed_cmake() {
     local root="$1" candidate
-    for candidate in "${CMAKE:-}" cmake "$root/target/llama-sys/cmake-wheel/cmake/data/bin/cmake"; do
+    for candidate in "${CMAKE:-}" cmake "$root/target/llamacpp-sys/cmake-wheel/cmake/data/bin/cmake"; do
         if [[ -n "$candidate" ]] && "$candidate" --version >/dev/null 2>&1; then
             echo "$candidate"
             return 0

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Side by side: llama::engine in-process vs llama.cpp's llama-server over
+# Side by side: llamacpp::engine in-process vs llama.cpp's llama-server over
 # loopback HTTP, same pinned llama.cpp source, same model, same threads,
 # `-b 512 -ub 512`, unified KV cache, interleaved rounds (the machine's noise
 # is a few percent between runs, more under load: compare within a round).

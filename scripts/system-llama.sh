@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# llama-sys's system-library mode, end to end:
+# llamacpp-sys's system-library mode, end to end:
 #
 # 1. shared, with backend modules: the pinned llama.cpp (vendor/llama.cpp,
 #    which a workspace build fetches) configured, built and installed by its
@@ -9,9 +9,9 @@
 #    built against it through pkg-config (LLAMA_SYS_USE_PKG_CONFIG=1 and the
 #    llama.pc it installed), run with LD_LIBRARY_PATH pointing at it,
 #    checked to load its libllama.so and no CPU backend at link time: they
-#    pass only if `llama::init` loads the module from the install;
-# 2. static: the static archives that llama-sys's own build installed with
-#    llama.cpp's CMake (target/llama-sys/build-*/, the native configuration),
+#    pass only if `llamacpp::init` loads the module from the install;
+# 2. static: the static archives that llamacpp-sys's own build installed with
+#    llama.cpp's CMake (target/llamacpp-sys/build-*/, the native configuration),
 #    linked through LLAMA_SYS_LIB_DIR, and checked to load no libllama.so;
 # 3. bindgen: bindings generated from those installed headers (one folder,
 #    no src/) equal the checked-in ones.
@@ -105,13 +105,13 @@ unset PKG_CONFIG_PATH LLAMA_SYS_USE_PKG_CONFIG
 #    tests (the shared run above has the whole set; CI time is finite).
 FILTERS=(generate::real:: plan::)
 static_lib=""
-for config in "$ROOT"/target/llama-sys/build-*/lib/cmake/ggml/ggml-config.cmake; do
+for config in "$ROOT"/target/llamacpp-sys/build-*/lib/cmake/ggml/ggml-config.cmake; do
     if grep -q 'set(GGML_NATIVE "ON")' "$config" && ! grep -q 'GGML_SANITIZE_ADDRESS "ON"' "$config"; then
         static_lib="$(dirname "$(dirname "$(dirname "$config")")")"
         break
     fi
 done
-[[ -n "$static_lib" ]] || die "no native static install in target/llama-sys/build-*/: build the workspace first"
+[[ -n "$static_lib" ]] || die "no native static install in target/llamacpp-sys/build-*/: build the workspace first"
 export LLAMA_SYS_LIB_DIR="$static_lib"
 bin="$(first_test_binary)"
 libs="$(ldd "$bin")"
@@ -121,5 +121,5 @@ cargo test -p llama-suite "${FEATURES[@]}" "${TESTS[@]}" -- "${FILTERS[@]}"
 
 # 3. The `bindgen` feature on installed headers (one folder, no src/):
 #    bindings generated from them equal the checked-in ones.
-cargo test -p llama-sys --features bindgen --test bindings_fresh
+cargo test -p llamacpp-sys --features bindgen --test bindings_fresh
 say "ok"

@@ -4,7 +4,7 @@
 
 use std::sync::OnceLock;
 
-use llama::{Model, ModelParams};
+use llamacpp::{Model, ModelParams};
 
 /// The benchmarks' model, loaded on first use. Panics (a benchmark has no
 /// other way to fail) when it cannot be fetched or loaded.

@@ -8,7 +8,9 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use crate::synthetic::{TinyModelSpec, tiny_llama_path};
-use llama::{AddBos, Batch, Context, ContextParams, Logits, Model, ModelParams, Output, SeqId, Special, Token, Vocab};
+use llamacpp::{
+    AddBos, Batch, Context, ContextParams, Logits, Model, ModelParams, Output, SeqId, Special, Token, Vocab,
+};
 
 /// The file of the default tiny synthetic model.
 pub fn tiny_path() -> PathBuf {
@@ -118,7 +120,7 @@ pub fn token_for_piece(vocab: &Vocab, piece: &str) -> Token {
     (0..vocab.n_tokens() as i32)
         .map(Token)
         .filter(|&t| vocab.token_to_piece(t, Special::Plain).is_ok_and(|p| p == piece.as_bytes()))
-        .max_by_key(|&t| !vocab.attrs(t).is_ok_and(|a| a.contains(llama::TokenAttrs::BYTE)))
+        .max_by_key(|&t| !vocab.attrs(t).is_ok_and(|a| a.contains(llamacpp::TokenAttrs::BYTE)))
         .unwrap_or_else(|| panic!("no token with piece {piece:?}"))
 }
 

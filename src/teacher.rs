@@ -10,7 +10,7 @@
 //! another sequence's cells, or the wrong positions, fails it by far more
 //! than rounding can explain.
 
-use llama::{Batch, ContextParams, KvType, Logits, Model, Output, Sampler, Token};
+use llamacpp::{Batch, ContextParams, KvType, Logits, Model, Output, Sampler, Token};
 
 /// The result of re-scoring one stream.
 #[derive(Clone, Debug, PartialEq)]
@@ -43,7 +43,7 @@ impl TeacherForced {
 ///
 /// # Errors
 /// The context's, the decodes' or the sampler's error.
-pub fn greedy(model: &Model, params: &ContextParams, prompt: &[Token], n: usize) -> llama::Result<Vec<Token>> {
+pub fn greedy(model: &Model, params: &ContextParams, prompt: &[Token], n: usize) -> llamacpp::Result<Vec<Token>> {
     let mut ctx = model.new_context(params)?;
     ctx.decode(&Batch::from_tokens(prompt, 0))?;
     let mut sampler = Sampler::greedy();
@@ -62,7 +62,7 @@ pub fn greedy(model: &Model, params: &ContextParams, prompt: &[Token], n: usize)
 ///
 /// # Errors
 /// The context's or the decode's error.
-pub fn rescore(model: &Model, prompt: &[Token], generated: &[Token]) -> llama::Result<TeacherForced> {
+pub fn rescore(model: &Model, prompt: &[Token], generated: &[Token]) -> llamacpp::Result<TeacherForced> {
     rescore_with_kv(model, KvType::F16, prompt, generated)
 }
 
@@ -76,7 +76,7 @@ pub fn rescore_with_kv(
     kv: KvType,
     prompt: &[Token],
     generated: &[Token],
-) -> llama::Result<TeacherForced> {
+) -> llamacpp::Result<TeacherForced> {
     let total = prompt.len() + generated.len();
     let n = total.max(1) as u32;
     let params = ContextParams::default().n_ctx(n + 1).n_batch(n).n_ubatch(n.min(512)).n_threads(2).kv_type(kv);

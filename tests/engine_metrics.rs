@@ -6,9 +6,9 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use llama::engine::{Engine, EngineConfig, Request};
-use llama::{Model, ModelParams, Token};
 use llama_suite::synthetic::{TINY_BOS_ID, TinyModelSpec, tiny_llama_path};
+use llamacpp::engine::{Engine, EngineConfig, Request};
+use llamacpp::{Model, ModelParams, Token};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 
 #[test]

@@ -2,14 +2,14 @@
 //! answered with an `Err` (see also `never_abort/`). Each case runs in a
 //! child process (`safe_api::isolated`), so one that aborts fails alone.
 
-use llama::{
+use llama_suite::safe_api::{isolated, layout, real_model, small_params, tiny_model, tiny_path};
+use llamacpp::{
     AddBos, Batch, Candidates, CustomSampler, Error, Logits, MetadataValue, Model, ModelParams, Output, SamplerChain,
     Special, Token,
 };
-use llama_suite::safe_api::{isolated, layout, real_model, small_params, tiny_model, tiny_path};
 
 /// A context of `model` that decoded "Hello world": its last row has logits.
-fn hello_world_context(model: &Model) -> llama::Context<'_> {
+fn hello_world_context(model: &Model) -> llamacpp::Context<'_> {
     let mut ctx = model.new_context(&small_params()).unwrap();
     let tokens = model.vocab().tokenize("Hello world", AddBos::Yes).unwrap();
     ctx.decode(&Batch::from_tokens(&tokens, 0)).unwrap();
@@ -54,7 +54,7 @@ fn a_sampler_that_removes_every_candidate_is_an_error() {
         assert!(matches!(sampler.sample(&mut ctx, Output::Last), Err(Error::NoCandidates)));
         // The context still works.
         let best = llama_suite::safe_api::argmax(ctx.logits(Output::Last).unwrap()) as i32;
-        let mut greedy = llama::Sampler::greedy();
+        let mut greedy = llamacpp::Sampler::greedy();
         assert_eq!(greedy.sample(&mut ctx, Output::Last).unwrap(), Token(best));
     });
 }
@@ -279,7 +279,7 @@ impl CustomSampler for WriteId {
         for c in candidates.data_mut() {
             c.logit = f32::MIN;
         }
-        candidates.data_mut()[0] = llama::TokenData { id: self.0, logit: 10.0, p: 0.0 };
+        candidates.data_mut()[0] = llamacpp::TokenData { id: self.0, logit: 10.0, p: 0.0 };
     }
     fn clone_sampler(&self) -> Box<dyn CustomSampler> {
         Box::new(WriteId(self.0))
@@ -359,7 +359,7 @@ fn a_sampler_built_for_one_model_refuses_another_models_context() {
         let mut grammar_b =
             SamplerChain::new().grammar(model_b.vocab(), r#"root ::= "ab""#, "root").greedy().build().unwrap();
         grammar_b.sample(&mut ctx_b, Output::Last).unwrap();
-        llama::Sampler::greedy().sample(&mut ctx_b, Output::Last).unwrap();
+        llamacpp::Sampler::greedy().sample(&mut ctx_b, Output::Last).unwrap();
     });
 }
 
@@ -392,7 +392,7 @@ fn a_context_whose_decode_threw_refuses_to_run_again() {
         let batch = Batch::from_tokens(&tokens, 0);
         // SAFETY: only sets a thread-local flag of the shim: the next guarded
         // call on this thread throws inside its try block.
-        unsafe { llama::sys::shim::llama_rs_shim_inject_exception() };
+        unsafe { llamacpp::sys::shim::llama_rs_shim_inject_exception() };
         let err = ctx.decode(&batch).unwrap_err();
         assert!(matches!(err, Error::Exception { function: "llama_decode", .. }), "{err:?}");
         for _ in 0..2 {
@@ -408,15 +408,15 @@ fn a_context_whose_decode_threw_refuses_to_run_again() {
 #[test]
 fn a_session_does_not_trust_a_cache_changed_behind_its_back() {
     isolated(|| {
-        use llama::generate::{GenerateOptions, Session};
+        use llamacpp::generate::{GenerateOptions, Session};
         let model = tiny_model();
         let vocab = model.vocab();
         let prompt = vocab.tokenize("Hello world, the quick brown fox", AddBos::Yes).unwrap();
         let other = vocab.tokenize("Lorem ipsum dolor sit amet, consectetur", AddBos::Yes).unwrap();
         assert!(other.len() >= prompt.len());
         let options = GenerateOptions::default().max_tokens(4);
-        let run = |session: &mut Session, ctx: &mut llama::Context<'_>| {
-            let mut sampler = llama::Sampler::greedy();
+        let run = |session: &mut Session, ctx: &mut llamacpp::Context<'_>| {
+            let mut sampler = llamacpp::Sampler::greedy();
             let mut generation = session.generate(ctx, &mut sampler, &prompt, &options).unwrap();
             let mut text = String::new();
             while let Some(piece) = generation.next_piece() {
@@ -507,7 +507,7 @@ fn a_wordpiece_vocabulary_with_a_byte_token_is_refused() {
         // WordPiece byte token through its byte lookup, which aborts for
         // WordPiece (GGML_ABORT in token_to_byte) while it builds the piece
         // cache at load time.
-        let fixture = std::path::Path::new(llama_sys::SOURCE_DIR).join("models/ggml-vocab-bert-bge.gguf");
+        let fixture = std::path::Path::new(llamacpp_sys::SOURCE_DIR).join("models/ggml-vocab-bert-bge.gguf");
         let mut bytes = std::fs::read(&fixture).unwrap();
         let lay = layout(&bytes);
         let (_, value, _) = lay.kv.iter().find(|(k, ..)| k == "tokenizer.ggml.token_type").unwrap();

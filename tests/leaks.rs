@@ -31,8 +31,8 @@
 
 use std::sync::Mutex;
 
-use llama::{AddBos, Batch, ContextParams, Model, ModelParams, Output};
 use llama_suite::synthetic::{TinyModelSpec, tiny_llama_path};
+use llamacpp::{AddBos, Batch, ContextParams, Model, ModelParams, Output};
 
 /// Cycles run before the first measurement.
 const WARMUP: usize = 50;
@@ -121,10 +121,10 @@ fn an_invalid_lazy_grammar_trigger_leaks_nothing() {
     let model = Model::load(&path, &ModelParams::default().vocab_only(true)).expect("load");
     assert_flat_rss("invalid lazy-grammar trigger pattern", || {
         for _ in 0..100 {
-            let r = llama::SamplerChain::new()
+            let r = llamacpp::SamplerChain::new()
                 .grammar_lazy(model.vocab(), "root ::= \"a\"", "root", &["(unclosed"], &[])
                 .build();
-            assert!(matches!(r, Err(llama::Error::Grammar(_))), "{r:?}");
+            assert!(matches!(r, Err(llamacpp::Error::Grammar(_))), "{r:?}");
         }
     });
 }

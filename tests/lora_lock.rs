@@ -16,8 +16,8 @@ use std::time::Duration;
 
 use std::path::Path;
 
-use llama::{AddBos, Batch, Model, ModelParams};
 use llama_suite::synthetic::{TinyModelSpec, tiny_llama_path, write_tiny_lora};
+use llamacpp::{AddBos, Batch, Model, ModelParams};
 
 /// How long the paused creation waits for the load: far longer than a
 /// load of the tiny adapter takes (milliseconds), so a load that is not
@@ -107,7 +107,7 @@ fn adapter_loads_wait_for_context_creation_and_re_reserving_decodes() {
     let model = Model::load(tiny_llama_path(&TinyModelSpec::default()).unwrap(), &ModelParams::default()).unwrap();
     // Loading a model logs at info level (its metadata, its buffers).
     assert!(LLAMA_CPP_INFO_RECORDS.load(Ordering::Relaxed) > 0, "llama.cpp's log did not reach the log crate");
-    let params = llama::ContextParams::default().n_ctx(256).n_threads(1);
+    let params = llamacpp::ContextParams::default().n_ctx(256).n_threads(1);
 
     let overlapped = load_overlaps(&model, &lora, "constructing llama_context", || {
         drop(model.new_context(&params).unwrap());

@@ -6,8 +6,8 @@
 
 use std::alloc::{GlobalAlloc, Layout, System};
 
-use llama::{AddBos, Error, Model, ModelParams, Special, Token};
 use llama_suite::synthetic::{TinyModelSpec, tiny_llama_path};
+use llamacpp::{AddBos, Error, Model, ModelParams, Special, Token};
 
 const LIMIT: usize = 1 << 30;
 
@@ -66,7 +66,8 @@ fn tokenize_and_detokenize_report_a_failed_allocation() {
 fn a_chat_template_buffer_that_cannot_be_allocated_is_an_error() {
     // Two messages of 600 MB: the output buffer guessed from them is 1.2 GB.
     let big = "a".repeat(600 << 20);
-    let messages = [llama::ChatMessage::new("user", big.as_str()), llama::ChatMessage::new("assistant", big.as_str())];
-    let err = llama::apply_chat_template("chatml", &messages, true).unwrap_err();
+    let messages =
+        [llamacpp::ChatMessage::new("user", big.as_str()), llamacpp::ChatMessage::new("assistant", big.as_str())];
+    let err = llamacpp::apply_chat_template("chatml", &messages, true).unwrap_err();
     assert!(matches!(err, Error::OutOfMemory { bytes } if bytes > LIMIT), "{err:?}");
 }

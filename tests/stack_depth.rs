@@ -1,7 +1,7 @@
 //! Inputs that make llama.cpp recurse once per character or nesting level
 //! (`std::regex` pre-tokenizers, the GBNF parser, lazy-grammar trigger
 //! patterns), each run on a thread with a small stack: without the
-//! crate's deep-stack helper (`llama/src/stack.rs`) every one of them
+//! crate's deep-stack helper (`llamacpp/src/stack.rs`) every one of them
 //! overflows that stack.
 //!
 //! A stack overflow kills the whole process, so each case runs in a child
@@ -10,8 +10,8 @@
 
 use std::path::PathBuf;
 
-use llama::{AddBos, Error, Model, ModelParams, SamplerChain, Special, Token};
 use llama_suite::safe_api::isolated_with_stack;
+use llamacpp::{AddBos, Error, Model, ModelParams, SamplerChain, Special, Token};
 
 /// Small enough that each input below overflows it without the helper
 /// (measured: deepseek-llm's regex pre-tokenizer needs about 330 bytes of
@@ -19,7 +19,7 @@ use llama_suite::safe_api::isolated_with_stack;
 const SMALL_STACK: usize = 256 << 10;
 
 fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(llama_sys::SOURCE_DIR).join("models").join(format!("ggml-vocab-{name}.gguf"))
+    PathBuf::from(llamacpp_sys::SOURCE_DIR).join("models").join(format!("ggml-vocab-{name}.gguf"))
 }
 
 fn vocab_only(name: &str) -> Model {
@@ -70,7 +70,7 @@ fn hand_split_pre_tokenizers_need_no_deep_stack() {
 
 /// Builds a sampler of `gbnf` (which allows exactly "a") and checks that
 /// it refuses "b", accepts "a", and accepts it again after a reset.
-fn assert_accepts_only_a(vocab: &llama::Vocab, gbnf: &str) {
+fn assert_accepts_only_a(vocab: &llamacpp::Vocab, gbnf: &str) {
     let mut sampler = SamplerChain::new().grammar(vocab, gbnf, "root").greedy().build().unwrap();
     let a = vocab.tokenize("a", AddBos::No).unwrap();
     let b = vocab.tokenize("b", AddBos::No).unwrap();

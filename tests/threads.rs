@@ -3,8 +3,8 @@
 
 use std::sync::{Arc, Barrier};
 
-use llama::{AddBos, Context, Logits, Model, Output, Sampler, SamplerChain, Special, Token};
 use llama_suite::safe_api::*;
+use llamacpp::{AddBos, Context, Logits, Model, Output, Sampler, SamplerChain, Special, Token};
 
 const PROMPTS: [&str; 4] = ["Hello world", "the quick brown fox", "你好，世界", "Rust is fast and small"];
 const STEPS: usize = 12;
@@ -29,7 +29,7 @@ fn run(model: &Model, prompt: &str, seed: u32) -> Run {
     decode_seq(&mut ctx, &toks, 0, 0);
     let mut sampler: Sampler<'_> = SamplerChain::new().top_k(40).temp(1.5).dist(seed).build().unwrap();
     let mut sampled = Vec::new();
-    let mut batch = llama::Batch::new(1, 1);
+    let mut batch = llamacpp::Batch::new(1, 1);
     for i in 0..STEPS {
         let t = sampler.sample(&mut ctx, Output::Last).unwrap();
         sampled.push(t);

@@ -5,7 +5,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use llama::{ChatMessage, apply_chat_template};
+use llamacpp::{ChatMessage, apply_chat_template};
 use llama_fuzz::{split_nul, text};
 
 fuzz_target!(|data: &[u8]| {

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
-use llama::{AddBos, Model, ModelParams, Special};
+use llamacpp::{AddBos, Model, ModelParams, Special};
 
 fn scratch_path() -> &'static PathBuf {
     static PATH: OnceLock<PathBuf> = OnceLock::new();
@@ -27,7 +27,7 @@ fn exercise(model: &Model) {
     let _ = vocab.tokenize("Hello world! 123 <s>", AddBos::Yes);
     let _ = vocab.tokenize_special("Hello <|ctrl|></s>", AddBos::Yes);
     for id in [0, 1, 2, vocab.n_tokens() as i32 - 1] {
-        let _ = vocab.token_to_piece(llama::Token(id), Special::Markup);
+        let _ = vocab.token_to_piece(llamacpp::Token(id), Special::Markup);
     }
 }
 

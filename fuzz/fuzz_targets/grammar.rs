@@ -6,7 +6,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use llama::SamplerChain;
+use llamacpp::SamplerChain;
 use llama_fuzz::{drive_sampler, raw_tokens, split_nul, text, tiny_model};
 
 fuzz_target!(|data: &[u8]| {

@@ -8,7 +8,7 @@
 use std::cell::RefCell;
 
 use libfuzzer_sys::fuzz_target;
-use llama::{Batch, Context, Logits, Output, Token};
+use llamacpp::{Batch, Context, Logits, Output, Token};
 use llama_fuzz::{ctx_params, tiny_model};
 
 thread_local! {

@@ -5,7 +5,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use llama::{AddBos, Detokenizer, Special, Token};
+use llamacpp::{AddBos, Detokenizer, Special, Token};
 use llama_fuzz::{raw_tokens, text, vocab_model};
 
 fuzz_target!(|data: &[u8]| {

@@ -2,16 +2,16 @@
 //! synthetic model), the contexts `state_load` uses, and the input formats,
 //! so that `make_seeds` writes seeds the targets parse the same way.
 //!
-//! Everything here calls only the safe `llama` API.
+//! Everything here calls only the safe `llamacpp` API.
 #![allow(dead_code)]
 
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use llama::{AddBos, ContextParams, Model, ModelParams, Output, Token};
+use llamacpp::{AddBos, ContextParams, Model, ModelParams, Output, Token};
 
-/// The synthetic GGUF writer (`llama::testing`, feature `testing`).
-pub use llama::testing as synthetic;
+/// The synthetic GGUF writer (`llamacpp::testing`, feature `testing`).
+pub use llamacpp::testing as synthetic;
 
 /// Inputs longer than this are cut: tokenize and the grammar parsers
 /// recurse per character in places (see README "Known limits").
@@ -99,11 +99,11 @@ pub fn raw_tokens(bytes: &[u8], max: usize) -> Vec<Token> {
 thread_local! {
     /// A one-sequence context of the tiny model that has decoded a short
     /// prompt once, so that samplers have logits to sample from.
-    static SAMPLE_CTX: std::cell::RefCell<llama::Context<'static>> = std::cell::RefCell::new({
+    static SAMPLE_CTX: std::cell::RefCell<llamacpp::Context<'static>> = std::cell::RefCell::new({
         let model = tiny_model();
         let mut ctx = model.new_context(&ctx_params(1)).expect("tiny context");
         let prompt = model.vocab().tokenize("Hello world", AddBos::Yes).expect("tokenize");
-        ctx.decode(&llama::Batch::from_tokens(&prompt, 0)).expect("decode");
+        ctx.decode(&llamacpp::Batch::from_tokens(&prompt, 0)).expect("decode");
         ctx
     });
 }
@@ -111,7 +111,7 @@ thread_local! {
 /// Feeds a grammar sampler: accepts the tokens of `text` (stopping at the
 /// first the grammar refuses), accepts the raw ids `extra` (mostly invalid),
 /// then samples up to `n_sample` tokens from the tiny context.
-pub fn drive_sampler(sampler: &mut llama::Sampler<'_>, text: &str, extra: &[Token], n_sample: usize) {
+pub fn drive_sampler(sampler: &mut llamacpp::Sampler<'_>, text: &str, extra: &[Token], n_sample: usize) {
     let vocab = tiny_model().vocab();
     let tokens = vocab.tokenize(text, AddBos::No).unwrap_or_default();
     for &t in tokens.iter().take(256) {

@@ -5,7 +5,7 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use llama::{AddBos, Batch, Logits, builtin_chat_templates};
+use llamacpp::{AddBos, Batch, Logits, builtin_chat_templates};
 use llama_fuzz::{TINY_SPEC, ctx_params, repo_root, synthetic, tiny_model, vocab_paths};
 
 const TEXTS: &[&str] = &[

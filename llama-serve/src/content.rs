@@ -13,8 +13,8 @@
 //! placeholders (slices or rewrites content) cannot be split that way, and
 //! such a request is refused rather than tokenized unsafely.
 
-use llama::chat::{ChatFormat, ChatMessage, RenderOptions};
-use llama::{AddBos, Token, Vocab};
+use llamacpp::chat::{ChatFormat, ChatMessage, RenderOptions};
+use llamacpp::{AddBos, Token, Vocab};
 use serde_json::Value;
 
 /// Around a placeholder's index: code points of the Supplementary Private
@@ -54,7 +54,7 @@ fn texts_mut(message: &mut Value) -> Vec<&mut String> {
 }
 
 /// Whether `text` holds the text of a control or special token.
-fn holds_markup(vocab: &Vocab, text: &str) -> llama::Result<bool> {
+fn holds_markup(vocab: &Vocab, text: &str) -> llamacpp::Result<bool> {
     Ok(vocab.tokenize_special(text, AddBos::No)? != vocab.tokenize(text, AddBos::No)?)
 }
 
@@ -70,15 +70,15 @@ pub fn bos_to_add(vocab: &Vocab, rendered: &str) -> AddBos {
 #[derive(Debug)]
 pub enum ContentError {
     /// The vocabulary, the template or the messages refused.
-    Llama(llama::Error),
+    Llama(llamacpp::Error),
     /// The template changed a placeholder.
     Mangled,
     /// The messages do not parse as chat messages.
     Messages(String),
 }
 
-impl From<llama::Error> for ContentError {
-    fn from(e: llama::Error) -> Self {
+impl From<llamacpp::Error> for ContentError {
+    fn from(e: llamacpp::Error) -> Self {
         ContentError::Llama(e)
     }
 }
@@ -137,9 +137,9 @@ pub fn plain_content_tokens(
 
 #[cfg(test)]
 mod tests {
-    use llama::chat::ChatTemplate;
-    use llama::testing::{TINY_CONTROL_TOKEN, TINY_CONTROL_TOKEN_ID, TinyModelSpec, tiny_llama_path};
-    use llama::{Model, ModelParams};
+    use llamacpp::chat::ChatTemplate;
+    use llamacpp::testing::{TINY_CONTROL_TOKEN, TINY_CONTROL_TOKEN_ID, TinyModelSpec, tiny_llama_path};
+    use llamacpp::{Model, ModelParams};
     use serde_json::json;
 
     use super::*;

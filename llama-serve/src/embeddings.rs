@@ -8,8 +8,8 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, mpsc};
 
-use llama::embed::{EmbedParams, Embedder};
-use llama::{AbortHandle, Error, Model, Pooling};
+use llamacpp::embed::{EmbedParams, Embedder};
+use llamacpp::{AbortHandle, Error, Model, Pooling};
 use tokio::sync::oneshot;
 
 /// Vectors in input order and the tokens they took.

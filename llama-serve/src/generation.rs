@@ -7,10 +7,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use axum::http::StatusCode;
 use futures::{Stream, StreamExt};
-use llama::constraint::Constraint;
-use llama::engine::{Completion, Engine, Event, Finish, Request, SamplingParams, Speculation, TokenLogprob};
-use llama::generate::FinishReason;
-use llama::{Error, Special, Token, Vocab};
+use llamacpp::constraint::Constraint;
+use llamacpp::engine::{Completion, Engine, Event, Finish, Request, SamplingParams, Speculation, TokenLogprob};
+use llamacpp::generate::FinishReason;
+use llamacpp::{Error, Special, Token, Vocab};
 
 use crate::openai::{ApiError, Sampling, Usage};
 

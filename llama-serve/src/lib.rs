@@ -1,4 +1,4 @@
-//! An OpenAI-compatible HTTP server over `llama::engine`.
+//! An OpenAI-compatible HTTP server over `llamacpp::engine`.
 //!
 //! ```text
 //! cargo install --path llama-serve          # or: cargo run --release -p llama-serve --
@@ -14,6 +14,7 @@
 //! model loads after that (`/health` says when it is ready). SIGINT or
 //! SIGTERM stops accepting, lets requests in flight finish for up to
 //! `--shutdown-grace` seconds, then ends the rest, and exits 0.
+#![warn(missing_docs)]
 
 mod connections;
 mod content;
@@ -31,8 +32,8 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
-use llama::engine::{Engine, EngineConfig, Speculation};
-use llama::{KvType, Model, ModelParams, Pooling};
+use llamacpp::engine::{Engine, EngineConfig, Speculation};
+use llamacpp::{KvType, Model, ModelParams, Pooling};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
 use crate::connections::ConnectionLimits;
@@ -74,7 +75,7 @@ pub struct Args {
     /// Size the KV pool to this much memory instead of --ctx: weights, KV
     /// cells and compute buffers together, as llama.cpp allocates them
     /// (e.g. 2GiB, 900MiB).
-    #[arg(long, value_parser = llama::plan::parse_size)]
+    #[arg(long, value_parser = llamacpp::plan::parse_size)]
     memory_budget: Option<u64>,
     /// Tokens per decode step (llama.cpp's n_batch), shared by decoding
     /// streams and prompt chunks.

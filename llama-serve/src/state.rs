@@ -4,8 +4,8 @@
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, OnceLock};
 
-use llama::engine::Engine;
-use llama::{ChatFormat, Model};
+use llamacpp::engine::Engine;
+use llamacpp::{ChatFormat, Model};
 use metrics_exporter_prometheus::PrometheusHandle;
 
 use crate::embeddings::EmbeddingWorker;
@@ -28,7 +28,7 @@ pub struct Config {
     pub special_in_content: bool,
     /// Speculative decoding's settings for requests that ask for it (and
     /// every request with `--spec`).
-    pub speculation: llama::speculative::Speculation,
+    pub speculation: llamacpp::speculative::Speculation,
 }
 
 /// Set once the model has loaded and the engine runs.

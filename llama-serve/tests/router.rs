@@ -7,8 +7,8 @@ use std::sync::OnceLock;
 use axum::body::Body;
 use axum::http::{Request, StatusCode, header};
 use clap::Parser;
-use llama::testing::{TinyModelSpec, tiny_llama_path};
 use llama_serve::{App, Args};
+use llamacpp::testing::{TinyModelSpec, tiny_llama_path};
 use serde_json::{Value, json};
 use tower::ServiceExt;
 

@@ -34,6 +34,7 @@
 //! One file of about 680 lines, past the ~600 this repository splits at: it
 //! is one pipeline (locate, fetch, verify, cache) read top to bottom, whose
 //! steps share the error type and the cache lock.
+#![warn(missing_docs)]
 
 use std::ffi::{OsStr, OsString};
 use std::fs::{self, File, OpenOptions, TryLockError};

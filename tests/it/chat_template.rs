@@ -1,4 +1,4 @@
-//! `llama::chat::ChatTemplate` renders every chat template llama.cpp ships
+//! `llamacpp::chat::ChatTemplate` renders every chat template llama.cpp ships
 //! (`vendor/llama.cpp/models/templates/*.jinja`, real models' templates)
 //! exactly as Python's jinja2 renders them with Hugging Face's settings
 //! (`tests/chat_template/render_jinja2.py`, jinja2 pinned in
@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, UNIX_EPOCH};
 
-use llama::Error;
-use llama::chat::{ChatMessage, ChatTemplate, RenderOptions};
+use llamacpp::Error;
+use llamacpp::chat::{ChatMessage, ChatTemplate, RenderOptions};
 use serde_json::{Value, json};
 
 const NOW: u64 = 1_764_547_200; // 2025-12-01, for strftime_now
@@ -29,7 +29,7 @@ fn fixture(name: &str) -> Value {
 fn templates() -> Vec<PathBuf> {
     let dir = root().join("vendor/llama.cpp/models/templates");
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e} (the llama-sys build extracts it)", dir.display()))
+        .unwrap_or_else(|e| panic!("{}: {e} (the llamacpp-sys build extracts it)", dir.display()))
         .map(|e| e.unwrap().path())
         .filter(|p| p.extension().is_some_and(|e| e == "jinja"))
         .collect();
@@ -343,7 +343,7 @@ fn the_cli_renders_and_reports_errors_by_exit_status() {
 /// conversation written as JSON.
 #[test]
 fn typed_messages_render_as_their_json() {
-    use llama::chat::{ContentPart, FunctionCall, MessageContent, ToolCall};
+    use llamacpp::chat::{ContentPart, FunctionCall, MessageContent, ToolCall};
     let source =
         std::fs::read_to_string(root().join("vendor/llama.cpp/models/templates/Qwen-Qwen3-0.6B.jinja")).unwrap();
     let template = ChatTemplate::new(&source).unwrap();

@@ -11,11 +11,11 @@
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
-use llama::embed::{EmbedParams, Embedder, cosine_similarity};
-use llama::engine::{Engine, EngineConfig, Request};
-use llama::plan::{Budget, FitGoal, HOST, Planner};
-use llama::{AddBos, ContextParams, Device, DeviceKind, Error, LoadMode, Model, ModelParams, Pooling, Token};
 use llama_suite::teacher::rescore;
+use llamacpp::embed::{EmbedParams, Embedder, cosine_similarity};
+use llamacpp::engine::{Engine, EngineConfig, Request};
+use llamacpp::plan::{Budget, FitGoal, HOST, Planner};
+use llamacpp::{AddBos, ContextParams, Device, DeviceKind, Error, LoadMode, Model, ModelParams, Pooling, Token};
 
 use crate::engine::real::copy_task;
 
@@ -32,7 +32,7 @@ fn path() -> PathBuf {
 
 /// The first GPU device (discrete or integrated).
 fn gpu() -> Device {
-    let devices = llama::devices();
+    let devices = llamacpp::devices();
     devices.iter().find(|d| matches!(d.kind, DeviceKind::Gpu | DeviceKind::IntegratedGpu)).cloned().unwrap_or_else(
         || {
             panic!(
@@ -96,10 +96,10 @@ fn the_gpu_is_listed_with_its_memory_beside_the_dispatched_cpu() {
     // A GPU build keeps runtime CPU dispatch (x86-64 Linux without
     // `native`): the CPU device is still listed, running a chosen variant.
     if cfg!(all(target_arch = "x86_64", target_os = "linux", not(feature = "native"))) {
-        let variant = llama::cpu_variant();
-        assert!(variant.is_some() && llama::cpu_variants().len() > 1, "{variant:?}");
+        let variant = llamacpp::cpu_variant();
+        assert!(variant.is_some() && llamacpp::cpu_variants().len() > 1, "{variant:?}");
     }
-    assert!(llama::devices().iter().any(|d| d.kind == DeviceKind::Cpu));
+    assert!(llamacpp::devices().iter().any(|d| d.kind == DeviceKind::Cpu));
     let backend = if cfg!(feature = "cuda") { "CUDA" } else { "Vulkan" };
     assert!(gpu.name.starts_with(backend), "{gpu:?}");
     assert!(gpu.memory_total > 0 && gpu.memory_free > 0 && gpu.memory_free <= gpu.memory_total, "{gpu:?}");

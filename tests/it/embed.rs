@@ -1,13 +1,13 @@
-//! Batched embeddings (`llama::embed`) on the real default model (Gemma 3
+//! Batched embeddings (`llamacpp::embed`) on the real default model (Gemma 3
 //! 270M Q4_K_M, or `LLAMA_MODEL`): a generative model with causal
 //! attention and no pooling of its own, so the tests choose Mean or Last
 //! pooling. These never skip: without the model they fail.
 
 use std::sync::OnceLock;
 
-use llama::embed::{EmbedParams, Embedder, cosine_similarity};
-use llama::{AddBos, Batch, ContextParams, Error, FlashAttention, Logits, Model, ModelParams, Pooling, Token};
 use llama_suite::model_cache::model_path;
+use llamacpp::embed::{EmbedParams, Embedder, cosine_similarity};
+use llamacpp::{AddBos, Batch, ContextParams, Error, FlashAttention, Logits, Model, ModelParams, Pooling, Token};
 
 fn model() -> &'static Model {
     static MODEL: OnceLock<Model> = OnceLock::new();

@@ -9,14 +9,14 @@
 
 use std::ops::ControlFlow;
 
-use llama::chat::{ChatMessage, RenderOptions};
-use llama::generate::{CompleteOptions, FinishReason, GenerateOptions, Session};
-use llama::{
+use llama_suite::safe_api::{small_params, tiny_model};
+use llama_suite::synthetic::{TinyModelSpec, tiny_llama_path};
+use llamacpp::chat::{ChatMessage, RenderOptions};
+use llamacpp::generate::{CompleteOptions, FinishReason, GenerateOptions, Session};
+use llamacpp::{
     AddBos, Batch, ContextParams, Detokenizer, Error, Logits, Model, ModelParams, Output, Sampler, SamplerChain,
     SamplingParams, Special, Token,
 };
-use llama_suite::safe_api::{small_params, tiny_model};
-use llama_suite::synthetic::{TinyModelSpec, tiny_llama_path};
 
 /// The text a `Session` run gives for `prompt` with `sampling`, exactly
 /// `max_tokens` tokens (end-of-generation tokens do not stop it: the tiny

@@ -1,10 +1,10 @@
 //! LoRA adapters and control vectors through the safe API.
 
-use llama::{AddBos, Batch, Context, Error, Model, ModelParams, Output};
 use llama_suite::safe_api::{argmax, nmse, other_tiny_model, small_params, tiny_model};
 use llama_suite::synthetic::{
     TinyModelSpec, write_tiny_llama_lora_merged, write_tiny_lora, write_tiny_lora_with_alpha,
 };
+use llamacpp::{AddBos, Batch, Context, Error, Model, ModelParams, Output};
 
 fn last_logits(ctx: &mut Context<'_>, model: &Model) -> Vec<f32> {
     let tokens = model.vocab().tokenize("Hello world, the quick brown fox", AddBos::Yes).unwrap();

@@ -9,7 +9,7 @@
 //! recorder (`engine_metrics`), resident-memory measurement (`leaks`),
 //! child processes per case (`never_abort`, `hardening`, `stack_depth`),
 //! and threads sharing one model with nothing else running (`threads`).
-//! The compiler as the test is `llama/tests/compile_fail.rs`.
+//! The compiler as the test is `llamacpp/tests/compile_fail.rs`.
 
 mod chat_template;
 mod cpu_dispatch;

@@ -4,14 +4,14 @@
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
-use llama::{
-    AddBos, ChatFormat, ChatMessage, Detokenizer, DeviceKind, Error, MetadataValue, Model, ModelParams, Special, Token,
-    TokenAttrs, apply_chat_template, builtin_chat_templates,
-};
 use llama_suite::safe_api::*;
 use llama_suite::synthetic::{
     TINY_BOS_ID, TINY_CONTROL_TOKEN, TINY_CONTROL_TOKEN_ID, TINY_EOS_ID, TINY_FIRST_BYTE_ID, TINY_UNK_ID,
     TINY_VOCAB_SIZE, TinyModelSpec,
+};
+use llamacpp::{
+    AddBos, ChatFormat, ChatMessage, Detokenizer, DeviceKind, Error, MetadataValue, Model, ModelParams, Special, Token,
+    TokenAttrs, apply_chat_template, builtin_chat_templates,
 };
 
 /// The parameter count of a tiny llama model, from its shapes.
@@ -156,17 +156,17 @@ fn metadata_overrides_change_the_loaded_model() {
 
 #[test]
 fn devices_and_system_info() {
-    let devices = llama::devices();
+    let devices = llamacpp::devices();
     let cpu = devices.iter().find(|d| d.kind == DeviceKind::Cpu).expect("a CPU device");
     assert!(!cpu.name.is_empty());
-    let info = llama::system_info();
+    let info = llamacpp::system_info();
     assert!(info.contains("CPU"), "{info}");
-    assert!(llama::supports_mmap());
-    assert_eq!(llama::max_sequences(), 256);
+    assert!(llamacpp::supports_mmap());
+    assert_eq!(llamacpp::max_sequences(), 256);
     // ggml's clock, in microseconds: a 5 ms sleep advances it by 5000 or more.
-    let t0 = llama::time_us();
+    let t0 = llamacpp::time_us();
     std::thread::sleep(std::time::Duration::from_millis(5));
-    let t1 = llama::time_us();
+    let t1 = llamacpp::time_us();
     assert!(t1 - t0 >= 5_000, "{t0} -> {t1}");
     // Loading on the CPU device only.
     let params = ModelParams::default().devices([cpu.clone()]);
@@ -176,14 +176,14 @@ fn devices_and_system_info() {
 
 #[test]
 fn unused_cpu_features_name_what_the_build_leaves_out() {
-    let unused = llama::unused_cpu_features();
-    let info = llama::system_info();
+    let unused = llamacpp::unused_cpu_features();
+    let info = llamacpp::system_info();
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-        if cfg!(feature = "native") || !llama::cpu_variants().is_empty() {
+        if cfg!(feature = "native") || !llamacpp::cpu_variants().is_empty() {
             // -march=native, or runtime dispatch to the best variant for
             // this CPU: everything it has.
-            assert_eq!(unused, Vec::<&str>::new(), "{:?}: {info}", llama::cpu_variant());
+            assert_eq!(unused, Vec::<&str>::new(), "{:?}: {info}", llamacpp::cpu_variant());
         } else if !cfg!(target_feature = "avx") {
             // One CPU backend for rustc's baseline x86-64 target
             // (LLAMA_SYS_CPU_VARIANTS=none): SSE only.
@@ -369,26 +369,26 @@ fn a_chat_template_override_is_the_models_template() {
         "<s><start_of_turn>user:Hi<start_of_turn>assistant:Yo</s>"
     );
     // Options override the vocabulary's texts; a built-in format refuses tools.
-    let options = llama::chat::RenderOptions::default().bos_token("[B]").eos_token("");
+    let options = llamacpp::chat::RenderOptions::default().bos_token("[B]").eos_token("");
     assert_eq!(format.render(&chat[..1], &options).unwrap(), "[B]<start_of_turn>user:Hi");
     let builtin = ChatFormat::Builtin("chatml".into());
-    let tools = llama::chat::RenderOptions::default().tools(serde_json::json!([]));
+    let tools = llamacpp::chat::RenderOptions::default().tools(serde_json::json!([]));
     assert!(matches!(builtin.render(&chat, &tools), Err(Error::ChatTemplate(_))));
 }
 
 #[test]
 fn small_model_and_library_facts() {
     let model = llama_suite::safe_api::tiny_model();
-    assert_eq!(model.rope_type(), llama::RopeType::Normal, "llama uses GPT-J style RoPE");
+    assert_eq!(model.rope_type(), llamacpp::RopeType::Normal, "llama uses GPT-J style RoPE");
     assert_eq!(model.n_embd_inp(), model.n_embd());
     assert_eq!(model.n_layer_nextn(), 0);
     assert!(!model.vocab().adds_sep());
-    assert!(llama::version().starts_with("0."), "{}", llama::version());
+    assert!(llamacpp::version().starts_with("0."), "{}", llamacpp::version());
 
-    let name = llama::split_path("/models/m", 2, 4).unwrap();
+    let name = llamacpp::split_path("/models/m", 2, 4).unwrap();
     assert_eq!(name, "/models/m-00002-of-00004.gguf");
-    assert_eq!(llama::split_prefix(&name, 2, 4).as_deref(), Some("/models/m"));
-    assert_eq!(llama::split_prefix(&name, 3, 4), None);
-    assert!(matches!(llama::split_path("/models/m", 0, 4), Err(Error::InvalidArgument(_))));
-    assert!(matches!(llama::split_path("/models/m", 5, 4), Err(Error::InvalidArgument(_))));
+    assert_eq!(llamacpp::split_prefix(&name, 2, 4).as_deref(), Some("/models/m"));
+    assert_eq!(llamacpp::split_prefix(&name, 3, 4), None);
+    assert!(matches!(llamacpp::split_path("/models/m", 0, 4), Err(Error::InvalidArgument(_))));
+    assert!(matches!(llamacpp::split_path("/models/m", 5, 4), Err(Error::InvalidArgument(_))));
 }

@@ -1,16 +1,16 @@
 //! The pinned llama.cpp (sdist version, digest, archive prefix, commit, the
-//! pip command) is named in one place, llama-sys/build/pinned.rs, which the
+//! pip command) is named in one place, llamacpp-sys/build/pinned.rs, which the
 //! build script, its ABI test and `cargo xtask` include: no other code line
 //! in the repository repeats those facts, so they cannot drift apart.
 
-#[path = "../../llama-sys/build/pinned.rs"]
+#[path = "../../llamacpp-sys/build/pinned.rs"]
 #[allow(dead_code)]
 mod facts;
 
 use std::path::Path;
 use std::process::Command;
 
-const HOME: &str = "llama-sys/build/pinned.rs";
+const HOME: &str = "llamacpp-sys/build/pinned.rs";
 
 /// The repository's files as git sees them (tracked, and untracked ones it
 /// does not ignore).
@@ -70,11 +70,14 @@ fn the_pinned_facts_agree_with_each_other() {
     assert!(facts::PINNED_COMMIT.len() == 40 && facts::PINNED_COMMIT.bytes().all(|b| b.is_ascii_hexdigit()));
     assert!(facts::SDIST_SHA256.len() == 64 && facts::SDIST_SHA256.bytes().all(|b| b.is_ascii_hexdigit()));
     // The crate's version says the commit in its build metadata.
-    let manifest = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("llama-sys/Cargo.toml")).unwrap();
+    let manifest =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("llamacpp-sys/Cargo.toml")).unwrap();
     let short = &facts::PINNED_COMMIT[..7];
+    let version =
+        manifest.lines().find(|l| l.starts_with("version = ")).expect("llamacpp-sys/Cargo.toml has a version");
     assert!(
-        manifest.contains(&format!("version = \"0.1.0+llama.cpp-{short}\"")),
-        "llama-sys/Cargo.toml's version names another commit than {short}"
+        version.ends_with(&format!("+llama.cpp-{short}\"")),
+        "llamacpp-sys/Cargo.toml's {version} names another commit than {short}"
     );
 }
 

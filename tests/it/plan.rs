@@ -1,4 +1,4 @@
-//! The memory plan (`llama::plan`): llama.cpp's no_alloc plan against what
+//! The memory plan (`llamacpp::plan`): llama.cpp's no_alloc plan against what
 //! a live context really allocates, the analytic formulas against both,
 //! budget fitting, and bad files. On the synthetic models and on the
 //! default model (which these tests need: without it they fail).
@@ -6,11 +6,11 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use llama::engine::{Engine, EngineConfig};
-use llama::plan::analytic::{ModelShape, WeightType};
-use llama::plan::{Budget, FitGoal, HOST, MemoryPlan, Planner};
-use llama::{ContextParams, Error, FlashAttention, KvType, LoadMode, Model, ModelParams};
 use llama_suite::synthetic::{TinyModelSpec, tiny_llama_path, tiny_mamba_path};
+use llamacpp::engine::{Engine, EngineConfig};
+use llamacpp::plan::analytic::{ModelShape, WeightType};
+use llamacpp::plan::{Budget, FitGoal, HOST, MemoryPlan, Planner};
+use llamacpp::{ContextParams, Error, FlashAttention, KvType, LoadMode, Model, ModelParams};
 
 /// Loaded without mmap: then llama.cpp's weight buffers are exactly the
 /// tensors' allocation sizes, which is what the plan counts. (A
@@ -176,7 +176,7 @@ fn weights_by_type_add_up_and_quantization_saves() {
 /// needs AVX2, which the system info names for the kernels that run (the
 /// native build's, or the variant runtime dispatch chose).
 fn repacks() -> bool {
-    llama::system_info().split('|').any(|p| p.trim().ends_with("AVX2 = 1"))
+    llamacpp::system_info().split('|').any(|p| p.trim().ends_with("AVX2 = 1"))
 }
 
 #[test]

@@ -1,7 +1,7 @@
 //! Quantizing a model through the safe API.
 
-use llama::{AddBos, Batch, Error, FileType, Model, ModelParams, Output, QuantizeParams, quantize};
 use llama_suite::safe_api::{argmax, nmse, small_params, tiny_model, tiny_path};
+use llamacpp::{AddBos, Batch, Error, FileType, Model, ModelParams, Output, QuantizeParams, quantize};
 
 #[test]
 fn quantizing_to_q8_0_gives_a_working_model_with_close_logits() {

@@ -1,4 +1,4 @@
-//! llama.cpp's RPC backend through `llama::rpc` (feature `rpc`, on by
+//! llama.cpp's RPC backend through `llamacpp::rpc` (feature `rpc`, on by
 //! default in this workspace, so `cargo test` runs these): workers are the `rpc_server`
 //! example started as child processes on 127.0.0.1 and always stopped (by
 //! `Drop`, also when a test fails, and by closing their stdin when the test
@@ -15,12 +15,12 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use llama::engine::{Engine, EngineConfig, Request};
-use llama::plan::HOST;
-use llama::rpc;
-use llama::{AddBos, Batch, ContextParams, Error, KvType, LoadMode, Model, ModelParams, Output, Sampler, Token};
 use llama_suite::synthetic::{TINY_BOS_ID, TinyModelSpec, tiny_llama_path};
 use llama_suite::teacher;
+use llamacpp::engine::{Engine, EngineConfig, Request};
+use llamacpp::plan::HOST;
+use llamacpp::rpc;
+use llamacpp::{AddBos, Batch, ContextParams, Error, KvType, LoadMode, Model, ModelParams, Output, Sampler, Token};
 
 #[cfg(target_os = "linux")]
 unsafe extern "C" {
@@ -212,7 +212,7 @@ fn split_memory(
     path: &std::path::Path,
     n_gpu_layers: i32,
     (a, b): &(Worker, Worker),
-) -> (Model, Vec<llama::plan::BufferMemory>) {
+) -> (Model, Vec<llamacpp::plan::BufferMemory>) {
     let params = ModelParams::default()
         .rpc_servers([a.endpoint.clone(), b.endpoint.clone()])
         .n_gpu_layers(n_gpu_layers)
@@ -252,7 +252,7 @@ fn memory_per_device_is_reported_and_adds_up_to_the_model() {
     let weights: u64 = devices.iter().map(|d| d.weights).sum();
     let size = model.size();
     // SAFETY: a pure size computation.
-    let row = unsafe { llama::sys::ggml_row_size(llama::sys::ggml_type::GGML_TYPE_Q8_0, model.n_embd() as i64) };
+    let row = unsafe { llamacpp::sys::ggml_row_size(llamacpp::sys::ggml_type::GGML_TYPE_Q8_0, model.n_embd() as i64) };
     let embedding = (row * model.vocab().n_tokens()) as u64;
     assert!(
         weights >= size + embedding && weights - size - embedding <= 32 * 400,
@@ -311,12 +311,12 @@ fn rpc_devices_are_named_by_endpoint_and_kept_out_of_the_global_list() {
     assert_eq!(added.len(), 1, "the worker serves its CPU");
     let device = &added[0];
     assert!(device.name.starts_with("RPC") && device.description == worker.endpoint, "{device:?}");
-    assert_eq!(device.kind, llama::DeviceKind::Gpu);
+    assert_eq!(device.kind, llamacpp::DeviceKind::Gpu);
     // It reports the worker machine's memory.
     assert!(device.memory_total > 1 << 30, "{device:?}");
-    // llama::devices() reads every listed device's memory, which for an RPC
+    // llamacpp::devices() reads every listed device's memory, which for an RPC
     // device means connecting: a dead worker there would abort the process.
-    assert!(llama::devices().iter().all(|d| d.description != worker.endpoint));
+    assert!(llamacpp::devices().iter().all(|d| d.description != worker.endpoint));
     // Adding it again does not connect: the same devices.
     drop(worker);
     let again = rpc::add_server(&added[0].description, rpc::DEFAULT_TIMEOUT).unwrap();

@@ -9,12 +9,12 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use llama::{
+use llama_suite::safe_api::*;
+use llama_suite::synthetic::{TINY_EOS_ID, TinyModelSpec};
+use llamacpp::{
     AddBos, Batch, Candidates, Context, CustomSampler, Error, Logits, Model, Output, SamplePath, Sampler, SamplerChain,
     Special, Token, Vocab, sys,
 };
-use llama_suite::safe_api::*;
-use llama_suite::synthetic::{TINY_EOS_ID, TinyModelSpec};
 
 /// Samples `steps` tokens with `ours` (the crate's path) and `theirs`
 /// (llama.cpp's `llama_sampler_sample` on an identically built chain),
@@ -127,7 +127,7 @@ fn shortcuts_pick_what_llama_cpp_picks_on_gemma() {
 
 /// A context of the real model with a prompt decoded, and the prompt.
 fn gemma_ctx(model: &Model) -> (Context<'_>, Vec<Token>) {
-    let params = llama::ContextParams::default().n_ctx(512).n_batch(64).n_ubatch(64).n_threads(1);
+    let params = llamacpp::ContextParams::default().n_ctx(512).n_batch(64).n_ubatch(64).n_threads(1);
     let toks = tokens(model.vocab(), "The capital of France is");
     let mut ctx = model.new_context(&params).unwrap();
     decode_seq(&mut ctx, &toks, 0, 0);
@@ -196,7 +196,7 @@ fn large_top_k_agrees_on_huge_logits() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("huge.gguf");
     std::fs::write(&path, &bytes).unwrap();
-    let model = Model::load(&path, &llama::ModelParams::default()).unwrap();
+    let model = Model::load(&path, &llamacpp::ModelParams::default()).unwrap();
     let n_vocab = model.vocab().n_tokens();
 
     type MakeChain = fn() -> Sampler<'static>;
@@ -735,7 +735,7 @@ fn greedy_shortcut_agrees_on_nan_logits() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("nan.gguf");
     std::fs::write(&path, &bytes).unwrap();
-    let model = Model::load(&path, &llama::ModelParams::default()).unwrap();
+    let model = Model::load(&path, &llamacpp::ModelParams::default()).unwrap();
 
     let (mut ctx, n) = prompt_ctx(&model, "Hello world");
     let logits = ctx.logits(Output::Last).unwrap();

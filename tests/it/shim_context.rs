@@ -1,4 +1,4 @@
-//! The exception barrier (`llama-sys/shim/shim.cpp`) for the calls that need
+//! The exception barrier (`llamacpp-sys/shim/shim.cpp`) for the calls that need
 //! a full model or a context: decode, encode, sampler_sample,
 //! state_seq_set_data_ext, set_adapters_lora and model_save_to_file. Each
 //! test shows the normal path returns [`shim::OK`] with the right result,
@@ -12,8 +12,8 @@
 //! others only throw on a failing allocator or device, so the tests use
 //! `llama_rs_shim_inject_exception()` and then show the next call works.
 //!
-//! Raw llama-sys calls on the synthetic tiny model (llama-sys's own tests
-//! cannot use `llama_suite`; `llama-sys/tests/shim.rs` covers the
+//! Raw llamacpp-sys calls on the synthetic tiny model (llamacpp-sys's own tests
+//! cannot use `llama_suite`; `llamacpp-sys/tests/shim.rs` covers the
 //! vocabulary-only calls).
 
 use std::ffi::{CStr, CString, c_char, c_int, c_void};
@@ -22,7 +22,7 @@ use std::ptr;
 use std::sync::Once;
 
 use llama_suite::synthetic::{TINY_BOS_ID, TINY_EOS_ID, TinyModelSpec, tiny_llama_path};
-use llama_sys as sys;
+use llamacpp_sys as sys;
 use sys::shim::{self, EXCEPTION, OK};
 
 const INJECTED: &str = "exception injected by llama_rs_shim_inject_exception";

@@ -1,6 +1,6 @@
 //! The tiny synthetic model is a real, usable llama model: it loads, has the
 //! requested shape, tokenizes (with byte fallback) and decodes to sane
-//! logits. Uses the raw `llama-sys` calls so that it does not depend on the
+//! logits. Uses the raw `llamacpp-sys` calls so that it does not depend on the
 //! safe crate.
 
 use std::ffi::{CStr, CString, c_char, c_void};
@@ -13,7 +13,7 @@ use llama_suite::synthetic::{
     TINY_BOS_ID, TINY_CONTROL_TOKEN, TINY_CONTROL_TOKEN_ID, TINY_EOS_ID, TINY_FIRST_BYTE_ID, TINY_VOCAB_SIZE,
     TinyModelSpec, tiny_llama_path, write_tiny_llama,
 };
-use llama_sys as sys;
+use llamacpp_sys as sys;
 
 /// Drops llama.cpp's informational logging; keeps warnings and errors.
 unsafe extern "C" fn quiet_log(level: sys::ggml_log_level::Type, text: *const c_char, _: *mut c_void) {

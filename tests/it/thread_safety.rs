@@ -1,5 +1,5 @@
 //! The thread-safety promises of the safe API, the positive side of
-//! `llama/tests/compile_fail.rs` (where the compiler refuses what these
+//! `llamacpp/tests/compile_fail.rs` (where the compiler refuses what these
 //! types must not allow): `Model: Send + Sync`, `Context: Send`,
 //! `Sampler: Send`, and the smaller types a server moves between threads
 //! (`AbortHandle`, `Batch`, `Detokenizer`, `Session`, `Generation`,
@@ -8,12 +8,12 @@
 
 use std::sync::Arc;
 
-use llama::generate::{GenerateOptions, Generation, Session};
-use llama::{
+use llama_suite::synthetic::{TinyModelSpec, tiny_llama_path};
+use llamacpp::generate::{GenerateOptions, Generation, Session};
+use llamacpp::{
     AbortHandle, AddBos, Batch, Context, ContextParams, Detokenizer, Error, LoraAdapter, Model, ModelParams, Output,
     OwnedContext, Sampler, SamplerChain, Special, Vocab,
 };
-use llama_suite::synthetic::{TinyModelSpec, tiny_llama_path};
 
 fn assert_send<T: Send>() {}
 fn assert_sync<T: Sync>() {}
@@ -104,7 +104,7 @@ struct Service {
 }
 
 impl Service {
-    fn next_token(&mut self, prompt: &[llama::Token]) -> llama::Token {
+    fn next_token(&mut self, prompt: &[llamacpp::Token]) -> llamacpp::Token {
         self.ctx.clear_kv();
         self.ctx.eval(prompt, 0).expect("eval");
         self.sampler.sample(&mut self.ctx, Output::Last).expect("sample")

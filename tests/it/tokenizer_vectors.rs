@@ -1,11 +1,11 @@
 //! Tokenizer conformance against llama.cpp's own test vectors.
 //!
-//! The llama.cpp source tree that llama-sys was built from
-//! ([`llama_sys::SOURCE_DIR`]) ships `models/ggml-vocab-*.gguf` vocabularies,
+//! The llama.cpp source tree that llamacpp-sys was built from
+//! ([`llamacpp_sys::SOURCE_DIR`]) ships `models/ggml-vocab-*.gguf` vocabularies,
 //! and for most of them a `.inp` file of texts and a `.out` file of the
 //! token ids the reference (Hugging Face) tokenizer gives. Upstream's
 //! `tests/test-tokenizer-0.cpp` checks llama.cpp against them; this file
-//! does the same through the safe `llama` crate:
+//! does the same through the safe `llamacpp` crate:
 //!
 //! * the `.inp` file is split on `"\n__ggml_vocab_test__\n"`, the `.out`
 //!   file into lines (`std::getline`), each line stripped and split on
@@ -30,8 +30,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use llama::{AddBos, Model, ModelParams, Special, Token, Vocab};
-use llama_sys as sys;
+use llamacpp::{AddBos, Model, ModelParams, Special, Token, Vocab};
+use llamacpp_sys as sys;
 
 /// Upstream's separator between the texts of a `.inp` file.
 const SEPARATOR: &[u8] = b"\n__ggml_vocab_test__\n";
@@ -41,13 +41,13 @@ fn models_dir() -> PathBuf {
     let source = sys::SOURCE_DIR;
     assert!(
         !source.is_empty(),
-        "llama_sys::SOURCE_DIR is empty (a docs.rs-style build without a llama.cpp tree): \
+        "llamacpp_sys::SOURCE_DIR is empty (a docs.rs-style build without a llama.cpp tree): \
          the tokenizer vectors live in <llama.cpp>/models"
     );
     let dir = Path::new(source).join("models");
     assert!(
         dir.is_dir(),
-        "the llama.cpp tree llama-sys was built from ({source}) has no models/ folder, so the tokenizer \
+        "the llama.cpp tree llamacpp-sys was built from ({source}) has no models/ folder, so the tokenizer \
          test vectors (models/ggml-vocab-*.gguf with .inp/.out) are missing. Build against a full llama.cpp \
          checkout (LLAMA_CPP_DIR) or unset LLAMA_CPP_DIR to use the pinned vendored tree."
     );

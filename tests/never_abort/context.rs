@@ -25,7 +25,9 @@ fn context_parameters_llama_cpp_aborts_on_are_rejected() {
         }
         // llama.cpp's own refusals come back as ContextCreate.
         assert!(matches!(
-            model.new_context(&small_params().kv_type(llama::KvType::Q4_0).flash_attention(llama::FlashAttention::Off)),
+            model.new_context(
+                &small_params().kv_type(llamacpp::KvType::Q4_0).flash_attention(llamacpp::FlashAttention::Off)
+            ),
             Err(Error::ContextCreate(_))
         ));
         // Mean pooling where llama.cpp's graph reservation would abort

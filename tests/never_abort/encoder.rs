@@ -15,7 +15,7 @@ fn encoding_with_a_decoder_only_model_is_an_error() {
             small_params(),
             small_params().embeddings(true),
             small_params().embeddings(true).pooling(Pooling::Mean),
-            small_params().attention(llama::Attention::NonCausal),
+            small_params().attention(llamacpp::Attention::NonCausal),
         ] {
             let mut ctx = model.new_context(&params).unwrap();
             let batch = Batch::from_tokens(&[Token(1), Token(300), Token(400)], 0);
@@ -297,7 +297,7 @@ fn an_encoder_only_model_needs_no_encode_first() {
         assert!(matches!(ctx.logits(Output::Index(3)), Err(Error::NoOutput(Output::Index(3)))));
 
         // (The encoder attends both ways only in a non-causal context.)
-        let params = small_params().embeddings(true).pooling(Pooling::None).attention(llama::Attention::NonCausal);
+        let params = small_params().embeddings(true).pooling(Pooling::None).attention(llamacpp::Attention::NonCausal);
         let mut ctx = model.new_context(&params).unwrap();
         ctx.decode(&Batch::from_tokens(&input, 0)).unwrap();
         assert!(matches!(ctx.logits(Output::Last), Err(Error::NoOutput(_))), "the encoder graph computes no logits");

@@ -19,14 +19,14 @@ use std::fs;
 use std::io::{Seek, SeekFrom, Write};
 use std::path::Path;
 
-use llama::{
+use llama_suite::safe_api::*;
+use llama_suite::synthetic::{GgufWriter, TINY_BOS_ID, TINY_EOS_ID, TINY_VOCAB_SIZE};
+use llamacpp::{
     AddBos, Batch, ContextParams, Detokenizer, Error, Logits, MetadataValue, Model, ModelParams, Output, Pooling,
     Sampler, SamplerChain, Special, StateError, Token,
 };
-use llama_suite::safe_api::*;
-use llama_suite::synthetic::{GgufWriter, TINY_BOS_ID, TINY_EOS_ID, TINY_VOCAB_SIZE};
 
 /// A context over the tiny model with `n_seq` sequences.
-fn ctx_with_seqs(model: &Model, n_seq: u32, kv_unified: bool) -> llama::Context<'_> {
+fn ctx_with_seqs(model: &Model, n_seq: u32, kv_unified: bool) -> llamacpp::Context<'_> {
     model.new_context(&small_params().n_ctx(256 * n_seq).n_seq_max(n_seq).kv_unified(kv_unified)).expect("context")
 }

@@ -88,7 +88,7 @@ fn redecode_last_explains_a_recurrent_cache() {
 #[test]
 fn a_recurrent_session_reuses_a_continued_prompt() {
     isolated(|| {
-        use llama::generate::{GenerateOptions, Session};
+        use llamacpp::generate::{GenerateOptions, Session};
         let model = tiny_mamba();
         assert_eq!(model.n_swa(), 0);
         let params = small_params().n_ctx(512);
@@ -111,7 +111,7 @@ fn a_recurrent_session_reuses_a_continued_prompt() {
         // The next turn continues everything cached: only the new tokens run.
         let mut second = cached.clone();
         second.extend([Token(265), Token(266)]);
-        let run = |session: &mut Session, ctx: &mut llama::Context<'_>, sampler: &mut Sampler<'_>| {
+        let run = |session: &mut Session, ctx: &mut llamacpp::Context<'_>, sampler: &mut Sampler<'_>| {
             let mut generation = session.generate(ctx, sampler, &second, &options).unwrap();
             let mut text = String::new();
             while let Some(piece) = generation.next_piece() {

@@ -20,7 +20,7 @@ fn state_of_another_model_or_configuration_is_rejected() {
 
         let fresh_targets = [
             ("another model", other.new_context(&small_params()).unwrap()),
-            ("F32 cache", model.new_context(&small_params().kv_type(llama::KvType::F32)).unwrap()),
+            ("F32 cache", model.new_context(&small_params().kv_type(llamacpp::KvType::F32)).unwrap()),
             ("two streams", ctx_with_seqs(&model, 2, false)),
         ];
         for (what, mut target) in fresh_targets {

@@ -1,16 +1,16 @@
 //! Repository tasks, run as `cargo xtask NAME` (the alias is in
 //! .cargo/config.toml). The scripts under scripts/ ask this binary for the
-//! pinned llama.cpp instead of naming it themselves, so llama-sys's
+//! pinned llama.cpp instead of naming it themselves, so llamacpp-sys's
 //! build/pinned.rs stays the one place that does.
 //!
 //! - `cargo xtask pinned`: the pinned facts as shell assignments, for
 //!   `eval "$(cargo xtask pinned)"` (SDIST_FILE, SDIST_SHA256,
 //!   SDIST_PREFIX, PINNED_COMMIT).
 //! - `cargo xtask sdist`: the path of the verified sdist in
-//!   target/llama-sys/download (where llama-sys's build keeps it), fetched
+//!   target/llamacpp-sys/download (where llamacpp-sys's build keeps it), fetched
 //!   with pip first when it is missing or its digest is wrong.
 
-#[path = "../../llama-sys/build/pinned.rs"]
+#[path = "../../llamacpp-sys/build/pinned.rs"]
 mod pinned;
 
 use std::fs::{self, File};
@@ -60,10 +60,10 @@ fn target_dir() -> PathBuf {
 }
 
 /// The verified sdist, fetched with pip when missing. Holds the lock that
-/// llama-sys's build takes around its own fetch (`fetch.lock`), so a build
+/// llamacpp-sys's build takes around its own fetch (`fetch.lock`), so a build
 /// and a script never download into the folder at once.
 fn sdist() -> Result<PathBuf, String> {
-    let dir = target_dir().join("llama-sys").join("download");
+    let dir = target_dir().join("llamacpp-sys").join("download");
     fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     let lock_path = dir.join("fetch.lock");
     let lock = File::create(&lock_path).map_err(|e| format!("cannot create {}: {e}", lock_path.display()))?;

@@ -1,13 +1,13 @@
-//! The in-process backend: `llama::engine::Engine` driven directly, the
+//! The in-process backend: `llamacpp::engine::Engine` driven directly, the
 //! choice a Rust application makes when it embeds the engine instead of
 //! running llama-server beside it.
 
 use std::sync::Arc;
 use std::time::Instant;
 
-use llama::engine::{Engine, EngineConfig, Event, Request};
-use llama::generate::FinishReason;
-use llama::{KvType, Model, ModelParams, Token};
+use llamacpp::engine::{Engine, EngineConfig, Event, Request};
+use llamacpp::generate::FinishReason;
+use llamacpp::{KvType, Model, ModelParams, Token};
 
 use crate::backend::{Backend, Completion};
 

@@ -1,10 +1,10 @@
 //! A load driver for side-by-side serving benchmarks: the same token-id
 //! workloads sent to llama.cpp's own `llama-server` (built from the same
-//! pinned llama.cpp source as llama-sys) and, later, to our in-process
+//! pinned llama.cpp source as llamacpp-sys) and, later, to our in-process
 //! continuous-batching engine (`--backend engine`, not built yet).
 //!
 //! Build llama-server and llama-bench (once; into target/llama-tools/, from
-//! the pinned sdist, with llama-sys's CMake defines plus tools and server):
+//! the pinned sdist, with llamacpp-sys's CMake defines plus tools and server):
 //!
 //! ```sh
 //! nice -n 19 scripts/build-llama-server.sh
@@ -81,7 +81,7 @@ use workload::LongShortSizes;
 enum BackendKind {
     /// llama.cpp's llama-server over loopback HTTP.
     LlamaServer,
-    /// The in-process continuous-batching engine (`llama::engine`).
+    /// The in-process continuous-batching engine (`llamacpp::engine`).
     Engine,
 }
 
@@ -329,8 +329,8 @@ fn run(args: &Args) -> Result<(), String> {
             ubatch: args.ubatch,
             prefill_cap: args.prefill_cap,
             kv_type: match args.kv_type {
-                KvKind::F16 => llama::KvType::F16,
-                KvKind::Q8_0 => llama::KvType::Q8_0,
+                KvKind::F16 => llamacpp::KvType::F16,
+                KvKind::Q8_0 => llamacpp::KvType::Q8_0,
             },
         })?),
     };

@@ -38,8 +38,8 @@ impl std::ops::AddAssign for Usage {
     }
 }
 
-impl From<llama::engine::Usage> for Usage {
-    fn from(u: llama::engine::Usage) -> Self {
+impl From<llamacpp::engine::Usage> for Usage {
+    fn from(u: llamacpp::engine::Usage) -> Self {
         Usage {
             prompt_tokens: u.prompt_tokens,
             completion_tokens: u.completion_tokens,

@@ -10,8 +10,8 @@ use axum::extract::State;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
-use llama::engine::{Completion, Request, TokenLogprob};
-use llama::{Model, Special, Token, Vocab};
+use llamacpp::engine::{Completion, Request, TokenLogprob};
+use llamacpp::{Model, Special, Token, Vocab};
 use serde::Serialize;
 use serde_json::{Value, json};
 

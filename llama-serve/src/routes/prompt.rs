@@ -4,10 +4,10 @@
 //! the grammar its `response_format` or forced tool call asks for. These
 //! run on the blocking pool ([`super::off_runtime`]).
 
-use llama::chat::RenderOptions;
-use llama::constraint::{Constraint, JsonOptions};
-use llama::engine::Prompt;
-use llama::{AddBos, Special, Token, Vocab};
+use llamacpp::chat::RenderOptions;
+use llamacpp::constraint::{Constraint, JsonOptions};
+use llamacpp::engine::Prompt;
+use llamacpp::{AddBos, Special, Token, Vocab};
 use serde_json::{Value, json};
 
 use crate::content::{self, ContentError};
@@ -140,7 +140,7 @@ pub(super) fn chat_prompt(
             }
         }
     }
-    let messages: Vec<llama::ChatMessage> =
+    let messages: Vec<llamacpp::ChatMessage> =
         serde_json::from_value(Value::Array(messages.into_owned())).map_err(|e| invalid(e.to_string()))?;
     let text = ready.chat.render(&messages, &options).map_err(generation::engine_error)?;
     let add_bos = content::bos_to_add(vocab, &text);

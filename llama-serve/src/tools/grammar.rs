@@ -2,12 +2,12 @@
 //! arguments valid against each tool's parameter schema: what
 //! `tool_choice: "required"` or a named function runs under, so that even
 //! a base model answers with a call a client can execute. It is a Lark
-//! grammar for llguidance (`llama::constraint`), each tool's arguments an
+//! grammar for llguidance (`llamacpp::constraint`), each tool's arguments an
 //! inline `%json` schema with the tight options, and the syntax's markers
 //! that are control tokens of the model written as those tokens.
 
-use llama::constraint::{Constraint, JsonOptions};
-use llama::{AddBos, Model, SamplerChain, Vocab};
+use llamacpp::constraint::{Constraint, JsonOptions};
+use llamacpp::{AddBos, Model, SamplerChain, Vocab};
 
 use super::format::ToolFormat;
 use super::request::{ToolChoice, Tools};
@@ -70,7 +70,7 @@ fn lark_text(text: &str, vocab: &Vocab) -> Result<String, String> {
     let mut controls: Vec<(String, i32)> = Vec::new();
     for t in vocab.tokenize_special(text, AddBos::No).map_err(|e| e.to_string())? {
         if vocab.is_control(t) {
-            let markup = vocab.token_to_piece(t, llama::Special::Markup).map_err(|e| e.to_string())?;
+            let markup = vocab.token_to_piece(t, llamacpp::Special::Markup).map_err(|e| e.to_string())?;
             let markup = String::from_utf8_lossy(&markup).into_owned();
             if !markup.is_empty() && !controls.iter().any(|(m, _)| *m == markup) {
                 controls.push((markup, t.0));
@@ -140,8 +140,8 @@ pub fn forcing_constraint(format: ToolFormat, tools: &Tools, model: &Model) -> R
 
 #[cfg(test)]
 mod tests {
-    use llama::testing::{TINY_CONTROL_TOKEN, TINY_CONTROL_TOKEN_ID, TinyModelSpec, tiny_llama_path};
-    use llama::{Error, ModelParams};
+    use llamacpp::testing::{TINY_CONTROL_TOKEN, TINY_CONTROL_TOKEN_ID, TinyModelSpec, tiny_llama_path};
+    use llamacpp::{Error, ModelParams};
     use serde_json::json;
 
     use super::*;
@@ -157,12 +157,12 @@ mod tests {
         let vocab = model.vocab();
         let byte_token = |b: u8| {
             (0..vocab.n_tokens() as i32)
-                .map(llama::Token)
-                .find(|&t| vocab.token_to_piece(t, llama::Special::Plain).unwrap() == [b])
+                .map(llamacpp::Token)
+                .find(|&t| vocab.token_to_piece(t, llamacpp::Special::Plain).unwrap() == [b])
                 .unwrap_or_else(|| panic!("no token for byte {b}"))
         };
         let mut sampler = SamplerChain::new().constraint(model, constraint).greedy().build().unwrap();
-        let tokens: Vec<llama::Token> = text.bytes().map(byte_token).collect();
+        let tokens: Vec<llamacpp::Token> = text.bytes().map(byte_token).collect();
         tokens.into_iter().chain(vocab.eos()).all(|t| match sampler.accept(t) {
             Ok(()) => true,
             Err(Error::Grammar(_)) => false,

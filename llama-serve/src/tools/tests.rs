@@ -157,7 +157,7 @@ fn without_parallel_calls_only_the_first_is_kept() {
 
 /// The syntax each chat template shipped with llama.cpp is read in
 /// (`vendor/llama.cpp/models/templates`, fetched by the build of
-/// llama-sys).
+/// llamacpp-sys).
 #[test]
 fn templates_choose_their_syntax() {
     use ToolFormat::*;
@@ -189,8 +189,9 @@ fn templates_choose_their_syntax() {
     ];
     for (name, format) in expected {
         let path = dir.join(format!("{name}.jinja"));
-        let source = std::fs::read_to_string(&path)
-            .unwrap_or_else(|e| panic!("{}: {e} (build llama-sys first: it fetches the pinned tree)", path.display()));
+        let source = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+            panic!("{}: {e} (build llamacpp-sys first: it fetches the pinned tree)", path.display())
+        });
         assert_eq!(ToolFormat::from_template(Some(&source)), format, "{name}");
     }
     assert_eq!(ToolFormat::from_template(None), Generic);

@@ -16,8 +16,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
-use llama::engine::{Engine, EngineConfig, Request};
-use llama::{AddBos, Model, ModelParams};
+use llamacpp::engine::{Engine, EngineConfig, Request};
+use llamacpp::{AddBos, Model, ModelParams};
 use serde_json::{Value, json};
 
 struct Server {

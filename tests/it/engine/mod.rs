@@ -1,4 +1,4 @@
-//! The continuous-batching engine (`llama::engine`): exact on the synthetic
+//! The continuous-batching engine (`llamacpp::engine`): exact on the synthetic
 //! model, teacher-forced on the real one.
 
 pub(crate) mod real;

@@ -10,12 +10,12 @@
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
-use llama::constraint::{Constraint, JsonOptions};
-use llama::engine::{Completion, Engine, EngineConfig, Event, Output, Request};
-use llama::generate::FinishReason;
-use llama::{AddBos, Model, ModelParams, SamplingParams, Token};
 use llama_suite::model_cache::model_path;
 use llama_suite::teacher::rescore;
+use llamacpp::constraint::{Constraint, JsonOptions};
+use llamacpp::engine::{Completion, Engine, EngineConfig, Event, Output, Request};
+use llamacpp::generate::FinishReason;
+use llamacpp::{AddBos, Model, ModelParams, SamplingParams, Token};
 
 /// Largest allowed distance of a chosen token's logit below the best one.
 /// Measured for these 16 streams (24 tokens each, 16 at once): worst 0.36
@@ -208,7 +208,7 @@ fn an_expensive_grammar_does_not_hold_back_other_requests() {
     let grammar = format!("root ::= word \" \" word\nword ::= {}", alternatives.join(" | "));
     let constrained = Request::tokens(tokens("Some words:"))
         .max_tokens(64)
-        .sampling(llama::SamplingParams::greedy().grammar(grammar.as_str()));
+        .sampling(llamacpp::SamplingParams::greedy().grammar(grammar.as_str()));
     let plain = Request::tokens(tokens("The capital of France is")).max_tokens(24).stop_at_eog(false);
 
     let constrained = engine.submit(constrained).unwrap();
@@ -265,7 +265,7 @@ fn constrained_and_plain_requests_run_together() {
         .collect();
     let validator = jsonschema::validator_for(&schema).unwrap();
     for out in guided.into_iter().map(Completion::wait) {
-        let text = model().vocab().detokenize(&out.tokens, AddBos::No, llama::Special::Plain).unwrap();
+        let text = model().vocab().detokenize(&out.tokens, AddBos::No, llamacpp::Special::Plain).unwrap();
         assert_eq!(out.finish.reason, FinishReason::EndOfGeneration, "{text:?}");
         let doc: serde_json::Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text:?}"));
         assert!(validator.is_valid(&doc), "{text}");
@@ -305,7 +305,7 @@ fn drafting_streams_pass_the_teacher_forced_check() {
     // Drafts as long as the budget allows: on this machine's CPU a draft
     // row at eight streams costs what it saves, and the default cuts
     // drafts by the fitted step cost.
-    let config = config().speculation(llama::speculative::Speculation::ngram()).draft_by_cost(false);
+    let config = config().speculation(llamacpp::speculative::Speculation::ngram()).draft_by_cost(false);
     let engine = Engine::start(model(), config).unwrap();
     let prompts: Vec<Vec<Token>> =
         [copy, code, copy, code].into_iter().chain(SUBJECTS[..4].iter().copied()).map(tokens).collect();

@@ -1,4 +1,4 @@
-//! The streaming generator (`llama::generate`): the synthetic model, then
+//! The streaming generator (`llamacpp::generate`): the synthetic model, then
 //! the real one.
 
 mod real;

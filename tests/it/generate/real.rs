@@ -4,11 +4,11 @@
 
 use std::sync::OnceLock;
 
-use llama::generate::{FinishReason, GenerateOptions, Generation, Session};
-use llama::{
+use llama_suite::model_cache::model_path;
+use llamacpp::generate::{FinishReason, GenerateOptions, Generation, Session};
+use llamacpp::{
     AddBos, Batch, Context, ContextParams, Error, Logits, Model, ModelParams, Output, Sampler, Special, Token,
 };
-use llama_suite::model_cache::model_path;
 
 fn model() -> &'static Model {
     static MODEL: OnceLock<Model> = OnceLock::new();
@@ -231,7 +231,7 @@ fn speculative_greedy_passes_the_teacher_forced_check() {
     let options = GenerateOptions::default()
         .max_tokens(97)
         .stop_at_eog(false)
-        .speculation(llama::speculative::Speculation::ngram());
+        .speculation(llamacpp::speculative::Speculation::ngram());
     let mut generation = session.generate(&mut ctx, &mut sampler, &prompt, &options).unwrap();
     let (_, error) = collect(&mut generation);
     assert!(error.is_none(), "{error:?}");

@@ -4,11 +4,11 @@
 //! `max_tokens` exactly where they land without it, and the settings and
 //! contexts it refuses.
 
-use llama::generate::{FinishReason, GenerateOptions, GenerationStats, Session};
-use llama::speculative::Speculation;
-use llama::{ContextParams, Error, KvType, Model, ModelParams, Sampler, SamplingParams, Special, Token};
 use llama_suite::synthetic::{TINY_BOS_ID, TINY_VOCAB_SIZE, TinyModelSpec, tiny_llama_path};
 use llama_suite::teacher::rescore_with_kv;
+use llamacpp::generate::{FinishReason, GenerateOptions, GenerationStats, Session};
+use llamacpp::speculative::Speculation;
+use llamacpp::{ContextParams, Error, KvType, Model, ModelParams, Sampler, SamplingParams, Special, Token};
 
 fn tiny_model() -> Model {
     let path = tiny_llama_path(&TinyModelSpec::default()).expect("write the tiny model");
@@ -45,7 +45,7 @@ struct Run {
 /// Runs a whole generation in a fresh session on `ctx` (its cache
 /// cleared), collecting the sampled tokens (a final end token excluded),
 /// the text and the stats.
-fn run(ctx: &mut llama::Context<'_>, sampler: &mut Sampler<'_>, prompt: &[Token], options: &GenerateOptions) -> Run {
+fn run(ctx: &mut llamacpp::Context<'_>, sampler: &mut Sampler<'_>, prompt: &[Token], options: &GenerateOptions) -> Run {
     ctx.clear_kv();
     let mut session = Session::new();
     let mut generation = session.generate(ctx, sampler, prompt, options).unwrap();

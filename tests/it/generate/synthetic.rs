@@ -4,9 +4,9 @@
 
 use std::ops::ControlFlow;
 
-use llama::generate::{FinishReason, GenerateOptions, Overflow, Session, StopMatcher, stop_holdback};
-use llama::{ContextParams, Error, Logits, Model, ModelParams, Output, Sampler, Special, Token};
 use llama_suite::synthetic::{TINY_BOS_ID, TINY_VOCAB_SIZE, TinyModelSpec, tiny_llama_path};
+use llamacpp::generate::{FinishReason, GenerateOptions, Overflow, Session, StopMatcher, stop_holdback};
+use llamacpp::{ContextParams, Error, Logits, Model, ModelParams, Output, Sampler, Special, Token};
 
 fn tiny_model() -> Model {
     // A long training context so that 10k-token contexts are in range.
@@ -29,7 +29,7 @@ fn params(n_ctx: u32, n_batch: u32) -> ContextParams {
 }
 
 /// Runs a generation to its end, collecting the pieces and the final error.
-fn collect(generation: &mut llama::generate::Generation<'_, '_, '_>) -> (Vec<String>, Option<Error>) {
+fn collect(generation: &mut llamacpp::generate::Generation<'_, '_, '_>) -> (Vec<String>, Option<Error>) {
     let mut pieces = Vec::new();
     while let Some(piece) = generation.next_piece() {
         match piece {
@@ -267,7 +267,7 @@ fn iterator_callback_and_next_piece_agree() {
 fn detokenize_run(model: &Model, prompt: &[Token], n: usize) -> Vec<u8> {
     let mut ctx = model.new_context(&params(512, 512)).unwrap();
     let mut sampler = Sampler::greedy();
-    let mut batch = llama::Batch::new(512, 1);
+    let mut batch = llamacpp::Batch::new(512, 1);
     batch.push_sequence(prompt, 0, 0, Logits::Yes).unwrap();
     ctx.decode(&batch).unwrap();
     let mut bytes = Vec::new();
@@ -300,7 +300,7 @@ fn prefix_cache_decodes_only_the_new_tokens() {
     second.extend(prompt(30, 13).into_iter().skip(1));
     assert_ne!(first[600], second[600]);
 
-    let run = |session: &mut Session, ctx: &mut llama::Context<'_>, sampler: &mut Sampler<'_>, tokens: &[Token]| {
+    let run = |session: &mut Session, ctx: &mut llamacpp::Context<'_>, sampler: &mut Sampler<'_>, tokens: &[Token]| {
         ctx.reset_perf();
         let mut generation = session.generate(ctx, sampler, tokens, &options).unwrap();
         let (_, error) = collect(&mut generation);
@@ -536,8 +536,8 @@ struct Script {
     next: usize,
 }
 
-impl llama::CustomSampler for Script {
-    fn apply(&mut self, candidates: &mut llama::Candidates<'_>) {
+impl llamacpp::CustomSampler for Script {
+    fn apply(&mut self, candidates: &mut llamacpp::Candidates<'_>) {
         let want = self.tokens.get(self.next).copied().unwrap_or(llama_suite::synthetic::TINY_EOS_ID);
         if let Some(i) = candidates.data().iter().position(|c| c.id == want) {
             candidates.select(i).unwrap();
@@ -549,7 +549,7 @@ impl llama::CustomSampler for Script {
     fn selects(&self) -> bool {
         true
     }
-    fn clone_sampler(&self) -> Box<dyn llama::CustomSampler> {
+    fn clone_sampler(&self) -> Box<dyn llamacpp::CustomSampler> {
         Box::new(self.clone())
     }
 }
@@ -559,10 +559,10 @@ fn byte_tokens(text: &str) -> Vec<i32> {
     text.bytes().map(|b| llama_suite::synthetic::TINY_FIRST_BYTE_ID + i32::from(b)).collect()
 }
 
-fn run_script(script: Vec<i32>, options: &GenerateOptions) -> (Vec<String>, llama::generate::GenerationStats) {
+fn run_script(script: Vec<i32>, options: &GenerateOptions) -> (Vec<String>, llamacpp::generate::GenerationStats) {
     let model = tiny_model();
     let mut ctx = model.new_context(&params(512, 512)).unwrap();
-    let mut sampler = llama::SamplerChain::new().custom(Script { tokens: script, next: 0 }).build().unwrap();
+    let mut sampler = llamacpp::SamplerChain::new().custom(Script { tokens: script, next: 0 }).build().unwrap();
     let mut session = Session::new();
     let mut generation = session.generate(&mut ctx, &mut sampler, &prompt(5, 0), options).unwrap();
     let (pieces, error) = collect(&mut generation);

@@ -10,9 +10,9 @@
 
 use std::sync::OnceLock;
 
-use llama::json_schema::{json_grammar, schema_to_grammar};
-use llama::{AddBos, Error, Model, ModelParams, SamplerChain, Special, Vocab};
 use llama_suite::model_cache::model_path;
+use llamacpp::json_schema::{json_grammar, schema_to_grammar};
+use llamacpp::{AddBos, Error, Model, ModelParams, SamplerChain, Special, Vocab};
 
 use super::cases::{cases, unsupported_cases};
 use proptest::prelude::*;
@@ -100,7 +100,7 @@ fn whitespace_is_bounded() {
     assert!(!accepts(&gbnf, "[  1]"), "two spaces in a row");
 }
 
-/// `llama` turns on serde_json's `preserve_order`: properties are
+/// `llamacpp` turns on serde_json's `preserve_order`: properties are
 /// generated in the order the schema declares them (a tightening: the
 /// other order is valid JSON Schema-wise, but not generated).
 #[test]

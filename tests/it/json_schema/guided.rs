@@ -1,10 +1,10 @@
-//! Issue 28: the same corpus through llguidance (`llama::constraint`):
+//! Issue 28: the same corpus through llguidance (`llamacpp::constraint`):
 //! each valid document passes the constraint token by token and may end,
 //! each invalid one is refused somewhere, with JSON Schema's own semantics
 //! and with this crate's tightenings.
 
-use llama::constraint::{Constraint, JsonOptions};
-use llama::{AddBos, Error, SamplerChain, Special};
+use llamacpp::constraint::{Constraint, JsonOptions};
+use llamacpp::{AddBos, Error, SamplerChain, Special};
 use serde_json::{Value, json};
 
 use super::cases::{cases, unsupported_cases};
@@ -167,7 +167,7 @@ fn deep_bounds_compile_on_a_small_stack_and_too_deep_is_an_error() {
     let with_depth = |max_depth| {
         Constraint::json_schema(tree.clone()).with_json_options(JsonOptions { max_depth, ..JsonOptions::tight() })
     };
-    let deep = with_depth(llama::constraint::MAX_DEPTH);
+    let deep = with_depth(llamacpp::constraint::MAX_DEPTH);
     std::thread::Builder::new()
         .stack_size(256 << 10)
         .spawn(move || {
@@ -180,7 +180,7 @@ fn deep_bounds_compile_on_a_small_stack_and_too_deep_is_an_error() {
         .join()
         .unwrap();
     let too_deep =
-        SamplerChain::new().constraint(model(), &with_depth(llama::constraint::MAX_DEPTH + 1)).greedy().build();
+        SamplerChain::new().constraint(model(), &with_depth(llamacpp::constraint::MAX_DEPTH + 1)).greedy().build();
     assert!(matches!(too_deep, Err(Error::InvalidParameter { name: "max_depth", .. })), "{too_deep:?}");
 }
 
@@ -207,7 +207,7 @@ fn random_picks_follow_the_constrained_distribution_exactly() {
     // Masking the whole vocabulary with GBNF costs ~50 ms a draw: 300
     // draws there still put the biased rule ~7 standard deviations past
     // the bound.
-    let chi_square = |mut sampler: llama::Sampler<'_>, draws: usize| {
+    let chi_square = |mut sampler: llamacpp::Sampler<'_>, draws: usize| {
         let mut counts = [0usize; 3];
         for _ in 0..draws {
             let t = sampler.sample_logits(vocab, &row).unwrap();

@@ -1,5 +1,5 @@
-//! Structured output: JSON Schema to GBNF (`llama::json_schema`) and
-//! constraints through llguidance (`llama::constraint`), each fed the
+//! Structured output: JSON Schema to GBNF (`llamacpp::json_schema`) and
+//! constraints through llguidance (`llamacpp::constraint`), each fed the
 //! corpus token by token, then constrained generation on the real model.
 
 mod cases;

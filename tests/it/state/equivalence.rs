@@ -2,8 +2,8 @@
 //! outputs. Logits are compared as upstream tests/test-llama-archs.cpp does
 //! (normalized MSE at most 1e-4) plus the same argmax.
 
-use llama::{Batch, Context, Logits, Model, Output, Pooling, Token};
 use llama_suite::safe_api::*;
+use llamacpp::{Batch, Context, Logits, Model, Output, Pooling, Token};
 
 const PROMPTS: [&str; 3] = ["Hello world", "the quick brown fox jumps over the lazy dog", "你好 🦀 Rust"];
 const STEPS: usize = 6;
@@ -138,7 +138,7 @@ fn a_context_shift_keeps_decoding_within_n_ctx() {
     // The cache is full: one more token does not fit.
     let mut one = Batch::new(1, 1);
     one.push(stream[n_ctx as usize], n_ctx, &[0], Logits::Yes).unwrap();
-    assert!(matches!(ctx.decode(&one), Err(llama::Error::NoKvSlot)));
+    assert!(matches!(ctx.decode(&one), Err(llamacpp::Error::NoKvSlot)));
     assert_eq!(ctx.seq_pos_max(0).unwrap(), Some(n_ctx - 1), "a failed decode leaves the cache as it was");
 
     let n_keep = 4;
@@ -156,7 +156,7 @@ fn a_context_shift_keeps_decoding_within_n_ctx() {
         // The old next position no longer continues the sequence.
         one.clear();
         one.push(stream[fed], n_past + n_discard, &[0], Logits::Yes).unwrap();
-        assert!(matches!(ctx.decode(&one), Err(llama::Error::InvalidBatch(_))));
+        assert!(matches!(ctx.decode(&one), Err(llamacpp::Error::InvalidBatch(_))));
         // Decode until the cache is full again, one token at a time.
         while n_past < n_ctx {
             one.clear();
@@ -184,7 +184,7 @@ fn shifting_a_whole_sequence_does_not_change_its_logits() {
     let mut plain = model.new_context(&small_params()).unwrap();
     let reference = decode_seq(&mut plain, &all, 0, 0);
 
-    for (start, kv_type) in [(100, llama::KvType::F16), (37, llama::KvType::F32), (200, llama::KvType::F32)] {
+    for (start, kv_type) in [(100, llamacpp::KvType::F16), (37, llamacpp::KvType::F32), (200, llamacpp::KvType::F32)] {
         let mut ctx = model.new_context(&small_params().n_ctx(512).kv_type(kv_type)).unwrap();
         decode_seq(&mut ctx, text, start, 0);
         assert_eq!(ctx.seq_pos_min(0).unwrap(), Some(start));
@@ -288,7 +288,7 @@ fn pooled_embeddings_equal_the_mean_of_token_embeddings() {
         }
         let mut split = model.new_context(&params.clone().n_ubatch(63)).unwrap();
         let err = split.decode(&batch).unwrap_err();
-        assert!(matches!(err, llama::Error::InvalidBatch(ref m) if m.contains("kv_unified")), "{err:?}");
+        assert!(matches!(err, llamacpp::Error::InvalidBatch(ref m) if m.contains("kv_unified")), "{err:?}");
         ctx.decode(&batch).unwrap();
         for (seq, want) in expected.iter().enumerate() {
             let got = ctx.sequence_embeddings(seq as i32).unwrap();

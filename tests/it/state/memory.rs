@@ -6,8 +6,8 @@
 //! upstream tests/test-save-load-state.cpp does with
 //! `common_replay_last_token`.
 
-use llama::{Batch, Context, Logits, Model, Output, StateError, Token};
 use llama_suite::safe_api::*;
+use llamacpp::{Batch, Context, Logits, Model, Output, StateError, Token};
 
 const STEPS: usize = 10;
 
@@ -198,12 +198,12 @@ fn state_sizes_and_file_tokens_round_trip() {
     // (n_ctx is padded to 256, so save more than that.)
     let too_many: Vec<Token> = (0..300).map(Token).collect();
     ctx.save_state_file(&path, &too_many).unwrap();
-    assert!(matches!(small.load_state_file(&path), Err(llama::Error::State { kind: StateError::TooLarge, .. })));
+    assert!(matches!(small.load_state_file(&path), Err(llamacpp::Error::State { kind: StateError::TooLarge, .. })));
     // A save into a directory that does not exist fails cleanly.
     let r = ctx.save_state_file(dir.path().join("missing").join("x"), &prompt);
-    assert!(matches!(r, Err(llama::Error::State { kind: StateError::Failed, .. })), "{r:?}");
+    assert!(matches!(r, Err(llamacpp::Error::State { kind: StateError::Failed, .. })), "{r:?}");
     let r = ctx.save_seq_state_file(dir.path().join("missing").join("x"), 0, &prompt);
-    assert!(matches!(r, Err(llama::Error::State { kind: StateError::Failed, .. })), "{r:?}");
+    assert!(matches!(r, Err(llamacpp::Error::State { kind: StateError::Failed, .. })), "{r:?}");
     assert!(!dir.path().join("missing").exists());
 }
 

@@ -80,7 +80,7 @@ fn random_submit_cancel_and_drop_from_eight_threads() {
                     // Half draft (speculative decoding), so requests are
                     // cancelled and dropped with drafts in flight.
                     if next(2) == 0 {
-                        request = request.speculation(llama::speculative::Speculation::ngram());
+                        request = request.speculation(llamacpp::speculative::Speculation::ngram());
                     }
                     let completion = match engine.submit(request) {
                         Ok(c) => c,

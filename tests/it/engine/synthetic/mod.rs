@@ -15,11 +15,13 @@ mod speculative;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use llama::engine::{Completion, Engine, EngineConfig, EngineStats, Event, Finish, Output, Request, SamplingParams};
-use llama::generate::{FinishReason, GenerateOptions, Session};
-use llama::{AddBos, ContextParams, Error, KvType, Logits, Model, ModelParams, Sampler, SamplerChain, Special, Token};
 use llama_suite::synthetic::{TINY_BOS_ID, TINY_VOCAB_SIZE, TinyModelSpec, tiny_llama_path};
 use llama_suite::teacher::rescore_with_kv;
+use llamacpp::engine::{Completion, Engine, EngineConfig, EngineStats, Event, Finish, Output, Request, SamplingParams};
+use llamacpp::generate::{FinishReason, GenerateOptions, Session};
+use llamacpp::{
+    AddBos, ContextParams, Error, KvType, Logits, Model, ModelParams, Sampler, SamplerChain, Special, Token,
+};
 
 fn model() -> Arc<Model> {
     static MODEL: OnceLock<Arc<Model>> = OnceLock::new();
@@ -47,7 +49,11 @@ fn config() -> EngineConfig {
     EngineConfig::default().n_ctx(4096).n_batch(512).n_threads(2).kv_type(KvType::F32)
 }
 
-fn rescore(model: &Model, prompt: &[Token], generated: &[Token]) -> llama::Result<llama_suite::teacher::TeacherForced> {
+fn rescore(
+    model: &Model,
+    prompt: &[Token],
+    generated: &[Token],
+) -> llamacpp::Result<llama_suite::teacher::TeacherForced> {
     rescore_with_kv(model, KvType::F32, prompt, generated)
 }
 

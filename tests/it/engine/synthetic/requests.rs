@@ -136,7 +136,7 @@ fn reference_logprobs(model: &Model, prompt: &[Token], generated: &[Token]) -> V
     let total = prompt.len() + generated.len();
     let params = ContextParams::default().n_ctx(2048).n_batch(512).n_threads(2).kv_type(KvType::F32);
     let mut ctx = model.new_context(&params).unwrap();
-    let mut batch = llama::Batch::new(total, 1);
+    let mut batch = llamacpp::Batch::new(total, 1);
     let all: Vec<Token> = prompt.iter().chain(generated).copied().collect();
     for (i, &t) in all.iter().enumerate().take(total - 1) {
         batch.push(t, i as i32, &[0], Logits::from(i + 1 >= prompt.len())).unwrap();
@@ -171,7 +171,7 @@ fn log_probabilities_are_the_models_and_rank_the_top_tokens() {
     let mut worst = 0f64;
     let mut not_top = 0;
     for ((p, _), completion) in requests.iter().zip(completions) {
-        let pieces: Vec<llama::engine::Piece> =
+        let pieces: Vec<llamacpp::engine::Piece> =
             completion.filter_map(|e| if let Event::Piece(p) = e { Some(p) } else { None }).collect();
         let tokens: Vec<Token> = pieces.iter().filter_map(|p| p.token).collect();
         assert_eq!(tokens.len(), 10);

@@ -4,7 +4,7 @@
 //! stats and per request; a request can opt out; refusals at start and
 //! submit. (Random submit/cancel with drafts in flight: lifecycle.rs.)
 
-use llama::speculative::Speculation;
+use llamacpp::speculative::Speculation;
 
 use super::*;
 

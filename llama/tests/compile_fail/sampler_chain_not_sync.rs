@@ -1,7 +1,0 @@
-// A chain under construction owns raw llama.cpp samplers: SamplerChain is
-// Send but not Sync.
-fn assert_sync<T: Sync>() {}
-
-fn main() {
-    assert_sync::<llama::SamplerChain<'static>>();
-}

@@ -1,0 +1,360 @@
+//! Constrained decoding with [llguidance]: output that follows a JSON
+//! Schema, a regex or a Lark grammar, enforced by masking every token the
+//! constraint forbids before the sampler chain runs, so every sampling mode
+//! draws from the exactly constrained distribution.
+//!
+//! ```no_run
+//! # fn main() -> Result<(), llamacpp::Error> {
+//! use llamacpp::{Model, ModelParams, SamplingParams};
+//! use llamacpp::constraint::Constraint;
+//! let model = Model::load("model.gguf", &ModelParams::default())?;
+//! let schema = serde_json::json!({
+//!     "type": "object",
+//!     "properties": {"name": {"type": "string"}, "age": {"type": "integer", "minimum": 0}},
+//!     "required": ["name", "age"],
+//! });
+//! let params = SamplingParams::default().temperature(0.7).constraint(Constraint::json_schema(schema));
+//! let sampler = params.sampler(&model)?;
+//! # let _ = sampler;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! The vocabulary's token trie is built once per model (on the first
+//! constrained sampler; 262,144 tokens take well under a second) and shared
+//! by every request. Each mask then costs microseconds to a millisecond
+//! (measured in docs/json-output.md), within llguidance's budget
+//! ([`STEP_MAX_ITEMS`], [`STEP_LEXER_FUEL`], and at most 2,000 Earley items
+//! in one row): a grammar whose mask or next parse step would cost more
+//! fails that sample with [`Error::Grammar`](crate::Error::Grammar) instead
+//! of taking the time (the sampler then needs a
+//! [`reset`](crate::Sampler::reset)).
+//!
+//! # JSON Schema
+//!
+//! Schemas mean what JSON Schema says, as llguidance reads them: an object
+//! may hold properties beyond the declared ones unless
+//! `additionalProperties` says otherwise, whitespace between tokens is any
+//! JSON whitespace, and declared properties come in the order the schema
+//! lists them. Keywords llguidance cannot enforce are an error (it names
+//! the keyword) rather than ignored. [`JsonOptions`] turns on this crate's
+//! tightenings for small models (bounded whitespace, no undeclared
+//! properties) and sets the depth bound of recursive schemas.
+//!
+//! GBNF grammars keep llama.cpp's own sampler
+//! ([`SamplerChain::grammar`](crate::SamplerChain::grammar)), and
+//! [`json_schema::schema_to_grammar`](crate::json_schema::schema_to_grammar)
+//! still converts a schema to GBNF for it.
+
+mod depth;
+mod guide;
+mod tokens;
+
+use std::collections::HashSet;
+
+use serde_json::Value;
+
+pub(crate) use guide::Guide;
+pub use guide::MAX_DEPTH;
+pub(crate) use tokens::TokenTable;
+pub use tokens::{STEP_LEXER_FUEL, STEP_MAX_ITEMS};
+
+/// What a constrained sampler's output must be.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub enum Constraint {
+    /// A JSON document valid against the schema.
+    JsonSchema {
+        /// The schema (draft 2020-12 unless it says otherwise).
+        schema: Value,
+        /// How the document is written; see [`JsonOptions`].
+        options: JsonOptions,
+    },
+    /// Text matching the regex in full (Rust `regex` syntax, anchored at
+    /// both ends).
+    Regex(String),
+    /// Text the Lark grammar (llguidance's dialect, start rule `start`)
+    /// derives.
+    Lark(String),
+}
+
+impl Constraint {
+    /// A document valid against `schema`, with the default [`JsonOptions`].
+    pub fn json_schema(schema: Value) -> Constraint {
+        Constraint::JsonSchema { schema, options: JsonOptions::default() }
+    }
+
+    /// Any JSON object (OpenAI's `response_format: {"type": "json_object"}`).
+    pub fn json_object() -> Constraint {
+        Constraint::json_schema(serde_json::json!({"type": "object"}))
+    }
+
+    /// Text matching `regex` in full.
+    pub fn regex(regex: impl Into<String>) -> Constraint {
+        Constraint::Regex(regex.into())
+    }
+
+    /// Text of the Lark grammar `lark`.
+    pub fn lark(lark: impl Into<String>) -> Constraint {
+        Constraint::Lark(lark.into())
+    }
+
+    /// The same constraint with `options` (a JSON Schema one only; others
+    /// are returned unchanged).
+    #[must_use]
+    pub fn with_json_options(self, options: JsonOptions) -> Constraint {
+        match self {
+            Constraint::JsonSchema { schema, .. } => Constraint::JsonSchema { schema, options },
+            other => other,
+        }
+    }
+}
+
+/// How a JSON Schema constraint writes documents.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct JsonOptions {
+    /// `true`: between tokens, nothing, one space, or a newline and up to
+    /// 20 spaces or tabs (a model cannot emit whitespace forever).
+    /// `false` (the default): any run of JSON whitespace.
+    pub bounded_whitespace: bool,
+    /// `true`: an object schema with `properties` and no
+    /// `additionalProperties` (nor `patternProperties`,
+    /// `unevaluatedProperties`) allows only its declared properties, as if
+    /// it said `"additionalProperties": false`; members of an `allOf` are
+    /// left alone, since each would forbid the others' properties.
+    /// `false` (the default): JSON Schema's rule, other properties allowed.
+    /// Also bounds integers without a `minimum`/`maximum` to 16 digits
+    /// (outside `allOf` members), as the GBNF converter does.
+    pub no_additional_properties: bool,
+    /// How deep values may nest through a recursive `$ref` (a `$ref` that
+    /// can reach itself): the innermost level allows no further
+    /// recursion (a model may still add siblings: bound arrays with
+    /// `maxItems` for that). Default [`JsonOptions::DEFAULT_MAX_DEPTH`], at
+    /// most [`MAX_DEPTH`].
+    pub max_depth: usize,
+}
+
+impl JsonOptions {
+    /// The default recursion bound of [`JsonOptions::max_depth`].
+    pub const DEFAULT_MAX_DEPTH: usize = 8;
+
+    /// This crate's tightenings for small models: bounded whitespace and
+    /// no undeclared properties (what
+    /// [`schema_to_grammar`](crate::json_schema::schema_to_grammar) writes).
+    pub fn tight() -> JsonOptions {
+        JsonOptions { bounded_whitespace: true, no_additional_properties: true, ..JsonOptions::default() }
+    }
+
+    /// The schema llguidance compiles for `schema` under these options:
+    /// recursion unrolled to [`max_depth`](Self::max_depth), the
+    /// tightenings written into it (and llguidance's whitespace option
+    /// under `x-guidance`). [`Constraint::json_schema`] does this itself;
+    /// this is for schemas embedded in a Lark grammar (`%json {...}`).
+    pub fn prepare(&self, schema: &Value) -> Value {
+        prepared_schema(schema, self)
+    }
+}
+
+impl Default for JsonOptions {
+    fn default() -> Self {
+        JsonOptions { bounded_whitespace: false, no_additional_properties: false, max_depth: Self::DEFAULT_MAX_DEPTH }
+    }
+}
+
+/// The bounded whitespace of [`JsonOptions::bounded_whitespace`], as the
+/// GBNF converter writes it.
+const BOUNDED_WHITESPACE: &str = r"(?: |\n[ \t]{0,20})";
+
+/// The schema llguidance compiles for `schema` with `options`: recursion
+/// unrolled, tightenings written into it, and llguidance's own options
+/// under `x-guidance` (unless the schema sets them itself).
+pub(crate) fn prepared_schema(schema: &Value, options: &JsonOptions) -> Value {
+    let mut out = depth::bound_recursion(schema, options.max_depth);
+    if options.no_additional_properties {
+        let mut keep_open = HashSet::new();
+        all_of_refs(&out, &mut keep_open);
+        let root = out.clone();
+        let tighten = Tighten { root: &root, keep_open: &keep_open };
+        tighten.close_objects(&mut out, String::new(), false);
+    }
+    let Value::Object(root) = &mut out else { return out };
+    if options.bounded_whitespace && !root.contains_key("x-guidance") {
+        root.insert("x-guidance".into(), serde_json::json!({"whitespace_pattern": BOUNDED_WHITESPACE}));
+    }
+    out
+}
+
+/// The JSON pointers that members of an `allOf` refer to: closing them
+/// would forbid the other members' properties.
+fn all_of_refs(node: &Value, out: &mut HashSet<String>) {
+    match node {
+        Value::Object(map) => {
+            if let Some(Value::Array(members)) = map.get("allOf") {
+                for member in members {
+                    if let Some(Value::String(r)) = member.get("$ref")
+                        && let Some(pointer) = r.strip_prefix('#')
+                    {
+                        out.insert(pointer.to_string());
+                    }
+                }
+            }
+            map.values().for_each(|v| all_of_refs(v, out));
+        }
+        Value::Array(items) => items.iter().for_each(|v| all_of_refs(v, out)),
+        _ => {}
+    }
+}
+
+/// The bound [`JsonOptions::tight`] gives integers without one: 16 digits.
+const MAX_MAGNITUDE: i64 = 9_999_999_999_999_999;
+
+/// The pass of [`JsonOptions::tight`] over a schema.
+struct Tighten<'a> {
+    /// The schema before the pass, to resolve `allOf` members' `$ref`s.
+    root: &'a Value,
+    /// The pointers `allOf` members refer to (see [`all_of_refs`]).
+    keep_open: &'a HashSet<String>,
+}
+
+/// The keywords that already say what an object allows beyond its
+/// declared properties.
+const OPEN_KEYWORDS: [&str; 3] = ["additionalProperties", "patternProperties", "unevaluatedProperties"];
+
+impl Tighten<'_> {
+    /// The names an `allOf` of object schemas declares, if every member
+    /// is one that allows no other names of its own accord: closing the
+    /// parent over them keeps what the members allow together.
+    fn all_of_names(&self, members: &[Value]) -> Option<Vec<String>> {
+        let mut names = Vec::new();
+        for member in members {
+            let member = match member.get("$ref") {
+                Some(Value::String(r)) => self.root.pointer(r.strip_prefix('#')?)?,
+                _ => member,
+            };
+            let map = member.as_object()?;
+            if OPEN_KEYWORDS.iter().any(|k| map.get(*k).is_some_and(|v| v != &Value::Bool(false)))
+                || map.contains_key("allOf")
+            {
+                return None;
+            }
+            for name in map.get("properties").and_then(Value::as_object).into_iter().flat_map(|p| p.keys()) {
+                if !names.contains(name) {
+                    names.push(name.clone());
+                }
+            }
+        }
+        Some(names)
+    }
+
+    /// Adds `"additionalProperties": false` to every object schema under
+    /// `node` (at JSON pointer `at`) that declares `properties` and says
+    /// nothing about other ones, except members of an `allOf` (`in_all_of`)
+    /// and what they refer to; a parent of an `allOf` of object schemas is
+    /// closed over the names they declare instead. Integers get bounds.
+    fn close_objects(&self, node: &mut Value, at: String, in_all_of: bool) {
+        let escape = |s: &str| s.replace('~', "~0").replace('/', "~1");
+        match node {
+            Value::Object(map) => {
+                let says_nothing = !OPEN_KEYWORDS.iter().any(|k| map.contains_key(*k));
+                let open = map.get("properties").is_some_and(Value::is_object) && says_nothing;
+                let all_of = match map.get("allOf") {
+                    Some(Value::Array(members)) if says_nothing && !in_all_of => self.all_of_names(members),
+                    _ => None,
+                };
+                if let Some(names) = all_of {
+                    let properties = map.entry("properties").or_insert_with(|| Value::Object(Default::default()));
+                    if let Value::Object(properties) = properties {
+                        for name in names {
+                            properties.entry(name).or_insert_with(|| Value::Object(Default::default()));
+                        }
+                    }
+                    map.insert("additionalProperties".into(), Value::Bool(false));
+                } else if open && !in_all_of && !self.keep_open.contains(&at) {
+                    map.insert("additionalProperties".into(), Value::Bool(false));
+                }
+                let integer = match map.get("type") {
+                    Some(Value::String(t)) => t == "integer",
+                    Some(Value::Array(ts)) => ts.iter().any(|t| t == "integer"),
+                    _ => false,
+                };
+                if integer && !in_all_of {
+                    // At most 16 digits, as the GBNF converter writes
+                    // integers: a model cannot run digits on forever. (Not
+                    // `number`: llguidance writes bounded numbers without
+                    // exponents.)
+                    let bounds = [
+                        ("maximum", "exclusiveMaximum", MAX_MAGNITUDE),
+                        ("minimum", "exclusiveMinimum", -MAX_MAGNITUDE),
+                    ];
+                    for (inclusive, exclusive, bound) in bounds {
+                        if !map.contains_key(inclusive) && !map.contains_key(exclusive) {
+                            map.insert(inclusive.into(), bound.into());
+                        }
+                    }
+                }
+                for (key, value) in map.iter_mut() {
+                    let here = format!("{at}/{}", escape(key));
+                    match key.as_str() {
+                        // Names, not schemas: descend into each one's schema.
+                        "properties" | "$defs" | "definitions" | "patternProperties" | "dependentSchemas" => {
+                            if let Value::Object(named) = value {
+                                for (name, v) in named.iter_mut() {
+                                    self.close_objects(v, format!("{here}/{}", escape(name)), false);
+                                }
+                            }
+                        }
+                        "allOf" => {
+                            if let Value::Array(members) = value {
+                                for (i, v) in members.iter_mut().enumerate() {
+                                    self.close_objects(v, format!("{here}/{i}"), true);
+                                }
+                            }
+                        }
+                        "enum" | "const" | "default" | "examples" | "x-guidance" => {}
+                        _ => self.close_objects(value, here, false),
+                    }
+                }
+            }
+            Value::Array(items) => {
+                for (i, v) in items.iter_mut().enumerate() {
+                    self.close_objects(v, format!("{at}/{i}"), false);
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn tight_options_close_declared_objects_but_not_all_of_members() {
+        let schema = json!({
+            "type": "object",
+            "properties": {"a": {"type": "object", "properties": {"b": {}}}, "c": {"type": "object"},
+                           "n": {"type": "integer", "exclusiveMinimum": 0}},
+            "allOf": [{"properties": {"d": {}}}],
+            "default": {"properties": {}},
+        });
+        let out = prepared_schema(&schema, &JsonOptions::tight());
+        assert_eq!(out["additionalProperties"], json!(false));
+        assert_eq!(out.pointer("/properties/a/additionalProperties"), Some(&json!(false)));
+        assert_eq!(out.pointer("/properties/c/additionalProperties"), None, "no properties declared");
+        assert_eq!(out.pointer("/allOf/0/additionalProperties"), None);
+        let all_of = json!({"allOf": [{"properties": {"a": {}}}, {"$ref": "#/$defs/b"}], "$defs": {"b": {"properties": {"b": {}}}}});
+        let closed = prepared_schema(&all_of, &JsonOptions::tight());
+        assert_eq!(closed["additionalProperties"], json!(false), "{closed:#}");
+        assert_eq!(closed["properties"], json!({"a": {}, "b": {}}), "closed over the members' names");
+        assert_eq!(closed.pointer("/$defs/b/additionalProperties"), None, "a member's target stays open");
+        assert_eq!(out.pointer("/properties/n/maximum"), Some(&json!(MAX_MAGNITUDE)));
+        assert_eq!(out.pointer("/properties/n/minimum"), None, "exclusiveMinimum is kept alone");
+        assert_eq!(out.pointer("/default/additionalProperties"), None, "a value, not a schema");
+        assert_eq!(out.pointer("/x-guidance/whitespace_pattern"), Some(&json!(BOUNDED_WHITESPACE)));
+        let spec = prepared_schema(&schema, &JsonOptions::default());
+        assert_eq!(spec, schema, "the default options change nothing");
+    }
+}

@@ -1,0 +1,597 @@
+//! Many concurrent requests over one context: continuous batching with
+//! chunked prefill under a token budget, a shared KV pool with admission
+//! and preemption, a prefix cache shared across requests, blocking and
+//! async streams, and metrics.
+//!
+//! [`Engine::start`] spawns one worker thread that owns a [`Context`]
+//! whose KV cache is the pool every sequence shares (`kv_unified`). Each
+//! step the worker makes one [`Context::decode`] call holding one token of
+//! every generating sequence first, then prefill chunks of the prompts
+//! waiting for their first token, sharing the rest of the step's budget
+//! between them, shortest first with a guaranteed share for the oldest (so
+//! a long prompt never holds up a short one, and a running stream waits at
+//! most one step). A finished sequence's cells
+//! stay in the pool as a cached prefix: a later prompt that starts with
+//! the same tokens (or with those of a running sequence) shares those
+//! cells and prefills only the rest; a prompt whose prefix another
+//! sequence is still prefilling waits for those cells instead of computing
+//! them again (requests that arrive together with one system prompt
+//! compute it once). When the pool is full, cached
+//! prefixes are evicted (least recently used first) and then the
+//! lowest-priority, most recently admitted sequence is preempted: its
+//! cells are saved to host memory (llama.cpp's sequence state) and freed,
+//! and it is requeued with its sampler, detokenizer and stop-string state;
+//! at readmission the cells are restored (or, for a sequence whose cells
+//! were mostly shared, recomputed from its prompt and the tokens it has
+//! generated), so it continues as it would have.
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use llamacpp::engine::{Engine, EngineConfig, Event, Request};
+//! use llamacpp::{Model, ModelParams};
+//!
+//! # fn main() -> Result<(), llamacpp::Error> {
+//! let model = Arc::new(Model::load("gemma-3-270m-q4_k_m.gguf", &ModelParams::default())?);
+//! let engine = Engine::start(model, EngineConfig::default())?;
+//! let requests = ["The capital of France is", "The capital of Japan is"]
+//!     .map(|p| engine.submit(Request::text(p).max_tokens(16)));
+//! for completion in requests {
+//!     for event in completion? {
+//!         match event {
+//!             Event::Piece(piece) => print!("{}", piece.text),
+//!             Event::Done(done) => println!("\n[{}; {:?}]", done.reason, done.usage),
+//!         }
+//!     }
+//! }
+//! println!("{:?}", engine.stats());
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Metrics
+//!
+//! [`Engine::stats`] returns a snapshot. The engine also reports to the
+//! [`metrics`](https://docs.rs/metrics) facade: without an installed
+//! recorder these calls do nothing; an application that installs one (for
+//! example `metrics-exporter-prometheus`) gets these series:
+//!
+//! | name | kind | meaning |
+//! |---|---|---|
+//! | `llama_engine_requests_total{reason}` | counter | finished requests by finish reason (`length`, `stop`, `eog`, `cancelled`, `context_full`, `shutdown`, `failed`) |
+//! | `llama_engine_prompt_tokens_total` | counter | prompt tokens of admitted requests |
+//! | `llama_engine_prompt_tokens_evaluated_total` | counter | prompt tokens decoded (not shared; recomputation included) |
+//! | `llama_engine_prefix_hit_tokens_total` | counter | prompt tokens shared from cached or running sequences |
+//! | `llama_engine_completion_tokens_total` | counter | sampled tokens |
+//! | `llama_engine_preemptions_total` | counter | sequences preempted for room |
+//! | `llama_engine_steps_total` | counter | decode steps |
+//! | `llama_engine_draft_tokens_total`, `llama_engine_draft_tokens_accepted_total` | counter | speculative draft tokens decoded, and confirmed by the sampler |
+//! | `llama_engine_running`, `llama_engine_waiting` | gauge | requests |
+//! | `llama_engine_kv_cells_used`, `llama_engine_kv_cells_total`, `llama_engine_cached_prefix_cells` | gauge | KV pool |
+//! | `llama_engine_ttft_seconds`, `llama_engine_inter_token_seconds`, `llama_engine_e2e_seconds`, `llama_engine_queue_seconds` | histogram | latencies |
+//!
+//! [`Context`]: crate::Context
+//! [`Context::decode`]: crate::Context::decode
+
+use std::fmt;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context as TaskContext, Poll};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::context::PerfCounters;
+use crate::error::{Error, Result};
+use crate::generate::FinishReason;
+use crate::model::Model;
+use crate::vocab::Token;
+
+mod config;
+mod kv;
+mod metrics;
+mod request;
+mod scheduler;
+mod step_cost;
+mod worker;
+
+pub use crate::sampler::{MAX_TOP_LOGPROBS, SamplingParams};
+pub use crate::speculative::Speculation;
+pub use config::EngineConfig;
+pub use metrics::Latency;
+pub use request::{Prompt, Request};
+
+/// One sampled token and the text it released.
+///
+/// A request yields one piece per sampled token, as soon as it is sampled,
+/// except for the tokens of the last step (the one whose token ended the
+/// request), which come in one final piece together with any text still
+/// held back. The texts of a request's pieces, concatenated, are its
+/// output: valid UTF-8, never containing (part of) a stop string. A
+/// piece's text can be empty while its token's text is held back (an
+/// unfinished character, or a possible start of a stop string); it is
+/// released with a later piece. A final end-of-generation token is in no
+/// piece.
+#[derive(Clone, Debug, Default, PartialEq)]
+#[non_exhaustive]
+pub struct Piece {
+    /// The released text.
+    pub text: String,
+    /// The token sampled (`None` in a final piece of held-back text only).
+    pub token: Option<Token>,
+    /// The token's log-probability and the most likely alternatives, when
+    /// the request asked for them ([`SamplingParams::logprobs`]).
+    pub logprob: Option<TokenLogprob>,
+}
+
+/// A sampled token's log-probability under the model, with the most
+/// likely tokens at that position.
+#[derive(Clone, Debug, Default, PartialEq)]
+#[non_exhaustive]
+pub struct TokenLogprob {
+    /// The sampled token.
+    pub token: Token,
+    /// Its natural-log probability (≤ 0).
+    pub logprob: f32,
+    /// The most likely tokens and their log-probabilities, most likely
+    /// first (as many as asked for; the sampled token is among them only
+    /// if it ranks there).
+    pub top: Vec<(Token, f32)>,
+}
+
+/// Token counts of one request.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Usage {
+    /// Tokens of the prompt.
+    pub prompt_tokens: usize,
+    /// Of those, the ones shared from the prefix cache or a running
+    /// sequence instead of being prefilled.
+    pub cached_tokens: usize,
+    /// Tokens sampled (including a final end-of-generation token).
+    pub completion_tokens: usize,
+    /// Of those, the ones a speculative draft proposed and the sampler
+    /// confirmed (they took no decode step of their own).
+    pub accepted_draft_tokens: usize,
+    /// Draft tokens decoded and then rejected.
+    pub rejected_draft_tokens: usize,
+}
+
+/// Latencies of one request.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Timings {
+    /// From submit to admission into the pool.
+    pub queued: Duration,
+    /// From submit to the first sampled token (`None` if none was).
+    pub time_to_first_token: Option<Duration>,
+    /// Mean gap between consecutive tokens.
+    pub inter_token_mean: Duration,
+    /// Largest gap between consecutive tokens.
+    pub inter_token_max: Duration,
+    /// From submit to the end.
+    pub total: Duration,
+    /// Engine steps (decode calls) from submit to the first token.
+    pub steps_to_first_token: Option<u64>,
+    /// How often the request was preempted and recomputed.
+    pub preemptions: u32,
+}
+
+/// The end of a request: why, and what it cost.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Finish {
+    /// Why it ended.
+    pub reason: FinishReason,
+    /// Token counts.
+    pub usage: Usage,
+    /// Latencies.
+    pub timings: Timings,
+}
+
+/// What a [`Completion`] yields: pieces of text, then exactly one
+/// [`Event::Done`].
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    /// Text and the tokens it came from.
+    Piece(Piece),
+    /// The request ended; no event follows.
+    Done(Finish),
+}
+
+/// The output of one submitted request: a blocking [`Iterator`] and an
+/// async [`Stream`](futures_core::Stream) of [`Event`]s, ending with
+/// exactly one [`Event::Done`] (also when the engine stops).
+///
+/// Both traits have a `next` method: with `futures::StreamExt` in scope,
+/// call the async one as `StreamExt::next(&mut completion).await`.
+///
+/// Dropping it cancels the request at the worker's next step; its KV cells
+/// then become a cached prefix (or are freed when the prefix cache is off). Events wait in an unbounded channel, so a slow
+/// reader never stalls the engine; a request buffers at most one piece
+/// per generated token.
+pub struct Completion {
+    id: u64,
+    /// Boxed: the receiver's pending listener is not `Unpin`.
+    events: Pin<Box<async_channel::Receiver<Event>>>,
+    cancel: Arc<AtomicBool>,
+    done: bool,
+}
+
+impl fmt::Debug for Completion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Completion").field("id", &self.id).field("done", &self.done).finish()
+    }
+}
+
+/// The final event of a request whose worker went away without sending
+/// one (a worker that panicked).
+fn lost() -> Event {
+    Event::Done(Finish {
+        reason: FinishReason::Failed("the engine's worker stopped".into()),
+        usage: Usage::default(),
+        timings: Timings::default(),
+    })
+}
+
+impl Completion {
+    /// The request's id (unique within its engine, in submit order).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Asks the engine to end the request: it finishes with
+    /// [`FinishReason::Cancelled`] at the next step, and the events up to
+    /// then are still delivered.
+    pub fn cancel(&self) {
+        self.cancel.store(true, Ordering::Relaxed);
+    }
+
+    fn received(&mut self, received: std::result::Result<Event, ()>) -> Option<Event> {
+        let event = received.unwrap_or_else(|()| lost());
+        if matches!(event, Event::Done(_)) {
+            self.done = true;
+            self.events.close();
+        }
+        Some(event)
+    }
+
+    /// Waits for the whole output: the text, the tokens and the finish.
+    pub fn wait(self) -> Output {
+        let mut out = Output {
+            text: String::new(),
+            tokens: Vec::new(),
+            finish: Finish { reason: FinishReason::Cancelled, usage: Usage::default(), timings: Timings::default() },
+        };
+        for event in self {
+            match event {
+                Event::Piece(p) => {
+                    out.text.push_str(&p.text);
+                    out.tokens.extend(p.token);
+                }
+                Event::Done(f) => out.finish = f,
+            }
+        }
+        out
+    }
+}
+
+/// A request's whole output ([`Completion::wait`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Output {
+    /// The text.
+    pub text: String,
+    /// Every sampled token (a final end-of-generation token excluded).
+    pub tokens: Vec<Token>,
+    /// How it ended.
+    pub finish: Finish,
+}
+
+impl Iterator for Completion {
+    type Item = Event;
+
+    /// Blocks until the next event.
+    fn next(&mut self) -> Option<Event> {
+        if self.done {
+            return None;
+        }
+        let received = self.events.recv_blocking().map_err(|_| ());
+        self.received(received)
+    }
+}
+
+impl std::iter::FusedIterator for Completion {}
+
+impl futures_core::Stream for Completion {
+    type Item = Event;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Option<Event>> {
+        if self.done {
+            return Poll::Ready(None);
+        }
+        // The receiver registers the waker before reporting Pending.
+        match futures_core::Stream::poll_next(self.events.as_mut(), cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(event) => Poll::Ready(self.received(event.ok_or(()))),
+        }
+    }
+}
+
+impl Drop for Completion {
+    fn drop(&mut self) {
+        self.cancel.store(true, Ordering::Relaxed);
+    }
+}
+
+/// A snapshot of the engine ([`Engine::stats`]).
+#[derive(Clone, Debug, Default, PartialEq)]
+#[non_exhaustive]
+pub struct EngineStats {
+    /// Requests admitted into the pool (prefilling or generating).
+    pub running: usize,
+    /// Requests waiting for admission (including preempted ones).
+    pub waiting: usize,
+    /// Sequences preempted for room so far.
+    pub preemptions: u64,
+    /// KV cells in use (shared cells counted once).
+    pub kv_cells_used: usize,
+    /// KV cells in the pool.
+    pub kv_cells_total: usize,
+    /// Cells held by cached prefixes (some may be shared with running
+    /// sequences).
+    pub cached_prefix_cells: usize,
+    /// Cached prefixes.
+    pub cached_prefixes: usize,
+    /// Admissions that looked for a shared prefix.
+    pub prefix_lookups: u64,
+    /// Prompt tokens shared instead of prefilled.
+    pub prefix_hit_tokens: u64,
+    /// Prompt tokens of admitted requests.
+    pub prompt_tokens: u64,
+    /// Prompt tokens decoded (including recomputation after preemption).
+    pub prompt_tokens_evaluated: u64,
+    /// Tokens sampled.
+    pub completion_tokens: u64,
+    /// Draft tokens decoded for verification (speculative decoding).
+    pub draft_tokens: u64,
+    /// Of those, the ones the sampler confirmed.
+    pub draft_tokens_accepted: u64,
+    /// Requests finished (any reason).
+    pub requests_finished: u64,
+    /// Decode steps.
+    pub steps: u64,
+    /// llama.cpp's own counters of the engine's context (a step with
+    /// more than one token counts as prompt evaluation there).
+    pub perf: PerfCounters,
+    /// Submit to first token.
+    pub time_to_first_token: Latency,
+    /// Between consecutive tokens of a request.
+    pub inter_token: Latency,
+    /// Submit to finish.
+    pub end_to_end: Latency,
+    /// Submit to admission.
+    pub queue: Latency,
+}
+
+/// What the handles and the worker share.
+#[derive(Debug, Default)]
+struct Shared {
+    /// Requests counted against `max_queue`: submitted, not yet admitted.
+    queued: AtomicUsize,
+    /// Decode steps so far.
+    steps: AtomicU64,
+    /// Why the engine stopped, once it has.
+    stopped: Mutex<Option<worker::Exit>>,
+    stats: Mutex<metrics::Published>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // The data under these locks is plain counters, valid at every point.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The part of the handle whose drop stops the worker.
+#[derive(Debug)]
+struct Handle {
+    model: Arc<Model>,
+    commands: Mutex<Option<mpsc::Sender<worker::Submission>>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    shared: Arc<Shared>,
+    next_id: AtomicU64,
+    pool: usize,
+    max_queue: usize,
+    /// The engine's default for requests that do not choose.
+    speculation: Option<crate::speculative::Speculation>,
+}
+
+impl Handle {
+    fn stop(&self) {
+        lock(&self.shared.stopped).get_or_insert(worker::Exit::Shutdown);
+        drop(lock(&self.commands).take());
+        let thread = lock(&self.thread).take();
+        if let Some(thread) = thread
+            && thread.thread().id() != std::thread::current().id()
+        {
+            // The worker ends every request with `Shutdown` and exits
+            // after its current step; a panic there was already turned
+            // into failed requests.
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A continuous-batching inference engine: a cheap, cloneable handle to
+/// one worker thread that owns a context over an `Arc<Model>`.
+///
+/// The worker stops when the last handle is dropped or on
+/// [`Engine::shutdown`]; requests still in flight then finish with
+/// [`FinishReason::Shutdown`].
+#[derive(Clone, Debug)]
+pub struct Engine {
+    handle: Arc<Handle>,
+}
+
+/// The most cells whose context fits `bytes` with `config`'s other
+/// settings.
+fn pool_for_budget(model: &Model, config: &EngineConfig, bytes: u64) -> Result<u32> {
+    let planner = crate::plan::Planner::for_model(model)?;
+    let n_seq = config.max_running + config.max_cached_prefixes;
+    let fit = planner.fit(
+        &worker::context_params(config),
+        &crate::plan::Budget::total(bytes),
+        crate::plan::FitGoal::MaxContext { n_seq },
+    )?;
+    Ok(fit.plan.n_ctx)
+}
+
+impl Engine {
+    /// Starts the worker thread and creates its context: `n_ctx` cells
+    /// shared by `max_running + max_cached_prefixes` sequences
+    /// (`kv_unified`, full-size sliding-window cache).
+    ///
+    /// # Errors
+    /// [`Error::InvalidParameter`] for inconsistent settings, naming the
+    /// setting (see [`EngineConfig`]: `max_running` 0 or above `n_batch`,
+    /// `max_running + max_cached_prefixes` above `n_batch` or the 256
+    /// sequences of a context, a share outside [0, 1], an
+    /// `admission_reserve` above the pool); [`Error::InvalidArgument`] for
+    /// models that cannot generate this way (vocabulary-only, encoder,
+    /// encoder-decoder); [`Error::ContextCreate`] and the other errors of
+    /// [`Context::new`](crate::Context::new); with a memory budget,
+    /// [`Error::DoesNotFit`] when not even 256 cells fit it, and the errors of
+    /// [`Planner::for_model`](crate::plan::Planner::for_model) (the model's
+    /// file is read again).
+    pub fn start(model: Arc<Model>, mut config: EngineConfig) -> Result<Engine> {
+        if model.is_vocab_only() || !model.has_decoder() || model.has_encoder() {
+            return Err(Error::InvalidArgument(
+                "the engine generates with decoder-only models; this one is vocabulary-only, an encoder or \
+                 encoder-decoder model"
+                    .into(),
+            ));
+        }
+        if let Some(bytes) = config.memory_budget {
+            // The other settings first (the pool size is not known yet),
+            // then all of them with the pool the budget gives.
+            EngineConfig { n_ctx: u32::MAX, ..config.clone() }.check()?;
+            config.n_ctx = pool_for_budget(&model, &config, bytes)?;
+        }
+        config.check()?;
+        if config.speculation.is_some() {
+            request::check_can_speculate(&model)?;
+        }
+        let shared = Arc::new(Shared::default());
+        let (commands, inbox) = mpsc::channel();
+        let (ready_tx, ready) = mpsc::sync_channel(1);
+        let thread = {
+            let model = Arc::clone(&model);
+            let shared = Arc::clone(&shared);
+            let config = config.clone();
+            std::thread::Builder::new()
+                .name("llama-engine".into())
+                .spawn(move || worker::run(&model, &config, inbox, &shared, ready_tx))
+                .map_err(|e| Error::InvalidArgument(format!("cannot spawn the engine thread: {e}")))?
+        };
+        let pool = match ready.recv() {
+            Ok(Ok(pool)) => pool,
+            Ok(Err(e)) => {
+                let _ = thread.join();
+                return Err(e);
+            }
+            Err(_) => {
+                let _ = thread.join();
+                return Err(Error::EngineStopped("the worker failed while starting".into()));
+            }
+        };
+        Ok(Engine {
+            handle: Arc::new(Handle {
+                model,
+                commands: Mutex::new(Some(commands)),
+                thread: Mutex::new(Some(thread)),
+                shared,
+                next_id: AtomicU64::new(0),
+                pool,
+                max_queue: config.max_queue,
+                speculation: config.speculation,
+            }),
+        })
+    }
+
+    /// The model the engine runs.
+    pub fn model(&self) -> &Arc<Model> {
+        &self.handle.model
+    }
+
+    /// KV cells in the pool.
+    pub fn pool_cells(&self) -> usize {
+        self.handle.pool
+    }
+
+    /// Submits a request; its output arrives through the returned
+    /// [`Completion`].
+    ///
+    /// The request is tokenized and checked here, so everything the worker
+    /// could fail on is the caller's error now.
+    ///
+    /// # Errors
+    /// [`Error::QueueFull`] when `max_queue` requests are waiting;
+    /// [`Error::EngineStopped`] after shutdown;
+    /// [`Error::EmptyPrompt`]; [`Error::PromptTooLong`] for a prompt longer
+    /// than the pool or the request's `max_context`;
+    /// [`Error::InvalidParameter`] for `max_tokens` 0, a `max_context` above
+    /// the pool, or sampling values out of range; [`Error::InvalidToken`] for token ids outside
+    /// the vocabulary (prompt or logit bias); [`Error::Grammar`] for a
+    /// grammar that does not parse; tokenizer errors for text prompts.
+    pub fn submit(&self, request: Request) -> Result<Completion> {
+        let h = &*self.handle;
+        if let Some(exit) = &*lock(&h.shared.stopped) {
+            return Err(Error::EngineStopped(exit.to_string()));
+        }
+        let checked = request::check(&h.model, h.pool, h.speculation, request)?;
+        if h.shared
+            .queued
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < h.max_queue).then_some(n + 1))
+            .is_err()
+        {
+            return Err(Error::QueueFull { capacity: h.max_queue });
+        }
+        let id = h.next_id.fetch_add(1, Ordering::Relaxed);
+        let (events_tx, events) = async_channel::unbounded();
+        let cancel = Arc::new(AtomicBool::new(false));
+        let submission = worker::Submission {
+            id,
+            checked,
+            events: events_tx,
+            cancel: Arc::clone(&cancel),
+            submitted: Instant::now(),
+            submit_step: h.shared.steps.load(Ordering::Acquire),
+        };
+        let sent = lock(&h.commands).as_ref().is_some_and(|tx| tx.send(submission).is_ok());
+        if !sent {
+            h.shared.queued.fetch_sub(1, Ordering::AcqRel);
+            let exit = lock(&h.shared.stopped).clone().unwrap_or(worker::Exit::Shutdown);
+            return Err(Error::EngineStopped(exit.to_string()));
+        }
+        Ok(Completion { id, events: Box::pin(events), cancel, done: false })
+    }
+
+    /// A snapshot of the engine's state, counters and latency
+    /// distributions (updated after every step).
+    pub fn stats(&self) -> EngineStats {
+        lock(&self.handle.shared.stats).snapshot()
+    }
+
+    /// Stops the worker after its current step; requests in flight finish
+    /// with [`FinishReason::Shutdown`] and later submits fail with
+    /// [`Error::EngineStopped`]. Waits for the worker to exit (unless
+    /// called from it). Every handle of this engine is affected.
+    pub fn shutdown(&self) {
+        self.handle.stop();
+    }
+}

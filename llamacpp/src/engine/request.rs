@@ -1,0 +1,235 @@
+//! What a caller submits: the prompt, per-request sampling as a plain value,
+//! and limits; checked before the request reaches the worker.
+
+use crate::error::{Error, Result};
+use crate::model::Model;
+use crate::sampler::{SamplerChain, SamplingParams};
+use crate::speculative::Speculation;
+use crate::vocab::{AddBos, Special, Token};
+
+/// A prompt: token ids, or text the engine tokenizes at submit.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub enum Prompt {
+    /// Token ids, used as they are.
+    Tokens(Vec<Token>),
+    /// Text, tokenized as [`Vocab::tokenize_into`](crate::Vocab::tokenize_into) does.
+    Text {
+        /// The text.
+        text: String,
+        /// Add the BOS token (if the vocabulary adds one).
+        add_bos: AddBos,
+        /// Whether special-token text (`<eos>`) becomes those tokens
+        /// ([`Special::Markup`]).
+        special: Special,
+    },
+}
+
+/// One request to the [`Engine`](super::Engine).
+///
+/// ```
+/// use llamacpp::engine::{Request, SamplingParams};
+/// let request = Request::text("The capital of France is")
+///     .max_tokens(32)
+///     .stop(["\n"])
+///     .sampling(SamplingParams::default().temperature(0.7).seed(42))
+///     .priority(1);
+/// # let _ = request;
+/// ```
+#[derive(Clone, Debug, PartialEq)]
+pub struct Request {
+    pub(crate) prompt: Prompt,
+    pub(crate) sampling: SamplingParams,
+    pub(crate) max_tokens: Option<usize>,
+    pub(crate) stop: Vec<String>,
+    pub(crate) stop_at_eog: bool,
+    pub(crate) max_context: Option<usize>,
+    pub(crate) priority: i32,
+    pub(crate) special: Special,
+    /// `None`: the engine's default ([`EngineConfig::speculation`](super::EngineConfig::speculation)).
+    pub(crate) speculation: Option<Option<Speculation>>,
+}
+
+impl Request {
+    /// A request for a prompt of token ids. Defaults: greedy, at most 256
+    /// new tokens, stops at end-of-generation tokens, priority 0.
+    pub fn tokens(prompt: impl Into<Vec<Token>>) -> Self {
+        Request::new(Prompt::Tokens(prompt.into()))
+    }
+
+    /// A request for text, tokenized at submit with BOS (where the model
+    /// adds one) and special-token parsing.
+    pub fn text(prompt: impl Into<String>) -> Self {
+        Request::new(Prompt::Text { text: prompt.into(), add_bos: AddBos::Yes, special: Special::Markup })
+    }
+
+    /// A request for any [`Prompt`].
+    pub fn new(prompt: Prompt) -> Self {
+        Request {
+            prompt,
+            sampling: SamplingParams::default(),
+            max_tokens: Some(256),
+            stop: Vec::new(),
+            stop_at_eog: true,
+            max_context: None,
+            priority: 0,
+            special: Special::Plain,
+            speculation: None,
+        }
+    }
+
+    /// Most new tokens (`None`: until another limit ends the request).
+    #[must_use]
+    pub fn max_tokens(mut self, n: impl Into<Option<usize>>) -> Self {
+        self.max_tokens = n.into();
+        self
+    }
+
+    /// Sampling settings.
+    #[must_use]
+    pub fn sampling(mut self, sampling: SamplingParams) -> Self {
+        self.sampling = sampling;
+        self
+    }
+
+    /// Stop strings: generation ends before the first one, which is never
+    /// part of the text.
+    #[must_use]
+    pub fn stop<I, S>(mut self, stops: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.stop = stops.into_iter().map(Into::into).filter(|s: &String| !s.is_empty()).collect();
+        self
+    }
+
+    /// Whether end-of-generation tokens end the request (default `true`);
+    /// with `false` they are sampled and decoded like any token.
+    #[must_use]
+    pub fn stop_at_eog(mut self, on: bool) -> Self {
+        self.stop_at_eog = on;
+        self
+    }
+
+    /// Most tokens (prompt and generated) this request may hold in the KV
+    /// pool; reaching it ends the request with
+    /// [`FinishReason::ContextFull`](crate::generate::FinishReason::ContextFull).
+    /// Default: the pool, or the model's training context if smaller.
+    #[must_use]
+    pub fn max_context(mut self, n: usize) -> Self {
+        self.max_context = Some(n);
+        self
+    }
+
+    /// Higher-priority requests are admitted first and preempted last
+    /// (default 0).
+    #[must_use]
+    pub fn priority(mut self, priority: i32) -> Self {
+        self.priority = priority;
+        self
+    }
+
+    /// Render special tokens (`<eos>`, control tokens) as text in pieces
+    /// ([`Special::Markup`]; default [`Special::Plain`]).
+    #[must_use]
+    pub fn special(mut self, special: Special) -> Self {
+        self.special = special;
+        self
+    }
+
+    /// Speculative decoding for this request (`Some`) or not (`None`),
+    /// whatever the engine's default
+    /// ([`EngineConfig::speculation`](super::EngineConfig::speculation)).
+    /// The output is the same either way; see [`crate::speculative`].
+    #[must_use]
+    pub fn speculation(mut self, speculation: impl Into<Option<Speculation>>) -> Self {
+        self.speculation = Some(speculation.into());
+        self
+    }
+}
+
+/// A request that passed every check, with its prompt as tokens.
+#[derive(Debug)]
+pub(crate) struct Checked {
+    pub prompt: Vec<Token>,
+    /// The most cells the sequence may hold.
+    pub max_context: usize,
+    /// Speculative decoding, the engine's default resolved.
+    pub speculation: Option<Speculation>,
+    /// The rest of the request as submitted (its `prompt` is now `prompt`
+    /// above, and left empty here).
+    pub request: Request,
+}
+
+/// Tokenizes and checks `request` for an engine whose pool has `pool`
+/// cells and whose default speculation is `speculation`: everything the
+/// worker could fail on later is refused here.
+pub(crate) fn check(
+    model: &Model,
+    pool: usize,
+    speculation: Option<Speculation>,
+    mut request: Request,
+) -> Result<Checked> {
+    let vocab = model.vocab();
+    let prompt = match std::mem::replace(&mut request.prompt, Prompt::Tokens(Vec::new())) {
+        Prompt::Tokens(tokens) => tokens,
+        Prompt::Text { text, add_bos, special } => {
+            let mut tokens = Vec::new();
+            vocab.tokenize_into(&text, add_bos, special, &mut tokens)?;
+            tokens
+        }
+    };
+    if prompt.is_empty() {
+        return Err(Error::EmptyPrompt);
+    }
+    for &token in &prompt {
+        vocab.check(token)?;
+    }
+    if request.max_tokens == Some(0) {
+        return Err(Error::InvalidParameter { name: "max_tokens", message: "must be at least 1".into() });
+    }
+    let train = model.n_ctx_train() as usize;
+    let limit = if train > 0 { pool.min(train) } else { pool };
+    let max_context = request.max_context.unwrap_or(limit);
+    if max_context > limit {
+        return Err(Error::InvalidParameter {
+            name: "max_context",
+            message: format!(
+                "{max_context} exceeds the {limit} tokens a sequence can hold (KV pool {pool}, training context {train})"
+            ),
+        });
+    }
+    // One more cell for the first generated token's successor is not
+    // needed: the last sampled token is never decoded. The prompt itself
+    // must fit, and leave room to sample at least one token.
+    if prompt.len() > max_context {
+        return Err(Error::PromptTooLong { tokens: prompt.len(), limit: max_context });
+    }
+    request.sampling.validate(vocab)?;
+    if let Some(gbnf) = &request.sampling.grammar {
+        // Parse it now, so a bad grammar is the caller's error, not a
+        // failed request later.
+        SamplerChain::new().grammar(vocab, gbnf, "root").greedy().build()?;
+    }
+    if let Some(constraint) = &request.sampling.constraint {
+        // Compiled now for the same reason (and the model's token table
+        // built here rather than on the engine's thread).
+        SamplerChain::new().constraint(model, constraint).greedy().build()?;
+    }
+    let speculation = request.speculation.unwrap_or(speculation);
+    if let Some(spec) = &speculation {
+        spec.validate()?;
+        check_can_speculate(model)?;
+    }
+    Ok(Checked { prompt, max_context, speculation, request })
+}
+
+/// Whether the engine's cache (unified, `swa_full`) can drop a rejected
+/// draft of `model`: not for recurrent and hybrid models.
+pub(crate) fn check_can_speculate(model: &Model) -> Result<()> {
+    if model.is_recurrent() || model.is_hybrid() {
+        return Err(Error::CannotSpeculate("a recurrent or hybrid model's cache cannot drop its last tokens"));
+    }
+    Ok(())
+}
