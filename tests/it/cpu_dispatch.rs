@@ -16,9 +16,9 @@ use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
-use llama::{AddBos, Model, ModelParams, Token};
 use llama_suite::synthetic::{TinyModelSpec, tiny_llama_path};
 use llama_suite::teacher::rescore;
+use llamacpp::{AddBos, Model, ModelParams, Token};
 
 /// Top-two logit margin below which rounding may flip a greedy choice.
 const DECISIVE: f32 = 2e-2;
@@ -55,7 +55,7 @@ fn parse(out: &Output, what: &str) -> Run {
     assert!(matches!(head.as_slice(), ["variant", _, "score", _, "forced", _, "built", _]), "{what}: {stdout}");
     assert_eq!(
         head[7].parse::<usize>().ok(),
-        Some(llama::cpu_variants().len()),
+        Some(llamacpp::cpu_variants().len()),
         "{what}: the example was built with other features than this test (`cargo test --test it` builds no \
          examples): build it with the same ones, e.g. `cargo build --example cpu_dispatch --no-default-features`"
     );
@@ -141,13 +141,13 @@ fn emulated(cpu: &str, cases: &Cases) -> Output {
 /// The best of `ladder` (variants in increasing score, each needing a
 /// subset of the emulated CPU's features) that this build has.
 fn expected(ladder: &[&'static str]) -> &'static str {
-    ladder.iter().rev().copied().find(|v| llama::cpu_variants().contains(v)).expect("the baseline is always built")
+    ladder.iter().rev().copied().find(|v| llamacpp::cpu_variants().contains(v)).expect("the baseline is always built")
 }
 
 #[test]
 #[cfg_attr(feature = "native", ignore = "a `native` build has one CPU backend; the portable stage runs this")]
 fn every_variant_this_cpu_runs_generates_the_same_tokens() {
-    let built = llama::cpu_variants();
+    let built = llamacpp::cpu_variants();
     assert!(
         built.len() >= 2 && built[0] == "x64",
         "a build without `native` on x86-64 Linux dispatches between ggml's CPU variants (unless \
@@ -156,7 +156,7 @@ fn every_variant_this_cpu_runs_generates_the_same_tokens() {
     let cases = cases();
     let reference = native_run(&cases, None);
     assert_eq!(reference.forced, "unset");
-    assert_eq!(Some(reference.variant.as_str()), llama::cpu_variant(), "the example and this process agree");
+    assert_eq!(Some(reference.variant.as_str()), llamacpp::cpu_variant(), "the example and this process agree");
     let picked = decisive(&cases, &reference);
 
     let mut ran = Vec::new();
@@ -179,6 +179,8 @@ fn every_variant_this_cpu_runs_generates_the_same_tokens() {
 }
 
 #[test]
+#[ignore = "opt-in: needs qemu-user (apt-get install qemu-user), which the README does not require; run it with \
+            `cargo test --test it -- --ignored cpu_dispatch::emulated` (CI does)"]
 fn emulated_cpus_pick_their_variant_or_a_native_build_dies() {
     let cases = cases();
     if cfg!(feature = "native") {
@@ -204,7 +206,7 @@ fn emulated_cpus_pick_their_variant_or_a_native_build_dies() {
         ("Haswell", &["x64", "sse42", "sandybridge", "ivybridge", "piledriver", "haswell"][..]),
     ] {
         let run = parse(&emulated(cpu, &cases), &format!("qemu-x86_64 -cpu {cpu}"));
-        let want = if llama::cpu_variants().is_empty() { "none" } else { expected(ladder) };
+        let want = if llamacpp::cpu_variants().is_empty() { "none" } else { expected(ladder) };
         assert_eq!(run.variant, want, "-cpu {cpu}");
         assert_same_tokens(&format!("-cpu {cpu}"), &run, &reference, &picked);
     }
