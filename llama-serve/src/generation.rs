@@ -31,7 +31,9 @@ pub fn engine_error(e: Error) -> ApiError {
         }
         Error::InvalidToken { .. } => ApiError::bad_request(e.to_string()).param("prompt"),
         Error::Grammar(_) | Error::JsonSchema { .. } => ApiError::bad_request(e.to_string()).param("response_format"),
-        Error::ChatTemplate(_) | Error::ChatTemplateRaised(_) => ApiError::bad_request(e.to_string()).param("messages"),
+        Error::ChatTemplate(_) | Error::ChatTemplateRaised(_) | Error::ChatMarkup(_) => {
+            ApiError::bad_request(e.to_string()).param("messages")
+        }
         Error::InvalidParameter { name, .. } => ApiError::bad_request(e.to_string()).param(name),
         Error::CannotSpeculate(_) => ApiError::bad_request(e.to_string()).param("speculative"),
         Error::InvalidArgument(_)

@@ -17,7 +17,6 @@
 #![warn(missing_docs)]
 
 mod connections;
-mod content;
 mod embeddings;
 mod generation;
 mod limits;
@@ -130,8 +129,9 @@ pub struct Args {
     max_connections: u64,
     /// Let chat message content become control tokens, as llama.cpp's
     /// server does: a client can then write `<end_of_turn>` and open a turn
-    /// of its own. Off: content is plain text, only the template's markup
-    /// is markup.
+    /// of its own. Off: every text a client sends (message fields, tool
+    /// calls and definitions, chat_template_kwargs) is plain text, only the
+    /// template's markup is markup (llamacpp's `ChatFormat::tokenize`).
     #[arg(long)]
     special_in_content: bool,
     /// Serve /v1/embeddings (a second context, mean pooling unless the

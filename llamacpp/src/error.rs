@@ -177,6 +177,12 @@ pub enum Error {
     /// role, roles that do not alternate, …). The message is the template's.
     #[error("the chat template refused the conversation: {0}")]
     ChatTemplateRaised(String),
+    /// Chat text that cannot be kept apart from the template's markup
+    /// ([`ChatFormat::tokenize`](crate::ChatFormat::tokenize)): an object
+    /// key, a `role` or a `type` that holds or touches a control token's
+    /// text, or a template that cuts apart a text holding some.
+    #[error("chat text cannot be kept plain: {0}")]
+    ChatMarkup(String),
     /// A JSON schema uses something the grammar converter cannot express
     /// exactly (rather than a grammar that would accept invalid output).
     #[error("JSON schema at {pointer}: {message}")]

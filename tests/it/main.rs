@@ -11,6 +11,7 @@
 //! and threads sharing one model with nothing else running (`threads`).
 //! The compiler as the test is `llamacpp/tests/compile_fail.rs`.
 
+mod chat_plain;
 mod chat_template;
 mod cpu_dispatch;
 #[cfg(any(feature = "vulkan", feature = "cuda"))]

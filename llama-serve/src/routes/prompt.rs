@@ -10,7 +10,6 @@ use llamacpp::engine::Prompt;
 use llamacpp::{AddBos, Special, Token, Vocab};
 use serde_json::{Value, json};
 
-use crate::content::{self, ContentError};
 use crate::generation::{self, MAX_CHOICES};
 use crate::openai::{ApiError, ChatRequest, CompletionRequest, PromptInput, ResponseFormat};
 use crate::state::Ready;
@@ -123,27 +122,20 @@ pub(super) fn chat_prompt(
     };
     let vocab = ready.model.vocab();
     let invalid = |e: String| ApiError::bad_request(format!("invalid messages: {e}")).param("messages");
-    // Content as plain text (crate::content), unless the operator asked
-    // for llama.cpp's behaviour.
+    let messages = Value::Array(messages.into_owned());
+    // Every text the client sent stays plain text: only the template's own
+    // markup becomes control tokens (llamacpp's ChatFormat::tokenize),
+    // unless the operator asked for llama.cpp's behaviour.
     if !special_in_content {
-        match content::plain_content_tokens(&ready.chat, vocab, &messages, &options) {
-            Ok(Some(tokens)) => return Ok((Prompt::Tokens(tokens), constraint)),
-            Ok(None) => {}
-            Err(ContentError::Llama(e)) => return Err(generation::engine_error(e)),
-            Err(ContentError::Messages(e)) => return Err(invalid(e)),
-            Err(ContentError::Mangled) => {
-                return Err(ApiError::bad_request(
-                    "a message holds the text of the model's control tokens, and this chat template changes \
-                     message content, so it cannot be kept as plain text",
-                )
-                .param("messages"));
-            }
-        }
+        let tokens = ready.chat.tokenize_json(vocab, &messages, &options).map_err(generation::engine_error)?;
+        return Ok((Prompt::Tokens(tokens), constraint));
     }
-    let messages: Vec<llamacpp::ChatMessage> =
-        serde_json::from_value(Value::Array(messages.into_owned())).map_err(|e| invalid(e.to_string()))?;
+    let messages: Vec<llamacpp::ChatMessage> = serde_json::from_value(messages).map_err(|e| invalid(e.to_string()))?;
     let text = ready.chat.render(&messages, &options).map_err(generation::engine_error)?;
-    let add_bos = content::bos_to_add(vocab, &text);
+    // A template that wants a BOS writes it itself (as `bos_token`); a
+    // second one would change the prompt.
+    let bos = vocab.bos().and_then(|b| vocab.text(b).ok()).filter(|b| !b.is_empty());
+    let add_bos = if bos.is_some_and(|b| text.starts_with(b)) { AddBos::No } else { AddBos::Yes };
     Ok((Prompt::Text { text, add_bos, special: Special::Markup }, constraint))
 }
 

@@ -57,7 +57,7 @@ pub struct RenderOptions {
     pub(super) tools: Option<serde_json::Value>,
     pub(super) bos_token: Option<String>,
     pub(super) eos_token: Option<String>,
-    vars: serde_json::Map<String, serde_json::Value>,
+    pub(super) vars: serde_json::Map<String, serde_json::Value>,
     now: Option<SystemTime>,
 }
 

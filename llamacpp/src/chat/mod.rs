@@ -12,7 +12,10 @@
 
 mod builtin;
 mod jinja;
+mod plain;
 mod python;
+
+pub(crate) use plain::ControlTexts;
 
 use serde::{Deserialize, Serialize};
 

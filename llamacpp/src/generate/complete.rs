@@ -135,17 +135,19 @@ impl Model {
     /// Answers a conversation: renders `messages` with the model's chat
     /// template (llama.cpp's built-in format of its family, chatml if none:
     /// see [`Model::chat_format`]) with the generation prompt, tokenizes it
-    /// as [`Vocab::tokenize_chat`](crate::Vocab::tokenize_chat) does (no
-    /// second BOS), and generates the reply as [`Model::complete`].
+    /// with [`ChatFormat::tokenize`](crate::ChatFormat::tokenize) (only the
+    /// template's own markup becomes control tokens: a message that says
+    /// `<end_of_turn>` cannot end its turn; no second BOS), and generates
+    /// the reply as [`Model::complete`].
     ///
     /// # Errors
     /// The chat template's errors ([`Error::ChatTemplate`](crate::Error::ChatTemplate),
-    /// [`Error::ChatTemplateRaised`](crate::Error::ChatTemplateRaised)),
-    /// then as [`Model::complete`].
+    /// [`Error::ChatTemplateRaised`](crate::Error::ChatTemplateRaised),
+    /// [`Error::ChatMarkup`](crate::Error::ChatMarkup)), then as
+    /// [`Model::complete`].
     pub fn chat(&self, messages: &[ChatMessage], options: &CompleteOptions) -> Result<Completed> {
-        let rendered =
-            self.chat_format(None)?.render(messages, &RenderOptions::default().add_generation_prompt(true))?;
-        let tokens = self.vocab().tokenize_chat(&rendered)?;
+        let options_render = RenderOptions::default().add_generation_prompt(true);
+        let tokens = self.chat_format(None)?.tokenize(self.vocab(), messages, &options_render)?;
         self.complete_tokens(&tokens, options)
     }
 

@@ -77,6 +77,10 @@ pub struct Vocab {
     /// The pre-tokenizer splits text with `std::regex`, whose matcher
     /// recurses once per character of a match (see `crate::stack`).
     regex_split: bool,
+    /// The control tokens' texts, for keeping chat text plain
+    /// ([`ChatFormat::tokenize`](crate::ChatFormat::tokenize)): built on
+    /// first use, once per model.
+    control_texts: std::sync::OnceLock<crate::chat::ControlTexts>,
 }
 
 /// The pre-tokenizers (`tokenizer.ggml.pre`) of BPE vocabularies whose
@@ -163,7 +167,17 @@ impl Vocab {
             n_tokens,
             has_vocab: kind != sys::llama_vocab_type::LLAMA_VOCAB_TYPE_NONE,
             regex_split: kind == sys::llama_vocab_type::LLAMA_VOCAB_TYPE_BPE,
+            control_texts: std::sync::OnceLock::new(),
         }
+    }
+
+    /// The control tokens' texts and lookups, built on first use.
+    pub(crate) fn control_texts(&self) -> Result<&crate::chat::ControlTexts> {
+        if let Some(texts) = self.control_texts.get() {
+            return Ok(texts);
+        }
+        let built = crate::chat::ControlTexts::new(self)?;
+        Ok(self.control_texts.get_or_init(|| built))
     }
 
     /// Records the model's pre-tokenizer name (`tokenizer.ggml.pre`): a
