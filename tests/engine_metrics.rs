@@ -74,9 +74,12 @@ fn counters_gauges_and_histograms_reach_the_installed_recorder() {
     let busy = loop {
         let series = Series::read(&snapshotter);
         let gauge = |name: &str| series.gauges.get(name).copied();
+        // The total too: the previous engine's shutdown left it at 0 until
+        // this one's publish reaches it (CI caught a snapshot in between).
         if gauge("llama_engine_running") == Some(1.0)
             && gauge("llama_engine_waiting") == Some(1.0)
             && gauge("llama_engine_kv_cells_used").is_some_and(|used| used > 0.0)
+            && gauge("llama_engine_kv_cells_total") == Some(stats.kv_cells_total as f64)
         {
             break series;
         }
