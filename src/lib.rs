@@ -36,6 +36,7 @@ markdown_doctests! {
     SysReadme => "llamacpp-sys/README.md",
     ModelCacheReadme => "model-cache/README.md",
     Building => "docs/building.md",
+    Chat => "docs/chat.md",
     ChatTemplates => "docs/chat-templates.md",
     Embeddings => "docs/embeddings.md",
     Engine => "docs/engine.md",

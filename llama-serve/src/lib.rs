@@ -23,7 +23,6 @@ mod limits;
 mod openai;
 mod routes;
 mod state;
-mod tools;
 
 use std::path::PathBuf;
 use std::sync::atomic::AtomicU64;
@@ -41,7 +40,7 @@ use crate::limits::RateLimiter;
 use crate::state::{AppState, Config, Ready};
 
 /// The command line.
-#[derive(Parser, Debug)]
+#[derive(Parser, Debug, Clone)]
 #[command(
     name = "llama-serve",
     version,
@@ -134,6 +133,15 @@ pub struct Args {
     /// template's markup is markup (llamacpp's `ChatFormat::tokenize`).
     #[arg(long)]
     special_in_content: bool,
+    /// A Jinja chat template to use instead of the model's (as llama.cpp's
+    /// `--chat-template-file`).
+    #[arg(long, value_name = "PATH")]
+    chat_template_file: Option<PathBuf>,
+    /// The most tokens a reasoning model may think before its thoughts are
+    /// closed for it (-1: no limit; 0: no thoughts). A request's
+    /// `reasoning_budget` replaces it.
+    #[arg(long, default_value_t = -1, value_parser = clap::value_parser!(i64).range(-1..))]
+    reasoning_budget: i64,
     /// Serve /v1/embeddings (a second context, mean pooling unless the
     /// model defines its own).
     #[arg(long)]
@@ -202,6 +210,7 @@ fn new_state(args: &Args, model_path: &std::path::Path, prometheus: PrometheusHa
             body_limit: args.body_limit,
             body_timeout: Duration::from_secs(args.body_timeout),
             special_in_content: args.special_in_content,
+            reasoning_budget: usize::try_from(args.reasoning_budget).ok(),
             speculation: speculation(args),
         },
         loaded: OnceLock::new(),
@@ -230,14 +239,7 @@ impl App {
     pub fn load(args: &Args) -> Result<App, String> {
         let path = model_path(args)?;
         let state = new_state(args, &path, PrometheusBuilder::new().build_recorder().handle());
-        let ready = load(
-            &path,
-            &model_params(args),
-            engine_config(args),
-            args.embeddings,
-            args.threads.unwrap_or(2),
-            Duration::ZERO,
-        )?;
+        let ready = load(&path, args, Duration::ZERO)?;
         let _ = state.loaded.set(Ok(ready));
         Ok(App { state })
     }
@@ -283,16 +285,15 @@ pub async fn serve(args: Args) -> Result<(), String> {
     let loading = {
         let state = state.clone();
         let args_model = model_path.clone();
-        let config = engine_config(&args);
-        let (embeddings, threads) = (args.embeddings, args.threads.unwrap_or(2));
+        let args = args.clone();
         let delay = Duration::from_millis(args.load_delay_ms);
-        let params = model_params(&args);
-        tokio::task::spawn_blocking(move || match load(&args_model, &params, config, embeddings, threads, delay) {
+        tokio::task::spawn_blocking(move || match load(&args_model, &args, delay) {
             Ok(ready) => {
                 eprintln!(
-                    "server: ready ({} KV cells; tool calls in the {:?} syntax)",
+                    "server: ready ({} KV cells; tool calls in the {:?} syntax, thoughts in {:?} markers)",
                     ready.engine.pool_cells(),
-                    ready.tool_format
+                    ready.chat.tool_format(),
+                    ready.chat.reasoning_format()
                 );
                 let _ = state.loaded.set(Ok(ready));
             }
@@ -367,18 +368,19 @@ fn engine_config(args: &Args) -> EngineConfig {
     config
 }
 
-fn load(
-    path: &std::path::Path,
-    params: &ModelParams,
-    config: EngineConfig,
-    embeddings: bool,
-    threads: i32,
-    delay: Duration,
-) -> Result<Ready, String> {
+fn load(path: &std::path::Path, args: &Args, delay: Duration) -> Result<Ready, String> {
+    let (params, config) = (model_params(args), engine_config(args));
+    let (embeddings, threads) = (args.embeddings, args.threads.unwrap_or(2));
     std::thread::sleep(delay);
-    let model = Arc::new(Model::load(path, params).map_err(|e| e.to_string())?);
-    let chat = model.chat_format(None).map_err(|e| e.to_string())?;
-    let tool_format = tools::ToolFormat::from_template(model.chat_template(None));
+    let model = Arc::new(Model::load(path, &params).map_err(|e| e.to_string())?);
+    let chat = match &args.chat_template_file {
+        Some(path) => {
+            let source =
+                std::fs::read_to_string(path).map_err(|e| format!("--chat-template-file {}: {e}", path.display()))?;
+            model.chat_format_from(&source).map_err(|e| format!("--chat-template-file {}: {e}", path.display()))?
+        }
+        None => model.chat_format(None).map_err(|e| e.to_string())?,
+    };
     let embeddings = if embeddings {
         // The model's own pooling, or mean pooling for a model that defines
         // none (most generative models).
@@ -398,7 +400,7 @@ fn load(
         .name("constraint-table".into())
         .spawn(move || warm.prepare_constraints())
         .map_err(|e| format!("cannot start a thread: {e}"))?;
-    Ok(Ready { model, engine, chat, tool_format, embeddings })
+    Ok(Ready { model, engine, chat, embeddings })
 }
 
 async fn shutdown_signal() {

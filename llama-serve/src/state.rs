@@ -26,6 +26,8 @@ pub struct Config {
     /// Message content may hold control tokens (llama.cpp's behaviour), not
     /// only the template's markup (`--special-in-content`).
     pub special_in_content: bool,
+    /// The most tokens of thought (`--reasoning-budget`; `None`: no limit).
+    pub reasoning_budget: Option<usize>,
     /// Speculative decoding's settings for requests that ask for it (and
     /// every request with `--spec`).
     pub speculation: llamacpp::speculative::Speculation,
@@ -36,9 +38,9 @@ pub struct Config {
 pub struct Ready {
     pub model: Arc<Model>,
     pub engine: Engine,
+    /// The model's chat format: its template, the tool-call syntax and
+    /// thought markers it teaches.
     pub chat: ChatFormat,
-    /// The tool-call syntax the model's template teaches.
-    pub tool_format: crate::tools::ToolFormat,
     pub embeddings: Option<EmbeddingWorker>,
 }
 

@@ -13,6 +13,7 @@
 
 mod chat_plain;
 mod chat_template;
+mod conversation;
 mod cpu_dispatch;
 #[cfg(any(feature = "vulkan", feature = "cuda"))]
 mod device;

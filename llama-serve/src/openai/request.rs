@@ -114,12 +114,19 @@ pub struct ChatRequest {
     pub response_format: Option<ResponseFormat>,
     pub tools: Option<Vec<Value>>,
     /// `none`, `auto`, `required` or `{"type": "function", "function":
-    /// {"name": …}}` (see [`crate::tools::Tools`]).
+    /// {"name": …}}` (see [`llamacpp::chat::Tools`]).
     pub tool_choice: Option<Value>,
     pub parallel_tool_calls: Option<bool>,
     /// Extra template variables (llama.cpp's server extension), e.g.
     /// `{"enable_thinking": false}`.
     pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
+    /// `none` leaves the model's thoughts in `content`; anything else
+    /// (`auto`, `deepseek`, the default) splits them into
+    /// `reasoning_content` (llama.cpp's server extension).
+    pub reasoning_format: Option<String>,
+    /// The most tokens of thought (`-1` or absent: the server's
+    /// `--reasoning-budget`; llama.cpp's server extension).
+    pub reasoning_budget: Option<i64>,
     #[serde(flatten)]
     pub sampling: Sampling,
 }

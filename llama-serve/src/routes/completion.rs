@@ -10,8 +10,9 @@ use axum::extract::State;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
+use llamacpp::chat::{ChatEvent, ChatParser, Tools};
 use llamacpp::engine::{Completion, Request, TokenLogprob};
-use llamacpp::{Model, Special, Token, Vocab};
+use llamacpp::{Model, Token, Vocab};
 use serde::Serialize;
 use serde_json::{Value, json};
 
@@ -25,7 +26,6 @@ use crate::openai::{
     TextCompletion, TextLogprobs, ToolCall, ToolCallDelta, Usage,
 };
 use crate::state::{AppState, Ready, now};
-use crate::tools::{self, ToolEvent, ToolFormat, ToolStream, Tools};
 
 pub async fn completions(
     State(state): State<Arc<AppState>>,
@@ -78,43 +78,42 @@ pub async fn chat(State(state): State<Arc<AppState>>, request: axum::extract::Re
         (false, None) => None,
     };
     let answer = Answer::asked_by(&req.sampling, n);
-    let tools = Tools::from_request(req.tools.as_deref(), req.tool_choice.as_ref(), req.parallel_tool_calls)?;
+    let tools = Tools::from_openai(req.tools.as_deref(), req.tool_choice.as_ref(), req.parallel_tool_calls)
+        .map_err(generation::engine_error)?;
     if tools.as_ref().is_some_and(Tools::forced) && req.response_format.is_some() {
         return Err(ApiError::bad_request("tool_choice that requires a call cannot be combined with response_format")
             .param("tool_choice"));
     }
-    let reading =
-        tools.as_ref().filter(|t| t.parsed()).map(|t| Reading { format: ready.tool_format, parallel: t.parallel });
-    let completions = {
+    let (completions, parser) = {
         let state = state.clone();
         off_runtime(move || {
             let ready = super::ready(&state)?;
-            let (prompt, grammar) = chat_prompt(ready, &req, tools.as_ref(), state.config.special_in_content)?;
-            // Markers that are control tokens must reach the parser.
-            let special = if reading.is_some() && ready.tool_format.markers_are_tokens() {
-                Special::Markup
-            } else {
-                Special::Plain
-            };
+            let setup = chat_prompt(ready, &state.config, &req, tools)?;
             let stops = req.sampling.stop_list();
             let requests = (0..n)
                 .map(|j| {
-                    let sampling =
-                        generation::sampling_params(&req.sampling, ready.model.vocab(), top, grammar.as_ref(), j)?;
-                    let request = Request::new(prompt.clone())
+                    let sampling = generation::sampling_params(
+                        &req.sampling,
+                        ready.model.vocab(),
+                        top,
+                        setup.response_constraint.as_ref(),
+                        j,
+                    )?;
+                    let request = setup
+                        .request
+                        .clone()
                         .max_tokens(max_tokens)
                         .stop(stops.clone())
                         .stop_at_eog(!req.sampling.ignore_eos)
-                        .special(special)
                         .sampling(sampling);
                     Ok(generation::with_speculation(request, &req.sampling, state.config.speculation))
                 })
                 .collect::<Result<Vec<_>, ApiError>>()?;
-            generation::submit_all(&ready.engine, requests)
+            Ok((generation::submit_all(&ready.engine, requests)?, setup.parser))
         })
         .await?
     };
-    respond(&state, ready, completions, Kind::Chat { logprobs: top.is_some(), tools: reading }, answer).await
+    respond(&state, ready, completions, Kind::Chat { logprobs: top.is_some(), parser }, answer).await
 }
 
 /// Which endpoint answers, and what its answer needs besides the
@@ -123,16 +122,9 @@ enum Kind {
     /// `/v1/completions`: each prompt's echo (empty without `echo`), and
     /// whether `logprobs` was asked for.
     Text { echoes: Vec<String>, logprobs: bool },
-    /// `/v1/chat/completions`, with or without `logprobs`, and how tool
-    /// calls are read out of the output (`None`: they are not).
-    Chat { logprobs: bool, tools: Option<Reading> },
-}
-
-/// How a chat answer's tool calls are read.
-#[derive(Clone, Copy, Debug)]
-struct Reading {
-    format: ToolFormat,
-    parallel: bool,
+    /// `/v1/chat/completions`, with or without `logprobs`, and the reader
+    /// of each choice's output (thoughts, text, tool calls).
+    Chat { logprobs: bool, parser: ChatParser },
 }
 
 /// How the client wants its choices.
@@ -190,29 +182,37 @@ async fn respond(
             let header = Header { object: "text_completion", ..header };
             axum::Json(TextCompletion { header, choices, usage: Some(Some(usage)) }).into_response()
         }
-        Kind::Chat { logprobs, tools } => {
+        Kind::Chat { logprobs, parser } => {
             let choices = choices
                 .iter()
                 .enumerate()
                 .map(|(index, c)| {
-                    let (content, calls) = match tools {
-                        Some(r) => tools::parse(r.format, r.parallel, &c.text),
-                        None => (c.text.clone(), Vec::new()),
-                    };
-                    let called = !calls.is_empty();
-                    let tool_calls = calls
-                        .into_iter()
-                        .map(|call| ToolCall {
-                            id: state.call_id(),
-                            kind: "function",
-                            function: FunctionCall { name: call.name, arguments: call.arguments },
-                        })
-                        .collect();
+                    let mut parser = parser.clone();
+                    let mut events = parser.push(&c.text);
+                    events.extend(parser.finish());
+                    let (mut content, mut reasoning, mut tool_calls) = (String::new(), String::new(), Vec::new());
+                    for event in events {
+                        match event {
+                            ChatEvent::Text(t) => content.push_str(&t),
+                            ChatEvent::Reasoning(t) => reasoning.push_str(&t),
+                            ChatEvent::ToolCall(call) => tool_calls.push(ToolCall {
+                                id: state.call_id(),
+                                kind: "function",
+                                function: FunctionCall {
+                                    name: call.function.name,
+                                    arguments: call.function.arguments.to_string(),
+                                },
+                            }),
+                            _ => {}
+                        }
+                    }
+                    let called = !tool_calls.is_empty();
                     ChatChoice {
                         index,
                         message: AssistantMessage {
                             role: "assistant",
                             content: (!called || !content.trim().is_empty()).then_some(content),
+                            reasoning_content: (!reasoning.is_empty()).then_some(reasoning),
                             tool_calls,
                         },
                         logprobs: logprobs.then(|| chat_logprobs(vocab, &c.logprobs)),
@@ -276,7 +276,12 @@ impl Frames {
                 .collect(),
             Kind::Chat { .. } => (0..n)
                 .map(|index| {
-                    let delta = ChatDelta { role: Some("assistant"), content: Some(String::new()), tool_calls: None };
+                    let delta = ChatDelta {
+                        role: Some("assistant"),
+                        content: Some(String::new()),
+                        reasoning_content: None,
+                        tool_calls: None,
+                    };
                     self.chat(vec![ChatChunkChoice { index, delta, logprobs: None, finish_reason: None }], self.usage())
                 })
                 .collect(),
@@ -293,19 +298,20 @@ impl Frames {
             }
             Kind::Chat { .. } => {
                 let logprobs = logprob.map(|lp| chat_logprobs(vocab, &[(lp.token, lp)]));
-                let delta = ChatDelta { role: None, content: Some(text), tool_calls: None };
+                let delta = ChatDelta { role: None, content: Some(text), reasoning_content: None, tool_calls: None };
                 self.chat(vec![ChatChunkChoice { index, delta, logprobs, finish_reason: None }], self.usage())
             }
         }
     }
 
-    /// Chunks for what choice `index`'s call reader released: text as
-    /// content, each call as its id and name, then its arguments. A token's
-    /// logprob rides on the first chunk (or on an empty one).
+    /// Chunks for what choice `index`'s reader released: thoughts as
+    /// reasoning content, text as content, each call as its id and name,
+    /// then its arguments. A token's logprob rides on the first chunk (or
+    /// on an empty one).
     fn read(
         &self,
         index: usize,
-        events: Vec<ToolEvent>,
+        events: Vec<ChatEvent>,
         calls: &mut usize,
         logprob: Option<TokenLogprob>,
     ) -> Vec<String> {
@@ -319,25 +325,30 @@ impl Frames {
         let mut chunks = Vec::new();
         for event in events {
             match event {
-                ToolEvent::Text(text) => chunks.push(chunk(ChatDelta { content: Some(text), ..ChatDelta::default() })),
-                ToolEvent::Call(call) => {
+                ChatEvent::Text(text) => chunks.push(chunk(ChatDelta { content: Some(text), ..ChatDelta::default() })),
+                ChatEvent::Reasoning(text) => {
+                    chunks.push(chunk(ChatDelta { reasoning_content: Some(text), ..ChatDelta::default() }));
+                }
+                ChatEvent::ToolCall(call) => {
                     let opening = ToolCallDelta {
                         index: *calls,
                         id: Some(self.state.call_id()),
                         kind: Some("function"),
-                        function: FunctionDelta { name: Some(call.name), arguments: String::new() },
+                        function: FunctionDelta { name: Some(call.function.name), arguments: String::new() },
                     };
                     let arguments = ToolCallDelta {
                         index: *calls,
                         id: None,
                         kind: None,
-                        function: FunctionDelta { name: None, arguments: call.arguments },
+                        function: FunctionDelta { name: None, arguments: call.function.arguments.to_string() },
                     };
                     *calls += 1;
                     for delta in [opening, arguments] {
                         chunks.push(chunk(ChatDelta { tool_calls: Some(vec![delta]), ..ChatDelta::default() }));
                     }
                 }
+                // A parser yields no end.
+                _ => {}
             }
         }
         if chunks.is_empty() && with_logprob {
@@ -395,11 +406,11 @@ fn sse(frames: Frames, completions: Vec<Completion>) -> Response {
     let frames = Arc::new(frames);
     let head = futures::stream::iter(frames.head().into_iter().map(data).collect::<Vec<_>>());
     let usages = Arc::new(Mutex::new(Vec::<(usize, Usage)>::new()));
-    // Each choice's call reader and how many calls it released.
-    let mut readers: Vec<Option<(ToolStream, usize)>> = (0..completions.len())
-        .map(|_| match frames.kind {
-            Kind::Chat { tools: Some(r), .. } => Some((ToolStream::new(r.format, r.parallel), 0)),
-            _ => None,
+    // Each choice's reader and how many calls it released.
+    let mut readers: Vec<Option<(ChatParser, usize)>> = (0..completions.len())
+        .map(|_| match &frames.kind {
+            Kind::Chat { parser, .. } => Some((parser.clone(), 0)),
+            Kind::Text { .. } => None,
         })
         .collect();
     let body = generation::merged(completions).flat_map({
@@ -418,7 +429,7 @@ fn sse(frames: Frames, completions: Vec<Completion>) -> Response {
                     let mut called = false;
                     if let Some((reader, calls)) = reader {
                         chunks = frames.read(index, reader.finish(), calls, None);
-                        called = reader.called();
+                        called = *calls > 0;
                     }
                     chunks.push(frames.done(index, finish_with_calls(reason, called)));
                     chunks

@@ -4,16 +4,15 @@
 //! the grammar its `response_format` or forced tool call asks for. These
 //! run on the blocking pool ([`super::off_runtime`]).
 
-use llamacpp::chat::RenderOptions;
+use llamacpp::chat::{ChatOptions, ChatParser, Reasoning, Tools};
 use llamacpp::constraint::{Constraint, JsonOptions};
-use llamacpp::engine::Prompt;
+use llamacpp::engine::{Prompt, Request};
 use llamacpp::{AddBos, Special, Token, Vocab};
 use serde_json::{Value, json};
 
 use crate::generation::{self, MAX_CHOICES};
 use crate::openai::{ApiError, ChatRequest, CompletionRequest, PromptInput, ResponseFormat};
-use crate::state::Ready;
-use crate::tools::{self, ToolChoice, ToolFormat, Tools};
+use crate::state::{Config, Ready};
 
 /// A completion request's prompts, and each one's echo (empty without
 /// `echo`).
@@ -80,80 +79,60 @@ fn check_message(i: usize, m: &Value) -> Result<(), ApiError> {
     }
 }
 
-/// The chat request's prompt and constraint.
+/// A chat request made ready for the engine: the request every choice
+/// starts from (prompt, control-token rendering, and through
+/// [`Request::chat`] the forced call's constraint and the reasoning
+/// budget), the constraint of `response_format`, and the parser of each
+/// choice's reply.
+pub(super) struct ChatSetup {
+    pub request: Request,
+    pub response_constraint: Option<Constraint>,
+    pub parser: ChatParser,
+}
+
+/// The chat request's prompt, constraints and reply parser.
 pub(super) fn chat_prompt(
     ready: &Ready,
+    config: &Config,
     req: &ChatRequest,
-    tools: Option<&Tools>,
-    special_in_content: bool,
-) -> Result<(Prompt, Option<Constraint>), ApiError> {
+    tools: Option<Tools>,
+) -> Result<ChatSetup, ApiError> {
     for (i, m) in req.messages.iter().enumerate() {
         check_message(i, m)?;
     }
     if req.messages.is_empty() {
         return Err(ApiError::bad_request("messages is empty").param("messages"));
     }
-    let mut options = RenderOptions::default().add_generation_prompt(true);
-    let mut messages = std::borrow::Cow::Borrowed(&req.messages);
-    match tools {
-        Some(t) if ready.tool_format != ToolFormat::Generic => options = options.tools(Value::Array(t.raw.clone())),
-        // A template that teaches no syntax (or no template): the tools
-        // and the syntax are described in a system message.
-        Some(t) if t.choice != ToolChoice::None => {
-            messages = std::borrow::Cow::Owned(with_tool_instructions(&req.messages, t));
-        }
-        _ => {}
-    }
-    for (k, v) in req.chat_template_kwargs.iter().flatten() {
-        options = options.var(k.clone(), v.clone());
-    }
     // JSON through llguidance with the tightenings for small models
     // (bounded whitespace, no undeclared properties, bounded numbers and
     // recursion), as the GBNF converter wrote it before; compiled when the
     // engine takes the request (a bad schema is a 400 on response_format).
     let json = |schema: Value| Constraint::json_schema(schema).with_json_options(JsonOptions::tight());
-    let constraint = match (tools.filter(|t| t.forced()), &req.response_format) {
-        (Some(forced), _) => Some(tools::forcing_constraint(ready.tool_format, forced, &ready.model)?),
-        (None, None | Some(ResponseFormat::Text)) => None,
-        (None, Some(ResponseFormat::JsonObject)) => Some(json(json!({"type": "object"}))),
-        (None, Some(ResponseFormat::JsonSchema { json_schema })) => {
-            Some(json(json_schema.schema.clone().unwrap_or(json!({}))))
+    let response_constraint = match &req.response_format {
+        None | Some(ResponseFormat::Text) => None,
+        Some(ResponseFormat::JsonObject) => Some(json(json!({"type": "object"}))),
+        Some(ResponseFormat::JsonSchema { json_schema }) => Some(json(json_schema.schema.clone().unwrap_or(json!({})))),
+    };
+    let mut reasoning = Reasoning::default().split(req.reasoning_format.as_deref() != Some("none"));
+    let budget = match req.reasoning_budget {
+        Some(n) if n >= 0 => usize::try_from(n).ok(),
+        Some(-1) | None => config.reasoning_budget,
+        Some(n) => {
+            return Err(ApiError::bad_request(format!("reasoning_budget {n} is below -1")).param("reasoning_budget"));
         }
     };
-    let vocab = ready.model.vocab();
-    let invalid = |e: String| ApiError::bad_request(format!("invalid messages: {e}")).param("messages");
-    let messages = Value::Array(messages.into_owned());
+    if let Some(budget) = budget {
+        reasoning = reasoning.budget(budget);
+    }
+    let mut options = ChatOptions::default().tools(tools).reasoning(reasoning);
+    for (k, v) in req.chat_template_kwargs.iter().flatten() {
+        options = options.var(k.clone(), v.clone());
+    }
     // Every text the client sent stays plain text: only the template's own
-    // markup becomes control tokens (llamacpp's ChatFormat::tokenize),
+    // markup becomes control tokens (llamacpp's ChatFormat::prompt),
     // unless the operator asked for llama.cpp's behaviour.
-    if !special_in_content {
-        let tokens = ready.chat.tokenize_json(vocab, &messages, &options).map_err(generation::engine_error)?;
-        return Ok((Prompt::Tokens(tokens), constraint));
-    }
-    let messages: Vec<llamacpp::ChatMessage> = serde_json::from_value(messages).map_err(|e| invalid(e.to_string()))?;
-    let text = ready.chat.render(&messages, &options).map_err(generation::engine_error)?;
-    // A template that wants a BOS writes it itself (as `bos_token`); a
-    // second one would change the prompt.
-    let bos = vocab.bos().and_then(|b| vocab.text(b).ok()).filter(|b| !b.is_empty());
-    let add_bos = if bos.is_some_and(|b| text.starts_with(b)) { AddBos::No } else { AddBos::Yes };
-    Ok((Prompt::Text { text, add_bos, special: Special::Markup }, constraint))
-}
-
-/// `messages` with the tools and the call syntax described in the system
-/// message (added first, or appended to the first one's text).
-fn with_tool_instructions(messages: &[Value], tools: &Tools) -> Vec<Value> {
-    let list = Value::Array(tools.raw.iter().filter_map(|t| t.get("function").cloned()).collect());
-    let instructions = format!(
-        "You can call these functions:\n{list}\nTo call one, answer with only\n<tool_call>\n\
-         {{\"name\": <function name>, \"arguments\": <arguments as a JSON object>}}\n</tool_call>"
-    );
-    let mut out = messages.to_vec();
-    match out.first_mut() {
-        Some(first) if first.get("role").and_then(Value::as_str) == Some("system") && first["content"].is_string() => {
-            let text = format!("{}\n\n{instructions}", first["content"].as_str().unwrap_or_default());
-            first["content"] = Value::String(text);
-        }
-        _ => out.insert(0, json!({"role": "system", "content": instructions})),
-    }
-    out
+    let options = options.control_tokens_in_text(config.special_in_content);
+    let messages = Value::Array(req.messages.clone());
+    let prompt = ready.chat.prompt_json(&ready.model, &messages, &options).map_err(generation::engine_error)?;
+    Ok(ChatSetup { request: Request::chat(&prompt), response_constraint, parser: prompt.parser() })
 }

@@ -1,4 +1,4 @@
-//! Tool calls forced on the default model.
+//! Tool calls forced on the default model, and thoughts split from the answer.
 
 use super::*;
 
@@ -93,4 +93,48 @@ fn forced_tool_calls_name_a_tool_and_validate_against_its_schema() {
     let (s, b) = server.post("/v1/chat/completions", &both);
     assert_error(s, &b, 400);
     assert_eq!(b["error"]["param"], "tool_choice");
+}
+
+/// With a template that opens the model's thoughts in its prompt (QwQ's,
+/// through `--chat-template-file`), the thoughts come back in
+/// `reasoning_content` and the answer in `content`, whole and streamed
+/// alike; `reasoning_budget` closes them after that many tokens;
+/// `reasoning_format: "none"` leaves them in the text.
+#[test]
+fn thoughts_come_apart_from_the_answer_and_keep_to_their_budget() {
+    let template = concat!(env!("CARGO_MANIFEST_DIR"), "/../vendor/llama.cpp/models/templates/Qwen-QwQ-32B.jinja");
+    let server = Server::start(&["--chat-template-file", template]);
+    let ask = |extra: Value, stream: bool| {
+        let mut body = json!({"messages": [{"role": "user", "content": "Why is the sky blue?"}],
+                              "max_tokens": 24, "temperature": 0, "stream": stream});
+        body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        body
+    };
+    let (status, reply) = server.post("/v1/chat/completions", &ask(json!({"reasoning_budget": 4}), false));
+    assert_eq!(status, 200, "{reply}");
+    let message = &reply["choices"][0]["message"];
+    let thoughts = message["reasoning_content"].as_str().unwrap_or_else(|| panic!("{reply}"));
+    let content = message["content"].as_str().unwrap();
+    assert!(!thoughts.is_empty() && !thoughts.contains("think>"), "{reply}");
+    assert!(!content.contains("</think>"), "{reply}");
+
+    let chunks = server.stream("/v1/chat/completions", &ask(json!({"reasoning_budget": 4}), true));
+    let (mut streamed_thoughts, mut streamed_content) = (String::new(), String::new());
+    for data in chunks.iter().filter(|d| *d != "[DONE]") {
+        let chunk: Value = serde_json::from_str(data).unwrap();
+        let delta = &chunk["choices"][0]["delta"];
+        streamed_thoughts.push_str(delta["reasoning_content"].as_str().unwrap_or_default());
+        streamed_content.push_str(delta["content"].as_str().unwrap_or_default());
+    }
+    assert_eq!((streamed_thoughts.as_str(), streamed_content.as_str()), (thoughts, content));
+
+    let (status, reply) =
+        server.post("/v1/chat/completions", &ask(json!({"reasoning_budget": 4, "reasoning_format": "none"}), false));
+    assert_eq!(status, 200, "{reply}");
+    let message = &reply["choices"][0]["message"];
+    assert!(message.get("reasoning_content").is_none(), "{reply}");
+    assert!(message["content"].as_str().unwrap().contains("</think>"), "{reply}");
+
+    let (status, reply) = server.post("/v1/chat/completions", &ask(json!({"reasoning_budget": -2}), false));
+    assert_eq!((status, reply["error"]["param"].as_str()), (400, Some("reasoning_budget")), "{reply}");
 }

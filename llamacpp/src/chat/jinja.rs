@@ -40,6 +40,9 @@ const NAME: &str = "chat_template";
 #[derive(Clone)]
 pub struct ChatTemplate {
     env: Arc<Environment<'static>>,
+    /// The source as given, for the tool-call and reasoning syntaxes it
+    /// teaches.
+    source: Arc<str>,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -194,7 +197,12 @@ impl ChatTemplate {
             python::strftime(now, &format)
         });
         env.add_template_owned(NAME, rewrite_generation_tags(source)).map_err(|e| render_error(&e))?;
-        Ok(ChatTemplate { env: Arc::new(env) })
+        Ok(ChatTemplate { env: Arc::new(env), source: source.into() })
+    }
+
+    /// The template's source, as given to [`ChatTemplate::new`].
+    pub fn source(&self) -> &str {
+        &self.source
     }
 
     /// Renders `messages` with `options`.

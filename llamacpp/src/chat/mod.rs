@@ -9,13 +9,31 @@
 //! - [`Model::chat_format`] picks for a model: its own template when it has
 //!   one, else the built-in format of its family (or chatml), and says
 //!   which ([`ChatFormat`]).
+//! - [`ChatFormat::prompt`] makes a conversation ready to generate: its
+//!   tokens (every caller's text plain text), the constraint of a
+//!   required tool call ([`Tools`]), thoughts on or off and their budget
+//!   ([`Reasoning`]), and a [`ChatParser`] that reads the reply into
+//!   thoughts, text and tool calls ([`ChatEvent`]).
+//! - [`Conversation`] keeps a chat's history and its KV cache between
+//!   turns, and streams each reply as [`ChatEvent`]s.
 
 mod builtin;
+mod conversation;
 mod jinja;
+mod output;
 mod plain;
+mod prompt;
 mod python;
+pub(crate) mod reasoning;
+pub mod tools;
 
 pub(crate) use plain::ControlTexts;
+
+pub use conversation::{Conversation, DEFAULT_CONTEXT, DEFAULT_REPLY_TOKENS, Reply, Turn};
+pub use output::{ChatEvent, ChatParser};
+pub use prompt::{ChatOptions, ChatPrompt, ReasoningBudget};
+pub use reasoning::{Reasoning, ReasoningFormat};
+pub use tools::{Tool, ToolChoice, ToolFormat, Tools};
 
 use serde::{Deserialize, Serialize};
 
@@ -192,19 +210,46 @@ impl Model {
     /// `tokenizer.chat_template.NAME`, e.g. `tool_use`) when it has one;
     /// otherwise llama.cpp's built-in template of its architecture's family
     /// (`gemma` for `gemma3`, …) or chatml, as llama.cpp's server does. The
-    /// choice is logged at info level.
+    /// choice is logged at info level when the format is compiled; the
+    /// default format (`None`) is compiled by the first call and shared by
+    /// the later ones.
     ///
     /// # Errors
     /// [`Error::ChatTemplate`] if the model's template does not parse, or a
     /// named variant does not exist.
     #[doc(alias = "llama_model_chat_template")]
     pub fn chat_format(&self, name: Option<&str>) -> Result<ChatFormat> {
+        // The default format is compiled once per model.
+        if name.is_none()
+            && let Some(format) = self.chat.get()
+        {
+            return Ok(format.clone());
+        }
+        let format = self.compile_chat_format(name)?;
+        if name.is_none() {
+            let _ = self.chat.set(format.clone());
+        }
+        Ok(format)
+    }
+
+    /// A chat format of a Jinja template of your own (a newer version of
+    /// the model's, one from llama.cpp's `models/templates`, …), with this
+    /// model's BOS and EOS texts.
+    ///
+    /// # Errors
+    /// [`Error::ChatTemplate`] if the template does not parse.
+    pub fn chat_format_from(&self, source: &str) -> Result<ChatFormat> {
+        let template = ChatTemplate::new(source)?;
+        let vocab = self.vocab();
+        let text = |t: Option<crate::Token>| t.and_then(|t| vocab.text(t).ok()).unwrap_or_default().to_owned();
+        Ok(ChatFormat::Jinja { template, bos_token: text(vocab.bos()), eos_token: text(vocab.eos()) })
+    }
+
+    fn compile_chat_format(&self, name: Option<&str>) -> Result<ChatFormat> {
         if let Some(source) = self.chat_template(name) {
-            let template = ChatTemplate::new(source)?;
-            let vocab = self.vocab();
-            let text = |t: Option<crate::Token>| t.and_then(|t| vocab.text(t).ok()).unwrap_or_default().to_owned();
+            let format = self.chat_format_from(source)?;
             log::info!("chat: the model's Jinja template {}", name.unwrap_or("(default)"));
-            return Ok(ChatFormat::Jinja { template, bos_token: text(vocab.bos()), eos_token: text(vocab.eos()) });
+            return Ok(format);
         }
         if let Some(name) = name {
             return Err(Error::ChatTemplate(format!("the model has no chat template named {name:?}")));

@@ -379,12 +379,7 @@ fn tokens(vocab: &Vocab, controls: &ControlTexts, pieces: &[Piece]) -> Result<Ve
         }
     }
     flush(&mut text, &mut out)?;
-    if vocab.adds_bos()
-        && let Some(bos) = vocab.bos()
-        && out.first() != Some(&bos)
-    {
-        out.insert(0, bos);
-    }
+    vocab.chat_bos(&mut out)?;
     Ok(out)
 }
 

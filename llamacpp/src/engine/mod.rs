@@ -87,6 +87,7 @@ use crate::generate::FinishReason;
 use crate::model::Model;
 use crate::vocab::Token;
 
+mod chat;
 mod config;
 mod kv;
 mod metrics;
@@ -97,6 +98,7 @@ mod worker;
 
 pub use crate::sampler::{MAX_TOP_LOGPROBS, SamplingParams};
 pub use crate::speculative::Speculation;
+pub use chat::ChatCompletion;
 pub use config::EngineConfig;
 pub use metrics::Latency;
 pub use request::{Prompt, Request};

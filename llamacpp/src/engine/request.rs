@@ -1,6 +1,7 @@
 //! What a caller submits: the prompt, per-request sampling as a plain value,
 //! and limits; checked before the request reaches the worker.
 
+use crate::chat::ChatPrompt;
 use crate::error::{Error, Result};
 use crate::model::Model;
 use crate::sampler::{SamplerChain, SamplingParams};
@@ -48,6 +49,10 @@ pub struct Request {
     pub(crate) special: Special,
     /// `None`: the engine's default ([`EngineConfig::speculation`](super::EngineConfig::speculation)).
     pub(crate) speculation: Option<Option<Speculation>>,
+    /// A chat request's prompt (its tokens moved to `prompt`): the
+    /// constraint and budget its sampling gets at submit, and the parser
+    /// of its reply.
+    pub(crate) chat: Option<Box<ChatPrompt>>,
 }
 
 impl Request {
@@ -63,6 +68,22 @@ impl Request {
         Request::new(Prompt::Text { text: prompt.into(), add_bos: AddBos::Yes, special: Special::Markup })
     }
 
+    /// A request to answer a conversation made ready by
+    /// [`ChatFormat::prompt`](crate::ChatFormat::prompt): its tokens as they
+    /// are (BOS included where the model wants one, no control tokens from
+    /// the conversation's text), control tokens rendered when the reply's
+    /// markers need them, and at submit the prompt's tool-call constraint
+    /// and reasoning budget added to the sampling. Submit it with
+    /// [`Engine::chat`](super::Engine::chat) to read the reply as
+    /// [`ChatEvent`](crate::chat::ChatEvent)s.
+    pub fn chat(prompt: &ChatPrompt) -> Self {
+        let mut chat = prompt.clone();
+        let tokens = std::mem::take(&mut chat.tokens);
+        let mut request = Request::tokens(tokens).special(prompt.special);
+        request.chat = Some(Box::new(chat));
+        request
+    }
+
     /// A request for any [`Prompt`].
     pub fn new(prompt: Prompt) -> Self {
         Request {
@@ -75,6 +96,7 @@ impl Request {
             priority: 0,
             special: Special::Plain,
             speculation: None,
+            chat: None,
         }
     }
 
@@ -205,6 +227,9 @@ pub(crate) fn check(
     // must fit, and leave room to sample at least one token.
     if prompt.len() > max_context {
         return Err(Error::PromptTooLong { tokens: prompt.len(), limit: max_context });
+    }
+    if let Some(chat) = &request.chat {
+        request.sampling = chat.sampling(std::mem::take(&mut request.sampling));
     }
     request.sampling.validate(vocab)?;
     if let Some(gbnf) = &request.sampling.grammar {

@@ -1,7 +1,7 @@
 //! One-call generation: [`Model::complete`] and [`Model::chat`], for
 //! scripts and tests that want text, not a streaming loop.
 
-use crate::chat::{ChatMessage, RenderOptions};
+use crate::chat::{ChatEvent, ChatMessage, ChatOptions, Conversation};
 use crate::context::ContextParams;
 use crate::error::{Error, Result};
 use crate::model::Model;
@@ -146,9 +146,28 @@ impl Model {
     /// [`Error::ChatMarkup`](crate::Error::ChatMarkup)), then as
     /// [`Model::complete`].
     pub fn chat(&self, messages: &[ChatMessage], options: &CompleteOptions) -> Result<Completed> {
-        let options_render = RenderOptions::default().add_generation_prompt(true);
-        let tokens = self.chat_format(None)?.tokenize(self.vocab(), messages, &options_render)?;
-        self.complete_tokens(&tokens, options)
+        let format = self.chat_format(None)?;
+        let prompt = format.prompt(self, messages, &ChatOptions::default())?;
+        let params = match &options.context {
+            Some(params) => params.clone(),
+            None => ContextParams::default().n_ctx(sized_context(self, prompt.tokens.len(), options.max_tokens)),
+        };
+        let mut chat = Conversation::with_context(self, &params)?
+            .sampling(options.sampling.clone())
+            .generate_options(options.generate.clone().max_tokens(options.max_tokens));
+        for m in messages {
+            chat.push(m.clone());
+        }
+        let mut turn = chat.reply()?;
+        let mut text = String::new();
+        for event in &mut turn {
+            if let ChatEvent::Text(t) = event? {
+                text.push_str(&t);
+            }
+        }
+        let stats = turn.stats().clone();
+        let finish_reason = stats.finish_reason.clone().unwrap_or(FinishReason::Length);
+        Ok(Completed { text, finish_reason, stats })
     }
 
     /// [`Model::complete`] from tokens.

@@ -115,6 +115,9 @@ pub struct Model {
     /// llguidance's table of the vocabulary, built by the first
     /// constrained sampler ([`crate::constraint`]).
     constraint_tokens: std::sync::Mutex<Option<std::sync::Arc<crate::constraint::TokenTable>>>,
+    /// Its default chat format, compiled by the first
+    /// [`Model::chat_format`]`(None)` and shared by every later one.
+    pub(crate) chat: std::sync::OnceLock<crate::chat::ChatFormat>,
     /// The RPC servers it uses (dropped after the model is freed).
     _rpc: RpcLease,
 }

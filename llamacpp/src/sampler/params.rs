@@ -30,6 +30,7 @@ pub struct SamplingParams {
     pub(crate) grammar: Option<String>,
     pub(crate) constraint: Option<Constraint>,
     pub(crate) logprobs: Option<usize>,
+    pub(crate) reasoning_budget: Option<crate::chat::ReasoningBudget>,
 }
 
 /// The most alternatives [`SamplingParams::logprobs`] reports per token
@@ -52,6 +53,7 @@ impl Default for SamplingParams {
             grammar: None,
             constraint: None,
             logprobs: None,
+            reasoning_budget: None,
         }
     }
 }
@@ -198,6 +200,15 @@ impl SamplingParams {
         Ok(())
     }
 
+    /// Holds the reply's thoughts to a budget: once it has written
+    /// `budget.tokens` tokens of thought, the closing marker is forced
+    /// (usually set by [`ChatPrompt::sampling`](crate::chat::ChatPrompt::sampling)).
+    #[must_use]
+    pub fn reasoning_budget(mut self, budget: crate::chat::ReasoningBudget) -> Self {
+        self.reasoning_budget = Some(budget);
+        self
+    }
+
     /// The sampler chain of these values for `model` (after
     /// [`SamplingParams::validate`]).
     ///
@@ -208,6 +219,12 @@ impl SamplingParams {
         let vocab = model.vocab();
         self.validate(vocab)?;
         let mut chain = SamplerChain::new();
+        // First: once the budget is spent, only the closing text is left.
+        if let Some(budget) = &self.reasoning_budget
+            && let Some(sampler) = crate::chat::reasoning::BudgetSampler::new(vocab, budget)?
+        {
+            chain = chain.custom(sampler);
+        }
         if !self.logit_bias.is_empty() {
             chain = chain.logit_bias(vocab, &self.logit_bias);
         }

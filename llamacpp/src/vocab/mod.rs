@@ -277,16 +277,23 @@ impl Vocab {
     /// As [`Vocab::tokenize`].
     pub fn tokenize_chat(&self, rendered: &str) -> Result<Vec<Token>> {
         let mut tokens = self.tokenize_special(rendered, AddBos::No)?;
-        // BOS alone: `AddBos::Yes` would also append the EOS of vocabularies
-        // that add one, ending the prompt before the reply.
+        self.chat_bos(&mut tokens)?;
+        Ok(tokens)
+    }
+
+    /// The crate's one BOS rule for chat prompts: the model's BOS first,
+    /// where the vocabulary adds one, unless the template wrote it already.
+    /// (Only BOS: `AddBos::Yes` would also append the EOS of vocabularies
+    /// that add one, ending the prompt before the reply.)
+    pub(crate) fn chat_bos(&self, tokens: &mut Vec<Token>) -> Result<()> {
         if self.adds_bos()
             && let Some(bos) = self.bos()
             && tokens.first() != Some(&bos)
         {
-            try_reserve(&mut tokens, 1)?;
+            try_reserve(tokens, 1)?;
             tokens.insert(0, bos);
         }
-        Ok(tokens)
+        Ok(())
     }
 
     /// Tokenizes `text`, replacing the contents of `out` (its allocation is

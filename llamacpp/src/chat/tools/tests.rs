@@ -2,7 +2,8 @@
 //! character boundary (and a character at a time), with the same result.
 
 use super::stream::gather;
-use super::{ParsedCall, ToolEvent, ToolFormat, ToolStream, parse};
+use super::stream::parse;
+use super::{ParsedCall, ToolEvent, ToolFormat, ToolStream};
 
 fn weather() -> ParsedCall {
     ParsedCall { name: "get_weather".into(), arguments: r#"{"city":"Paris"}"#.into() }

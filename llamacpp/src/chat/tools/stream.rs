@@ -10,7 +10,7 @@ use super::format::{Leading, ToolFormat};
 
 /// What the reader releases.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ToolEvent {
+pub(crate) enum ToolEvent {
     /// Text for the assistant message's `content`.
     Text(String),
     /// A complete call.
@@ -18,8 +18,8 @@ pub enum ToolEvent {
 }
 
 /// The reader of one choice's output.
-#[derive(Debug)]
-pub struct ToolStream {
+#[derive(Clone, Debug)]
+pub(crate) struct ToolStream {
     format: ToolFormat,
     /// At most one call (`parallel_tool_calls: false`).
     single: bool,
@@ -93,6 +93,7 @@ impl ToolStream {
     }
 
     /// Whether any call was released.
+    #[cfg(test)]
     pub fn called(&self) -> bool {
         self.calls_released > 0
     }
@@ -128,7 +129,8 @@ fn held_back(text: &str, openers: &[&str]) -> usize {
 }
 
 /// A whole output read at once: its text and its calls.
-pub fn parse(format: ToolFormat, parallel: bool, output: &str) -> (String, Vec<ParsedCall>) {
+#[cfg(test)]
+pub(crate) fn parse(format: ToolFormat, parallel: bool, output: &str) -> (String, Vec<ParsedCall>) {
     let mut reader = ToolStream::new(format, parallel);
     let mut events = reader.push(output);
     events.extend(reader.finish());
@@ -136,6 +138,7 @@ pub fn parse(format: ToolFormat, parallel: bool, output: &str) -> (String, Vec<P
 }
 
 /// Released events as the text they add up to and the calls, in order.
+#[cfg(test)]
 pub(super) fn gather(events: impl IntoIterator<Item = ToolEvent>) -> (String, Vec<ParsedCall>) {
     let mut text = String::new();
     let mut calls = Vec::new();

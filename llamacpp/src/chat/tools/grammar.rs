@@ -2,16 +2,17 @@
 //! arguments valid against each tool's parameter schema: what
 //! `tool_choice: "required"` or a named function runs under, so that even
 //! a base model answers with a call a client can execute. It is a Lark
-//! grammar for llguidance (`llamacpp::constraint`), each tool's arguments an
+//! grammar for llguidance ([`crate::constraint`]), each tool's arguments an
 //! inline `%json` schema with the tight options, and the syntax's markers
 //! that are control tokens of the model written as those tokens.
 
-use llamacpp::constraint::{Constraint, JsonOptions};
-use llamacpp::{AddBos, Model, SamplerChain, Vocab};
-
+use super::definition::{ToolChoice, Tools};
 use super::format::ToolFormat;
-use super::request::{ToolChoice, Tools};
-use crate::openai::ApiError;
+use crate::constraint::{Constraint, JsonOptions};
+use crate::error::{Error, Result};
+use crate::model::Model;
+use crate::sampler::SamplerChain;
+use crate::vocab::{AddBos, Special, Vocab};
 
 /// How a syntax writes its calls: the text around them and between them.
 struct Shape {
@@ -65,12 +66,12 @@ impl ToolFormat {
 /// text can produce: `[TOOL_CALLS]`, `<|START_ACTION|>`, ...) as that token
 /// (`<[id]>`). Empty for empty text. Tokenizing with control tokens
 /// parsed tells which ones occur; the text is split at their markup.
-fn lark_text(text: &str, vocab: &Vocab) -> Result<String, String> {
-    let literal = |s: &str| serde_json::to_string(s).map_err(|e| e.to_string());
+fn lark_text(text: &str, vocab: &Vocab) -> Result<String> {
+    let literal = |s: &str| serde_json::to_string(s).map_err(|e| Error::InvalidArgument(e.to_string()));
     let mut controls: Vec<(String, i32)> = Vec::new();
-    for t in vocab.tokenize_special(text, AddBos::No).map_err(|e| e.to_string())? {
+    for t in vocab.tokenize_special(text, AddBos::No)? {
         if vocab.is_control(t) {
-            let markup = vocab.token_to_piece(t, llamacpp::Special::Markup).map_err(|e| e.to_string())?;
+            let markup = vocab.token_to_piece(t, Special::Markup)?;
             let markup = String::from_utf8_lossy(&markup).into_owned();
             if !markup.is_empty() && !controls.iter().any(|(m, _)| *m == markup) {
                 controls.push((markup, t.0));
@@ -103,16 +104,17 @@ fn lark_text(text: &str, vocab: &Vocab) -> Result<String, String> {
 /// each tool's arguments valid against its `parameters`.
 ///
 /// # Errors
-/// A 400 (`tools`) if a tool's parameters are a schema llguidance refuses,
-/// or the syntax's text cannot be tokenized.
-pub fn forcing_constraint(format: ToolFormat, tools: &Tools, model: &Model) -> Result<Constraint, ApiError> {
+/// [`Error::InvalidParameter`] (`tools`) if a tool's parameters are a
+/// schema llguidance refuses; the vocabulary's errors if the syntax's text
+/// cannot be tokenized.
+pub(crate) fn forcing_constraint(format: ToolFormat, tools: &Tools, model: &Model) -> Result<Constraint> {
     let vocab = model.vocab();
-    let fail = |e: String| ApiError::bad_request(format!("tools: {e}")).param("tools");
     let (before, between, after) = format.call();
     let mut rules = String::new();
     let mut calls = Vec::new();
-    for (i, (name, parameters)) in tools.functions.iter().enumerate() {
-        if let ToolChoice::Named(wanted) = &tools.choice
+    for (i, tool) in tools.functions().iter().enumerate() {
+        let (name, parameters) = (&tool.name, &tool.parameters);
+        if let ToolChoice::Named(wanted) = tools.tool_choice()
             && wanted != name
         {
             continue;
@@ -123,28 +125,29 @@ pub fn forcing_constraint(format: ToolFormat, tools: &Tools, model: &Model) -> R
             .constraint(model, &alone)
             .greedy()
             .build()
-            .map_err(|e| ApiError::bad_request(format!("tools[{i}]: parameters: {e}")).param("tools"))?;
+            .map_err(|e| Error::InvalidParameter { name: "tools", message: format!("tools[{i}]: parameters: {e}") })?;
         let schema = JsonOptions::tight().prepare(parameters);
-        let head = lark_text(&format!("{before}{name}{between}"), vocab).map_err(fail)?;
-        let tail = lark_text(after, vocab).map_err(fail)?;
+        let head = lark_text(&format!("{before}{name}{between}"), vocab)?;
+        let tail = lark_text(after, vocab)?;
         rules.push_str(&format!("call{i}: {head} args{i} {tail}\nargs{i}: %json {schema}\n"));
         calls.push(format!("call{i}"));
     }
     let shape = format.shape();
     let (open, separator, close) =
-        (lark_text(shape.open, vocab), lark_text(shape.separator, vocab), lark_text(shape.close, vocab));
-    let (open, separator, close) = (open.map_err(fail)?, separator.map_err(fail)?, close.map_err(fail)?);
-    let more = if tools.parallel { format!("({separator} call)*") } else { String::new() };
+        (lark_text(shape.open, vocab)?, lark_text(shape.separator, vocab)?, lark_text(shape.close, vocab)?);
+    let more = if tools.is_parallel() { format!("({separator} call)*") } else { String::new() };
     Ok(Constraint::lark(format!("start: {open} call {more} {close}\ncall: {}\n{rules}", calls.join(" | "))))
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "testing"))]
 mod tests {
-    use llamacpp::testing::{TINY_CONTROL_TOKEN, TINY_CONTROL_TOKEN_ID, TinyModelSpec, tiny_llama_path};
-    use llamacpp::{Error, ModelParams};
     use serde_json::json;
 
+    use super::super::definition::Tool;
     use super::*;
+    use crate::model::ModelParams;
+    use crate::testing::{TINY_CONTROL_TOKEN, TINY_CONTROL_TOKEN_ID, TinyModelSpec, tiny_llama_path};
+    use crate::vocab::Token;
 
     fn tiny() -> Model {
         Model::load(tiny_llama_path(&TinyModelSpec::default()).unwrap(), &ModelParams::default()).unwrap()
@@ -157,12 +160,12 @@ mod tests {
         let vocab = model.vocab();
         let byte_token = |b: u8| {
             (0..vocab.n_tokens() as i32)
-                .map(llamacpp::Token)
-                .find(|&t| vocab.token_to_piece(t, llamacpp::Special::Plain).unwrap() == [b])
+                .map(Token)
+                .find(|&t| vocab.token_to_piece(t, Special::Plain).unwrap() == [b])
                 .unwrap_or_else(|| panic!("no token for byte {b}"))
         };
         let mut sampler = SamplerChain::new().constraint(model, constraint).greedy().build().unwrap();
-        let tokens: Vec<llamacpp::Token> = text.bytes().map(byte_token).collect();
+        let tokens: Vec<Token> = text.bytes().map(byte_token).collect();
         tokens.into_iter().chain(vocab.eos()).all(|t| match sampler.accept(t) {
             Ok(()) => true,
             Err(Error::Grammar(_)) => false,
@@ -195,12 +198,11 @@ mod tests {
                          "required": ["a", "b"]});
         for format in ALL {
             for parallel in [false, true] {
-                let tools = Tools {
-                    functions: vec![("add".into(), add.clone())],
-                    choice: ToolChoice::Required,
-                    parallel,
-                    raw: vec![],
-                };
+                let tools = Tools::new([Tool::new("add", "adds", add.clone())])
+                    .unwrap()
+                    .choice(ToolChoice::Required)
+                    .unwrap()
+                    .parallel(parallel);
                 let constraint = forcing_constraint(format, &tools, &model).unwrap();
                 let (before, between, after) = format.call();
                 let shape = format.shape();
@@ -224,13 +226,15 @@ mod tests {
         let model = tiny();
         let text = lark_text(&format!("a{TINY_CONTROL_TOKEN}b"), model.vocab()).unwrap();
         assert_eq!(text, format!("\"a\" <[{TINY_CONTROL_TOKEN_ID}]> \"b\""));
-        let bad = Tools {
-            functions: vec![("f".into(), json!({"type": "strin"}))],
-            choice: ToolChoice::Required,
-            parallel: false,
-            raw: vec![],
-        };
+        let bad = Tools::new([Tool::new("f", "", json!({"type": "strin"}))])
+            .unwrap()
+            .choice(ToolChoice::Required)
+            .unwrap()
+            .parallel(false);
         let e = forcing_constraint(ToolFormat::Hermes, &bad, &model).unwrap_err();
-        assert!(format!("{e:?}").contains("tools[0]: parameters"), "{e:?}");
+        assert!(
+            matches!(&e, Error::InvalidParameter { name: "tools", message } if message.contains("tools[0]: parameters")),
+            "{e:?}"
+        );
     }
 }

@@ -1,0 +1,374 @@
+//! A chat for applications: the history, the tools and the KV cache of
+//! one conversation, each reply streamed as [`ChatEvent`]s.
+
+use std::pin::Pin;
+use std::task::{Context as TaskContext, Poll};
+
+use super::output::{ChatEvent, ChatParser};
+use super::prompt::ChatOptions;
+use super::tools::{Tool, Tools};
+use super::{ChatFormat, ChatMessage, ToolCall};
+use crate::context::{Context, ContextParams};
+use crate::engine::Usage;
+use crate::error::{Error, Result};
+use crate::generate::{FinishReason, GenerateOptions, Generation, GenerationStats, Session};
+use crate::model::Model;
+use crate::sampler::{Sampler, SamplingParams};
+use crate::vocab::Token;
+
+/// The context a [`Conversation::new`] creates: this many tokens, or the
+/// model's training length if that is smaller.
+pub const DEFAULT_CONTEXT: u32 = 4096;
+
+/// The most tokens of one reply unless [`Conversation::generate_options`]
+/// says otherwise.
+pub const DEFAULT_REPLY_TOKENS: usize = 1024;
+
+/// A multi-turn chat with one model: the messages so far, the tools and
+/// reasoning settings, and a context whose KV cache keeps the
+/// conversation between turns, so that each reply prefills only what was
+/// added since the last one (the previous reply's closing markup and the
+/// new messages).
+///
+/// Each prompt is made by [`ChatFormat::prompt`]: every text of the
+/// messages and tools stays plain text. A reply streams as a [`Turn`] of
+/// [`ChatEvent`]s (thoughts, text, tool calls, then
+/// [`ChatEvent::Done`]); when it ends, it joins the history, tool calls
+/// and thoughts included.
+///
+/// ```no_run
+/// use llamacpp::chat::{ChatEvent, Conversation};
+/// # fn main() -> Result<(), llamacpp::Error> {
+/// let model = llamacpp::Model::load("model.gguf", &llamacpp::ModelParams::default())?;
+/// let mut chat = Conversation::new(&model)?.system("Answer in one sentence.");
+/// for event in chat.send("What is the capital of France?")? {
+///     if let ChatEvent::Text(text) = event? {
+///         print!("{text}");
+///     }
+/// }
+/// # Ok(()) }
+/// ```
+pub struct Conversation<'m> {
+    model: &'m Model,
+    format: ChatFormat,
+    ctx: Context<'m>,
+    session: Session,
+    sampler: Option<Sampler<'m>>,
+    messages: Vec<ChatMessage>,
+    options: ChatOptions,
+    sampling: SamplingParams,
+    generate: GenerateOptions,
+    /// Tool calls so far, for their ids.
+    calls: usize,
+}
+
+impl std::fmt::Debug for Conversation<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Conversation")
+            .field("messages", &self.messages.len())
+            .field("cached_tokens", &self.session.tokens().len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'m> Conversation<'m> {
+    /// A conversation in a context of its own, of [`DEFAULT_CONTEXT`]
+    /// tokens (at most the model's training length), with the model's
+    /// default chat format ([`Model::chat_format`]), greedy sampling and at
+    /// most [`DEFAULT_REPLY_TOKENS`] tokens per reply.
+    ///
+    /// # Errors
+    /// As [`Model::chat_format`] and [`Model::new_context`].
+    pub fn new(model: &'m Model) -> Result<Conversation<'m>> {
+        let train = model.n_ctx_train();
+        let n_ctx = if train > 0 { DEFAULT_CONTEXT.min(train) } else { DEFAULT_CONTEXT };
+        Conversation::with_context(model, &ContextParams::default().n_ctx(n_ctx))
+    }
+
+    /// A conversation in a context made with `params`.
+    ///
+    /// # Errors
+    /// As [`Conversation::new`].
+    pub fn with_context(model: &'m Model, params: &ContextParams) -> Result<Conversation<'m>> {
+        Ok(Conversation {
+            model,
+            format: model.chat_format(None)?,
+            ctx: model.new_context(params)?,
+            session: Session::new(),
+            sampler: None,
+            messages: Vec::new(),
+            options: ChatOptions::default(),
+            sampling: SamplingParams::default(),
+            generate: GenerateOptions::default().max_tokens(DEFAULT_REPLY_TOKENS),
+            calls: 0,
+        })
+    }
+
+    /// The chat format to render with, instead of the model's default (a
+    /// named variant such as [`Model::chat_format`]`(Some("tool_use"))`,
+    /// or a template of your own).
+    #[must_use]
+    pub fn format(mut self, format: ChatFormat) -> Self {
+        self.format = format;
+        self
+    }
+
+    /// Adds a system message.
+    #[must_use]
+    pub fn system(mut self, text: impl Into<String>) -> Self {
+        self.messages.push(ChatMessage::system(text));
+        self
+    }
+
+    /// The tools the model may call ([`ToolChoice::Auto`](super::ToolChoice::Auto), parallel calls
+    /// allowed; see [`Conversation::options`] for other choices).
+    ///
+    /// # Errors
+    /// As [`Tools::new`].
+    pub fn tools(mut self, tools: impl IntoIterator<Item = Tool>) -> Result<Self> {
+        self.options.tools = Some(Tools::new(tools)?);
+        Ok(self)
+    }
+
+    /// Tools, reasoning settings and template variables.
+    #[must_use]
+    pub fn options(mut self, options: ChatOptions) -> Self {
+        self.options = options;
+        self
+    }
+
+    /// How tokens are picked (default greedy).
+    #[must_use]
+    pub fn sampling(mut self, sampling: SamplingParams) -> Self {
+        self.sampling = sampling;
+        self
+    }
+
+    /// Limits of each reply: most tokens, stop strings, speculation, …
+    /// (its `special` is set by each prompt: see [`ChatPrompt::special`](super::ChatPrompt::special)).
+    #[must_use]
+    pub fn generate_options(mut self, options: GenerateOptions) -> Self {
+        self.generate = options;
+        self
+    }
+
+    /// The messages so far.
+    pub fn messages(&self) -> &[ChatMessage] {
+        &self.messages
+    }
+
+    /// The tokens in the KV cache: the last prompt and reply.
+    pub fn cached_tokens(&self) -> &[Token] {
+        self.session.tokens()
+    }
+
+    /// Appends a message of any kind.
+    pub fn push(&mut self, message: ChatMessage) {
+        self.messages.push(message);
+    }
+
+    /// Appends a user message.
+    pub fn user(&mut self, text: impl Into<String>) {
+        self.messages.push(ChatMessage::user(text));
+    }
+
+    /// Appends the result of a tool call the model made.
+    pub fn tool_result(&mut self, call: &ToolCall, content: impl Into<String>) {
+        let mut message = ChatMessage::tool(call.id.clone().unwrap_or_default(), content);
+        message.name = Some(call.function.name.clone());
+        self.messages.push(message);
+    }
+
+    /// Appends a user message and starts the reply.
+    ///
+    /// # Errors
+    /// As [`Conversation::reply`].
+    pub fn send(&mut self, text: impl Into<String>) -> Result<Turn<'_, 'm>> {
+        self.user(text);
+        self.reply()
+    }
+
+    /// Starts the model's reply to the messages so far. The prompt reuses
+    /// the longest prefix of the KV cache that it shares.
+    ///
+    /// # Errors
+    /// As [`ChatFormat::prompt`], [`SamplingParams::sampler`] and
+    /// [`Session::generate`].
+    pub fn reply(&mut self) -> Result<Turn<'_, 'm>> {
+        let prompt = self.format.prompt(self.model, &self.messages, &self.options)?;
+        let parser = prompt.parser();
+        self.sampler = Some(prompt.sampling(self.sampling.clone()).sampler(self.model)?);
+        let options = self.generate.clone().special(prompt.special);
+        let Conversation { ctx, session, sampler, messages, calls, .. } = self;
+        let sampler = sampler.as_mut().ok_or_else(|| Error::InvalidArgument("no sampler".into()))?;
+        let generation = session.generate(ctx, sampler, &prompt.tokens, &options)?;
+        Ok(Turn {
+            generation,
+            parser,
+            messages,
+            calls,
+            queue: std::collections::VecDeque::new(),
+            reply: Reply::default(),
+            state: TurnState::Running,
+        })
+    }
+}
+
+/// What a finished reply said ([`Turn::finish`]).
+#[derive(Clone, Debug, Default, PartialEq)]
+#[non_exhaustive]
+pub struct Reply {
+    /// The answer's text.
+    pub text: String,
+    /// The thoughts before it.
+    pub reasoning: String,
+    /// The tool calls it made, with their ids.
+    pub tool_calls: Vec<ToolCall>,
+    /// Why it ended (`None` while it runs).
+    pub finish_reason: Option<FinishReason>,
+    /// Its token counts.
+    pub usage: Usage,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum TurnState {
+    Running,
+    /// The generation ended; `Done` is yet to be yielded.
+    Ended,
+    Done,
+}
+
+/// One reply of a [`Conversation`], as it is generated: a blocking
+/// [`Iterator`] and a [`Stream`](futures_core::Stream) of [`ChatEvent`]s,
+/// ending with one [`ChatEvent::Done`]. When it is done the reply joins
+/// the conversation; a turn dropped before that leaves the history as it
+/// was.
+///
+/// The stream form does the work inside `poll_next` (each poll decodes
+/// until some text is ready): drive it from a blocking task, or serve many
+/// users with the engine ([`Engine::chat`](crate::engine::Engine::chat)),
+/// whose stream waits without blocking.
+pub struct Turn<'c, 'm> {
+    generation: Generation<'c, 'm, 'm>,
+    parser: ChatParser,
+    messages: &'c mut Vec<ChatMessage>,
+    calls: &'c mut usize,
+    queue: std::collections::VecDeque<ChatEvent>,
+    reply: Reply,
+    state: TurnState,
+}
+
+impl std::fmt::Debug for Turn<'_, '_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Turn").field("reply", &self.reply).finish_non_exhaustive()
+    }
+}
+
+impl Turn<'_, '_> {
+    /// The generation's statistics so far.
+    pub fn stats(&self) -> &GenerationStats {
+        self.generation.stats()
+    }
+
+    /// Runs the reply to its end and returns it.
+    ///
+    /// # Errors
+    /// As [`Iterator::next`].
+    pub fn finish(mut self) -> Result<Reply> {
+        for event in &mut self {
+            event?;
+        }
+        Ok(self.reply.clone())
+    }
+
+    fn take(&mut self, event: ChatEvent) -> ChatEvent {
+        match &event {
+            ChatEvent::Text(t) => self.reply.text.push_str(t),
+            ChatEvent::Reasoning(t) => self.reply.reasoning.push_str(t),
+            ChatEvent::ToolCall(_) => {}
+            ChatEvent::Done { .. } => {}
+        }
+        event
+    }
+
+    fn end(&mut self) -> ChatEvent {
+        let stats = self.generation.stats();
+        let reason = stats.finish_reason.clone().unwrap_or(FinishReason::Length);
+        self.reply.finish_reason = Some(reason.clone());
+        self.reply.usage = Usage {
+            prompt_tokens: stats.prompt_tokens,
+            cached_tokens: stats.prompt_tokens - stats.prompt_evaluated,
+            completion_tokens: stats.generated_tokens,
+            accepted_draft_tokens: stats.accepted_draft_tokens,
+            rejected_draft_tokens: stats.drafted_tokens - stats.accepted_draft_tokens,
+        };
+        let r = &self.reply;
+        // Empty rather than absent content for a reply that only calls
+        // tools: templates test it as a string (`'</think>' in content`).
+        let mut message = ChatMessage::assistant(r.text.clone());
+        message.tool_calls.clone_from(&r.tool_calls);
+        message.reasoning_content = (!r.reasoning.is_empty()).then(|| r.reasoning.clone());
+        self.messages.push(message);
+        ChatEvent::Done { reason, usage: self.reply.usage }
+    }
+
+    fn next_event(&mut self) -> Option<Result<ChatEvent>> {
+        loop {
+            if let Some(event) = self.queue.pop_front() {
+                return Some(Ok(self.take(event)));
+            }
+            match self.state {
+                TurnState::Done => return None,
+                TurnState::Ended => {
+                    self.state = TurnState::Done;
+                    return Some(Ok(self.end()));
+                }
+                TurnState::Running => {}
+            }
+            let events = match self.generation.next_piece() {
+                Some(Ok(piece)) => self.parser.push(piece),
+                Some(Err(Error::ContextFull { .. })) => continue,
+                Some(Err(e)) => {
+                    self.state = TurnState::Done;
+                    return Some(Err(e));
+                }
+                None => {
+                    self.state = TurnState::Ended;
+                    self.parser.finish()
+                }
+            };
+            for event in events {
+                let event = match event {
+                    ChatEvent::ToolCall(call) => {
+                        let call = ToolCall { id: Some(format!("call_{}", *self.calls)), ..call };
+                        *self.calls += 1;
+                        self.reply.tool_calls.push(call.clone());
+                        ChatEvent::ToolCall(call)
+                    }
+                    other => other,
+                };
+                self.queue.push_back(event);
+            }
+        }
+    }
+}
+
+impl Iterator for Turn<'_, '_> {
+    type Item = Result<ChatEvent>;
+
+    /// Generates until the next event.
+    fn next(&mut self) -> Option<Result<ChatEvent>> {
+        self.next_event()
+    }
+}
+
+impl std::iter::FusedIterator for Turn<'_, '_> {}
+
+impl futures_core::Stream for Turn<'_, '_> {
+    type Item = Result<ChatEvent>;
+
+    /// Generates until the next event, on the polling thread.
+    fn poll_next(self: Pin<&mut Self>, _cx: &mut TaskContext<'_>) -> Poll<Option<Result<ChatEvent>>> {
+        Poll::Ready(self.get_mut().next_event())
+    }
+}
