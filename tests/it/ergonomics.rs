@@ -322,3 +322,34 @@ fn sampling_params_build_the_usual_chain_and_refuse_bad_values() {
     let err = SamplingParams::greedy().grammar("root ::= (").sampler(&model).unwrap_err();
     assert!(matches!(err, Error::Grammar(_)));
 }
+
+/// One `GenerateOptions` value (most tokens, a stop string, no stop at
+/// end-of-generation) gives the same text through `Session::generate`,
+/// `Model::complete_tokens` and an engine request.
+#[test]
+fn one_options_type_drives_session_complete_and_engine_alike() {
+    let model = tiny_model();
+    let prompt = model.vocab().tokenize("Once upon a time", AddBos::Yes).unwrap();
+    let full = session_text(&model, &prompt, &SamplingParams::default(), 20, 256);
+    // A stop string from the middle of the unbounded text.
+    let chars: Vec<char> = full.chars().collect();
+    let stop: String = chars[chars.len() / 2..chars.len() / 2 + 2].iter().collect();
+    let options = GenerateOptions::default().max_tokens(20).stop([stop.clone()]).stop_at_eog(false);
+    let expected = &full[..full.find(&stop).unwrap()];
+
+    let mut ctx = model.new_context(&ContextParams::default().n_ctx(256)).unwrap();
+    let mut sampler = SamplingParams::default().sampler(&model).unwrap();
+    let mut session = Session::new();
+    let text: String =
+        session.generate(&mut ctx, &mut sampler, &prompt, &options).unwrap().map(Result::unwrap).collect();
+    assert_eq!(text, expected);
+
+    let done = model.complete_tokens(&prompt, &CompleteOptions::default().generate(options.clone())).unwrap();
+    assert_eq!((done.text.as_str(), &done.finish_reason), (expected, &FinishReason::Stop(stop.clone())));
+
+    let path = tiny_llama_path(&TinyModelSpec::default()).unwrap();
+    let shared = std::sync::Arc::new(Model::load(path, &ModelParams::default()).unwrap());
+    let engine = llamacpp::engine::Engine::start(shared, llamacpp::engine::EngineConfig::default().n_ctx(512)).unwrap();
+    let out = engine.submit(llamacpp::engine::Request::tokens(prompt).generate(options)).unwrap().wait();
+    assert_eq!(out.text, expected);
+}

@@ -3,6 +3,7 @@
 
 use crate::chat::ChatPrompt;
 use crate::error::{Error, Result};
+use crate::generate::GenerateOptions;
 use crate::model::Model;
 use crate::sampler::{SamplerChain, SamplingParams};
 use crate::speculative::Speculation;
@@ -41,14 +42,11 @@ pub enum Prompt {
 pub struct Request {
     pub(crate) prompt: Prompt,
     pub(crate) sampling: SamplingParams,
-    pub(crate) max_tokens: Option<usize>,
-    pub(crate) stop: Vec<String>,
-    pub(crate) stop_at_eog: bool,
+    /// Most tokens, stops, control-token output, speculation (unless
+    /// chosen: the engine's default, [`EngineConfig::speculation`](super::EngineConfig::speculation)).
+    pub(crate) generate: GenerateOptions,
     pub(crate) max_context: Option<usize>,
     pub(crate) priority: i32,
-    pub(crate) special: Special,
-    /// `None`: the engine's default ([`EngineConfig::speculation`](super::EngineConfig::speculation)).
-    pub(crate) speculation: Option<Option<Speculation>>,
     /// A chat request's prompt (its tokens moved to `prompt`): the
     /// constraint and budget its sampling gets at submit, and the parser
     /// of its reply.
@@ -89,21 +87,27 @@ impl Request {
         Request {
             prompt,
             sampling: SamplingParams::default(),
-            max_tokens: Some(256),
-            stop: Vec::new(),
-            stop_at_eog: true,
+            generate: GenerateOptions::default().max_tokens(256),
             max_context: None,
             priority: 0,
-            special: Special::Plain,
-            speculation: None,
             chat: None,
         }
+    }
+
+    /// The generation's limits and output, all at once (the same type as
+    /// [`Session::generate`](crate::generate::Session::generate)'s; its
+    /// `n_keep`, overflow and sequence do not apply to the engine). A chat
+    /// request keeps the control-token output its prompt needs.
+    #[must_use]
+    pub fn generate(mut self, options: GenerateOptions) -> Self {
+        self.generate = options;
+        self
     }
 
     /// Most new tokens (`None`: until another limit ends the request).
     #[must_use]
     pub fn max_tokens(mut self, n: impl Into<Option<usize>>) -> Self {
-        self.max_tokens = n.into();
+        self.generate.max_tokens = n.into();
         self
     }
 
@@ -122,7 +126,7 @@ impl Request {
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
-        self.stop = stops.into_iter().map(Into::into).filter(|s: &String| !s.is_empty()).collect();
+        self.generate = self.generate.stop(stops);
         self
     }
 
@@ -130,7 +134,7 @@ impl Request {
     /// with `false` they are sampled and decoded like any token.
     #[must_use]
     pub fn stop_at_eog(mut self, on: bool) -> Self {
-        self.stop_at_eog = on;
+        self.generate.stop_at_eog = on;
         self
     }
 
@@ -156,7 +160,7 @@ impl Request {
     /// ([`Special::Markup`]; default [`Special::Plain`]).
     #[must_use]
     pub fn special(mut self, special: Special) -> Self {
-        self.special = special;
+        self.generate.special = special;
         self
     }
 
@@ -166,7 +170,7 @@ impl Request {
     /// The output is the same either way; see [`crate::speculative`].
     #[must_use]
     pub fn speculation(mut self, speculation: impl Into<Option<Speculation>>) -> Self {
-        self.speculation = Some(speculation.into());
+        self.generate = self.generate.speculation(speculation);
         self
     }
 }
@@ -208,7 +212,11 @@ pub(crate) fn check(
     for &token in &prompt {
         vocab.check(token)?;
     }
-    if request.max_tokens == Some(0) {
+    if let Some(chat) = &request.chat {
+        // The markers the reply's parser reads must reach it.
+        request.generate.special = chat.special;
+    }
+    if request.generate.max_tokens == Some(0) {
         return Err(Error::InvalidParameter { name: "max_tokens", message: "must be at least 1".into() });
     }
     let train = model.n_ctx_train() as usize;
@@ -242,7 +250,7 @@ pub(crate) fn check(
         // built here rather than on the engine's thread).
         SamplerChain::new().constraint(model, constraint).greedy().build()?;
     }
-    let speculation = request.speculation.unwrap_or(speculation);
+    let speculation = if request.generate.speculation_chosen { request.generate.speculation } else { speculation };
     if let Some(spec) = &speculation {
         spec.validate()?;
         check_can_speculate(model)?;

@@ -26,7 +26,6 @@ pub const DEFAULT_MAX_TOKENS: usize = 256;
 pub struct CompleteOptions {
     sampling: SamplingParams,
     generate: GenerateOptions,
-    max_tokens: usize,
     context: Option<ContextParams>,
 }
 
@@ -34,8 +33,7 @@ impl Default for CompleteOptions {
     fn default() -> Self {
         CompleteOptions {
             sampling: SamplingParams::default(),
-            generate: GenerateOptions::default(),
-            max_tokens: DEFAULT_MAX_TOKENS,
+            generate: GenerateOptions::default().max_tokens(DEFAULT_MAX_TOKENS),
             context: None,
         }
     }
@@ -52,7 +50,7 @@ impl CompleteOptions {
     /// The most tokens to generate (default [`DEFAULT_MAX_TOKENS`]).
     #[must_use]
     pub fn max_tokens(mut self, n: usize) -> Self {
-        self.max_tokens = n;
+        self.generate = self.generate.max_tokens(n);
         self
     }
 
@@ -77,13 +75,22 @@ impl CompleteOptions {
         self
     }
 
-    /// The rest of the generation's options (stop strings, end-of-generation
-    /// handling, context shift, special tokens); its `max_tokens` is
-    /// replaced by [`CompleteOptions::max_tokens`].
+    /// All of the generation's limits and output at once (the type
+    /// [`Session::generate`] and the engine's requests take): stop strings,
+    /// end-of-generation handling, context shift, special tokens,
+    /// speculation, and most tokens when `options` sets it (otherwise the
+    /// limit stays as it was: [`CompleteOptions::max_tokens`], or
+    /// [`DEFAULT_MAX_TOKENS`]).
     #[must_use]
     pub fn generate(mut self, options: GenerateOptions) -> Self {
-        self.generate = options;
+        let max_tokens = options.max_tokens.unwrap_or(self.limit());
+        self.generate = options.max_tokens(max_tokens);
         self
+    }
+
+    /// The most tokens a run may generate.
+    fn limit(&self) -> usize {
+        self.generate.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS)
     }
 
     /// The context to create (its `n_ctx` must hold the prompt and the
@@ -150,11 +157,11 @@ impl Model {
         let prompt = format.prompt(self, messages, &ChatOptions::default())?;
         let params = match &options.context {
             Some(params) => params.clone(),
-            None => ContextParams::default().n_ctx(sized_context(self, prompt.tokens.len(), options.max_tokens)),
+            None => ContextParams::default().n_ctx(sized_context(self, prompt.tokens.len(), options.limit())),
         };
         let mut chat = Conversation::with_context(self, &params)?
             .sampling(options.sampling.clone())
-            .generate_options(options.generate.clone().max_tokens(options.max_tokens));
+            .generate_options(options.generate.clone());
         for m in messages {
             chat.push(m.clone());
         }
@@ -177,13 +184,12 @@ impl Model {
     pub fn complete_tokens(&self, prompt: &[Token], options: &CompleteOptions) -> Result<Completed> {
         let params = match &options.context {
             Some(params) => params.clone(),
-            None => ContextParams::default().n_ctx(sized_context(self, prompt.len(), options.max_tokens)),
+            None => ContextParams::default().n_ctx(sized_context(self, prompt.len(), options.limit())),
         };
         let mut ctx = self.new_context(&params)?;
         let mut sampler = options.sampling.sampler(self)?;
         let mut session = Session::new();
-        let generate = options.generate.clone().max_tokens(options.max_tokens);
-        let mut generation = session.generate(&mut ctx, &mut sampler, prompt, &generate)?;
+        let mut generation = session.generate(&mut ctx, &mut sampler, prompt, &options.generate)?;
         let mut text = String::new();
         while let Some(piece) = generation.next_piece() {
             match piece {

@@ -23,21 +23,33 @@ pub enum Overflow {
     Shift,
 }
 
-/// Options of one [`Session::generate`](crate::generate::Session::generate) run, as a builder.
+/// The limits and output of a generation, as a builder: the one options
+/// type of [`Session::generate`](crate::generate::Session::generate),
+/// [`CompleteOptions::generate`](crate::generate::CompleteOptions::generate),
+/// [`Conversation::generate_options`](crate::chat::Conversation::generate_options)
+/// and the engine's [`Request::generate`](crate::engine::Request::generate)
+/// (most tokens, stop strings, stop at end-of-generation, control-token
+/// output, speculation). `n_keep`, [`Overflow`] and the sequence are a
+/// [`Session`](crate::generate::Session)'s: the engine places and bounds
+/// its sequences itself.
 ///
 /// Defaults: no token limit, no stop strings, stop at end-of-generation
 /// tokens, `n_keep` 0, [`Overflow::Error`], sequence 0, control tokens
-/// rendered as nothing, no speculative decoding.
-#[derive(Clone, Debug)]
+/// rendered as nothing, no speculative decoding (for an engine request:
+/// the engine's default).
+#[derive(Clone, Debug, PartialEq)]
 pub struct GenerateOptions {
-    pub(super) max_tokens: Option<usize>,
-    pub(super) stop: Vec<String>,
-    pub(super) stop_at_eog: bool,
-    pub(super) n_keep: usize,
-    pub(super) overflow: Overflow,
-    pub(super) seq: SeqId,
-    pub(super) special: Special,
-    pub(super) speculation: Option<Speculation>,
+    pub(crate) max_tokens: Option<usize>,
+    pub(crate) stop: Vec<String>,
+    pub(crate) stop_at_eog: bool,
+    pub(crate) n_keep: usize,
+    pub(crate) overflow: Overflow,
+    pub(crate) seq: SeqId,
+    pub(crate) special: Special,
+    pub(crate) speculation: Option<Speculation>,
+    /// [`GenerateOptions::speculation`] was called: the engine uses its
+    /// own default otherwise.
+    pub(crate) speculation_chosen: bool,
 }
 
 impl Default for GenerateOptions {
@@ -51,6 +63,7 @@ impl Default for GenerateOptions {
             seq: 0,
             special: Special::Plain,
             speculation: None,
+            speculation_chosen: false,
         }
     }
 }
@@ -130,6 +143,7 @@ impl GenerateOptions {
     #[must_use]
     pub fn speculation(mut self, speculation: impl Into<Option<Speculation>>) -> Self {
         self.speculation = speculation.into();
+        self.speculation_chosen = true;
         self
     }
 }

@@ -13,7 +13,7 @@ use crate::engine::kv::Cells;
 use crate::engine::request::Request;
 use crate::engine::{Event, Finish, Piece, Timings, TokenLogprob, Usage};
 use crate::error::Result;
-use crate::generate::TextTail;
+use crate::generate::{GenerateOptions, TextTail};
 use crate::model::Model;
 use crate::sampler::Sampler;
 use crate::speculative::NgramDrafter;
@@ -208,7 +208,8 @@ impl<'m> Seq<'m> {
     /// The worker's state of a submitted request, with its sampler.
     pub fn new(model: &'m Model, submission: Submission, sampler: Sampler<'m>) -> Self {
         let Submission { id, checked, events, cancel, submitted, submit_step } = submission;
-        let Request { sampling, max_tokens, stop, stop_at_eog, priority, special, .. } = checked.request;
+        let Request { sampling, generate, priority, .. } = checked.request;
+        let GenerateOptions { max_tokens, stop, stop_at_eog, special, .. } = generate;
         let prompt = checked.prompt;
         let drafting = checked.speculation.map(|spec| Drafting { drafter: NgramDrafter::new(spec), draft: Vec::new() });
         Seq {
