@@ -177,6 +177,20 @@ pub enum Error {
     /// role, roles that do not alternate, …). The message is the template's.
     #[error("the chat template refused the conversation: {0}")]
     ChatTemplateRaised(String),
+    /// A JSON answer ([`Conversation::reply_json`](crate::chat::Conversation::reply_json))
+    /// ended before its document did: the token limit or the context cut
+    /// it short.
+    #[error("the JSON answer was cut short after {tokens} tokens ({reason}): raise max_tokens or the context size")]
+    JsonCutShort {
+        /// Tokens generated.
+        tokens: usize,
+        /// Why generation ended.
+        reason: crate::generate::FinishReason,
+    },
+    /// A complete JSON answer that does not deserialize into the type
+    /// asked for (serde's message).
+    #[error("the JSON answer does not fit the type: {0}")]
+    JsonAnswer(String),
     /// Chat text that cannot be kept apart from the template's markup
     /// ([`ChatFormat::tokenize`](crate::ChatFormat::tokenize)): an object
     /// key, a `role` or a `type` that holds or touches a control token's

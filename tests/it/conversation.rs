@@ -271,3 +271,51 @@ fn the_engine_and_the_stream_answer_as_the_conversation() {
     let (_, async_text, _, _, _) = gather(futures::executor::block_on(futures::StreamExt::collect(stream)));
     assert_eq!(async_text, text);
 }
+
+#[derive(Debug, serde::Deserialize, schemars::JsonSchema)]
+#[allow(dead_code)]
+struct Country {
+    name: String,
+    capital: String,
+    /// In millions.
+    population: u32,
+    languages: Vec<String>,
+    continent: Continent,
+}
+
+#[derive(Debug, serde::Deserialize, schemars::JsonSchema)]
+enum Continent {
+    Africa,
+    Asia,
+    Europe,
+    America,
+    Oceania,
+}
+
+/// A typed answer: generated under the schema schemars derives from the
+/// type, read into it; the same turn cut short by `max_tokens` is
+/// `Error::JsonCutShort`, not a serde error; the reply joins the history
+/// as the document's text.
+#[test]
+fn gemma_typed_json_answers_round_trip_and_a_cut_short_one_says_so() {
+    let model = gemma();
+    let mut chat = Conversation::new(model).unwrap().generate_options(GenerateOptions::default().max_tokens(200));
+    chat.user("Describe France as JSON.");
+    let france: Country = chat.reply_json().unwrap();
+    assert!(!france.name.is_empty() && !france.capital.is_empty(), "{france:?}");
+    let text = chat.messages().last().unwrap().text();
+    let again: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(again["capital"].as_str(), Some(france.capital.as_str()), "{text}");
+
+    let mut short = Conversation::new(model).unwrap().generate_options(GenerateOptions::default().max_tokens(4));
+    short.user("Describe France as JSON.");
+    match short.reply_json::<Country>() {
+        Err(llamacpp::Error::JsonCutShort { tokens: 4, reason: FinishReason::Length }) => {}
+        other => panic!("{other:?}"),
+    }
+    let done: Result<Country, _> = model.chat_json(
+        &[ChatMessage::user("Describe Spain as JSON.")],
+        &llamacpp::CompleteOptions::default().max_tokens(4),
+    );
+    assert!(matches!(done, Err(llamacpp::Error::JsonCutShort { .. })), "{done:?}");
+}

@@ -6,8 +6,10 @@ use std::task::{Context as TaskContext, Poll};
 
 use super::output::{ChatEvent, ChatParser};
 use super::prompt::ChatOptions;
+use super::reasoning::Reasoning;
 use super::tools::{Tool, Tools};
 use super::{ChatFormat, ChatMessage, ToolCall};
+use crate::constraint::Constraint;
 use crate::context::{Context, ContextParams};
 use crate::engine::Usage;
 use crate::error::{Error, Result};
@@ -195,9 +197,30 @@ impl<'m> Conversation<'m> {
     /// As [`ChatFormat::prompt`], [`SamplingParams::sampler`] and
     /// [`Session::generate`].
     pub fn reply(&mut self) -> Result<Turn<'_, 'm>> {
-        let prompt = self.format.prompt(self.model, &self.messages, &self.options)?;
+        self.start(None)
+    }
+
+    /// A reply generated under `constraint` (a JSON turn: no tool calls,
+    /// thoughts off).
+    pub(crate) fn reply_constrained(&mut self, constraint: Constraint) -> Result<Turn<'_, 'm>> {
+        self.start(Some(constraint))
+    }
+
+    fn start(&mut self, constraint: Option<Constraint>) -> Result<Turn<'_, 'm>> {
+        let prompt = match &constraint {
+            None => self.format.prompt(self.model, &self.messages, &self.options)?,
+            Some(_) => {
+                let options =
+                    ChatOptions { tools: None, reasoning: Reasoning::default().enabled(false), ..self.options.clone() };
+                self.format.prompt(self.model, &self.messages, &options)?
+            }
+        };
         let parser = prompt.parser();
-        self.sampler = Some(prompt.sampling(self.sampling.clone()).sampler(self.model)?);
+        let mut sampling = prompt.sampling(self.sampling.clone());
+        if let Some(c) = constraint {
+            sampling = sampling.constraint(c);
+        }
+        self.sampler = Some(sampling.sampler(self.model)?);
         let options = self.generate.clone().special(prompt.special);
         let Conversation { ctx, session, sampler, messages, calls, .. } = self;
         let sampler = sampler.as_mut().ok_or_else(|| Error::InvalidArgument("no sampler".into()))?;

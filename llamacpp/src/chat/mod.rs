@@ -26,6 +26,9 @@ mod prompt;
 mod python;
 pub(crate) mod reasoning;
 pub mod tools;
+#[cfg(feature = "schemars")]
+#[cfg_attr(docsrs, doc(cfg(feature = "schemars")))]
+mod typed;
 
 pub(crate) use plain::ControlTexts;
 

@@ -2,6 +2,7 @@
 //! scripts and tests that want text, not a streaming loop.
 
 use crate::chat::{ChatEvent, ChatMessage, ChatOptions, Conversation};
+use crate::constraint::Constraint;
 use crate::context::ContextParams;
 use crate::error::{Error, Result};
 use crate::model::Model;
@@ -88,6 +89,12 @@ impl CompleteOptions {
         self
     }
 
+    /// The sampling settings.
+    #[cfg(feature = "schemars")]
+    pub(crate) fn sampling_params(&self) -> &SamplingParams {
+        &self.sampling
+    }
+
     /// The most tokens a run may generate.
     fn limit(&self) -> usize {
         self.generate.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS)
@@ -153,6 +160,16 @@ impl Model {
     /// [`Error::ChatMarkup`](crate::Error::ChatMarkup)), then as
     /// [`Model::complete`].
     pub fn chat(&self, messages: &[ChatMessage], options: &CompleteOptions) -> Result<Completed> {
+        self.chat_constrained(messages, options, None)
+    }
+
+    /// [`Model::chat`], the reply under `constraint` when one is given.
+    pub(crate) fn chat_constrained(
+        &self,
+        messages: &[ChatMessage],
+        options: &CompleteOptions,
+        constraint: impl Into<Option<Constraint>>,
+    ) -> Result<Completed> {
         let format = self.chat_format(None)?;
         let prompt = format.prompt(self, messages, &ChatOptions::default())?;
         let params = match &options.context {
@@ -165,7 +182,10 @@ impl Model {
         for m in messages {
             chat.push(m.clone());
         }
-        let mut turn = chat.reply()?;
+        let mut turn = match constraint.into() {
+            Some(c) => chat.reply_constrained(c)?,
+            None => chat.reply()?,
+        };
         let mut text = String::new();
         for event in &mut turn {
             if let ChatEvent::Text(t) = event? {
