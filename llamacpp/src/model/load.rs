@@ -272,7 +272,7 @@ impl Model {
             overridden,
             adapters: RwLock::new(()),
             constraint_tokens: std::sync::Mutex::new(None),
-            chat: std::sync::OnceLock::new(),
+            chat: std::panic::AssertUnwindSafe(std::sync::OnceLock::new()),
             _rpc: rpc_lease,
         };
         let pre = model.metadata("tokenizer.ggml.pre");

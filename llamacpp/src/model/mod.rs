@@ -117,7 +117,11 @@ pub struct Model {
     constraint_tokens: std::sync::Mutex<Option<std::sync::Arc<crate::constraint::TokenTable>>>,
     /// Its default chat format, compiled by the first
     /// [`Model::chat_format`]`(None)` and shared by every later one.
-    pub(crate) chat: std::sync::OnceLock<crate::chat::ChatFormat>,
+    /// Asserted unwind-safe (minijinja's environment is not marked so):
+    /// the cell is set once, whole, after a successful compile, and never
+    /// changed, so a panic cannot leave it half-written and `Model` stays
+    /// `UnwindSafe` as before.
+    pub(crate) chat: std::panic::AssertUnwindSafe<std::sync::OnceLock<crate::chat::ChatFormat>>,
     /// The RPC servers it uses (dropped after the model is freed).
     _rpc: RpcLease,
 }
