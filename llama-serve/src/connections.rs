@@ -2,13 +2,15 @@
 //! clients needs: a request head must arrive whole within the header
 //! timeout (a client that goes silent or trickles its head, and a
 //! keep-alive connection left idle, are closed), and at most
-//! `max_connections` are open at once (one more is answered 503 and
-//! closed at once). The body's own timeout is `limits::read_json`'s.
+//! `max_connections` are open at once, `max_per_client` of them from one
+//! address (one more is answered 503 and closed at once). The body's own
+//! timeout is `limits::read_json`'s.
 //!
 //! `axum::serve` builds hyper's connections without a timer, and hyper
 //! then has no header timeout at all; this loop builds them itself.
 
 use std::future::Future;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -32,6 +34,42 @@ pub struct ConnectionLimits {
     /// whose last response was written) to the head's last byte.
     pub header_timeout: Duration,
     pub max_connections: usize,
+    pub max_per_client: usize,
+}
+
+/// Open connections per client address.
+#[derive(Debug, Default)]
+struct PerClient(std::sync::Mutex<std::collections::HashMap<IpAddr, usize>>);
+
+/// One counted connection; uncounted when dropped.
+struct ClientSlot {
+    clients: Arc<PerClient>,
+    ip: IpAddr,
+}
+
+impl PerClient {
+    /// A slot for `ip`, unless it holds `max` already.
+    fn take(self: &Arc<Self>, ip: IpAddr, max: usize) -> Option<ClientSlot> {
+        let mut open = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let n = open.entry(ip).or_insert(0);
+        if *n >= max {
+            return None;
+        }
+        *n += 1;
+        Some(ClientSlot { clients: self.clone(), ip })
+    }
+}
+
+impl Drop for ClientSlot {
+    fn drop(&mut self) {
+        let mut open = self.clients.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(n) = open.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                open.remove(&self.ip);
+            }
+        }
+    }
 }
 
 /// Serves `router` on `listener` until `shutdown` completes, then stops
@@ -44,6 +82,7 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) {
     let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let clients = Arc::new(PerClient::default());
     let graceful = GracefulShutdown::new();
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new()).header_read_timeout(limits.header_timeout);
@@ -63,7 +102,11 @@ pub async fn serve(
             () = &mut shutdown => break,
         };
         let Ok(slot) = slots.clone().try_acquire_owned() else {
-            tokio::spawn(refuse(stream));
+            tokio::spawn(refuse(stream, "too many open connections; try again shortly"));
+            continue;
+        };
+        let Some(client_slot) = clients.take(peer.ip(), limits.max_per_client) else {
+            tokio::spawn(refuse(stream, "too many open connections from this address; close some"));
             continue;
         };
         // Streamed tokens are small writes that should leave at once.
@@ -80,7 +123,7 @@ pub async fn serve(
             // An error here is the client's (a reset, a bad or late head);
             // hyper has answered what could be answered.
             let _ = connection.await;
-            drop(slot);
+            drop((slot, client_slot));
         });
     }
     drop(listener);
@@ -89,9 +132,8 @@ pub async fn serve(
 
 /// Answers a connection over the cap with 503 and closes it, without
 /// reading its request: a flood of connections costs a write each.
-async fn refuse(mut stream: TcpStream) {
-    let error = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "too many open connections; try again shortly")
-        .code("too_many_connections");
+async fn refuse(mut stream: TcpStream, message: &'static str) {
+    let error = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, message).code("too_many_connections");
     let body = serde_json::to_string(&error.body()).unwrap_or_default();
     let head = format!(
         "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\

@@ -42,7 +42,7 @@ pub fn engine_error(e: Error) -> ApiError {
         | Error::OutOfRange { .. }
         | Error::InputTooLarge { .. }
         | Error::Nul(_) => ApiError::bad_request(e.to_string()),
-        e => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+        e => ApiError::internal(e),
     }
 }
 
@@ -57,10 +57,8 @@ pub fn finish_reason(reason: &FinishReason) -> Result<&'static str, ApiError> {
         FinishReason::Shutdown => {
             Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the server shut down before the request finished"))
         }
-        FinishReason::Failed(m) => {
-            Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, format!("generation failed: {m}")))
-        }
-        other => Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, format!("generation ended: {other}"))),
+        FinishReason::Failed(m) => Err(ApiError::internal(format!("generation failed: {m}"))),
+        other => Err(ApiError::internal(format!("generation ended: {other}"))),
     }
 }
 

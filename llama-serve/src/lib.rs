@@ -37,7 +37,7 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use crate::connections::ConnectionLimits;
 use crate::embeddings::EmbeddingWorker;
 use crate::limits::RateLimiter;
-use crate::state::{AppState, Config, Ready};
+use crate::state::{ApiKey, AppState, Config, Ready};
 
 /// The command line.
 #[derive(Parser, Debug, Clone)]
@@ -104,8 +104,20 @@ pub struct Args {
     #[arg(long, default_value_t = 256)]
     max_queue: usize,
     /// Require `Authorization: Bearer KEY` (all endpoints but /health).
-    #[arg(long)]
-    api_key: Option<String>,
+    /// Visible to other users in `ps`: prefer `--api-key-file` or the
+    /// `LLAMA_API_KEY` environment variable.
+    #[arg(long, env = "LLAMA_API_KEY", hide_env_values = true)]
+    api_key: Option<ApiKey>,
+    /// Read the API key from this file (its first line).
+    #[arg(long, value_name = "PATH", conflicts_with = "api_key")]
+    api_key_file: Option<PathBuf>,
+    /// Host names (the `Host` header, port aside) requests may name,
+    /// comma-separated; `*` for any. Default: a server bound to loopback
+    /// accepts only `localhost`, `127.0.0.1` and `[::1]` (so a web page
+    /// whose own name resolves to 127.0.0.1 cannot use it: DNS
+    /// rebinding); one bound elsewhere accepts any.
+    #[arg(long, value_delimiter = ',', value_name = "HOSTS")]
+    allowed_hosts: Vec<String>,
     /// Requests per second per API key (or client address without keys);
     /// bursts up to the same number. Over it: 429.
     #[arg(long)]
@@ -126,6 +138,11 @@ pub struct Args {
     /// Most connections open at once; one more is answered 503 and closed.
     #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u64).range(1..))]
     max_connections: u64,
+    /// Most connections open at once from one client address, so that one
+    /// client's idle keep-alive connections cannot hold every slot; one
+    /// more is answered 503 and closed.
+    #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u64).range(1..))]
+    max_connections_per_client: u64,
     /// Let chat message content become control tokens, as llama.cpp's
     /// server does: a client can then write `<end_of_turn>` and open a turn
     /// of its own. Off: every text a client sends (message fields, tool
@@ -196,6 +213,30 @@ fn model_path(args: &Args) -> Result<PathBuf, String> {
     }
 }
 
+/// The API key: `--api-key`, `LLAMA_API_KEY` or the first line of
+/// `--api-key-file` (an unreadable file is an error at start, in `main`).
+fn api_key(args: &Args) -> Option<String> {
+    let key = match &args.api_key_file {
+        Some(path) => std::fs::read_to_string(path).ok()?.lines().next().unwrap_or_default().trim().to_owned(),
+        None => args.api_key.clone()?.0,
+    };
+    (!key.is_empty()).then_some(key)
+}
+
+/// The `Host` names requests may use (`None`: any); see `--allowed-hosts`.
+fn allowed_hosts(args: &Args) -> Option<Vec<String>> {
+    if !args.allowed_hosts.is_empty() {
+        if args.allowed_hosts.iter().any(|h| h.trim() == "*") {
+            return None;
+        }
+        return Some(args.allowed_hosts.iter().map(|h| limits::host_name(h.trim()).to_owned()).collect());
+    }
+    let host = args.host.trim_start_matches('[').trim_end_matches(']');
+    let loopback =
+        host.eq_ignore_ascii_case("localhost") || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback());
+    loopback.then(|| vec!["localhost".to_owned(), "127.0.0.1".to_owned(), "::1".to_owned()])
+}
+
 /// The handlers' shared state for `args`, before the model has loaded.
 fn new_state(args: &Args, model_path: &std::path::Path, prometheus: PrometheusHandle) -> Arc<AppState> {
     let model_name = args.model_name.clone().unwrap_or_else(|| {
@@ -203,7 +244,8 @@ fn new_state(args: &Args, model_path: &std::path::Path, prometheus: PrometheusHa
     });
     Arc::new(AppState {
         config: Config {
-            api_key: args.api_key.clone().filter(|k| !k.is_empty()),
+            api_key: api_key(args).map(ApiKey),
+            allowed_hosts: allowed_hosts(args),
             rate_limit: args.rate_limit.filter(|r| *r > 0.0).map(RateLimiter::new),
             model_name,
             max_tokens_cap: args.max_tokens.max(1),
@@ -257,6 +299,12 @@ impl App {
 /// No model named, a port that cannot be bound, a metrics recorder
 /// already installed in this process.
 pub async fn serve(args: Args) -> Result<(), String> {
+    if let Some(path) = &args.api_key_file {
+        let key = std::fs::read_to_string(path).map_err(|e| format!("--api-key-file {}: {e}", path.display()))?;
+        if key.lines().next().unwrap_or_default().trim().is_empty() {
+            return Err(format!("--api-key-file {}: the first line is empty", path.display()));
+        }
+    }
     let model_path = model_path(&args)?;
     let prometheus = PrometheusBuilder::new()
         .set_buckets(&[0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0])
@@ -308,6 +356,7 @@ pub async fn serve(args: Args) -> Result<(), String> {
     let limits = ConnectionLimits {
         header_timeout: Duration::from_secs(args.header_timeout),
         max_connections: usize::try_from(args.max_connections).unwrap_or(usize::MAX),
+        max_per_client: usize::try_from(args.max_connections_per_client).unwrap_or(usize::MAX),
     };
     let grace = Duration::from_secs(args.shutdown_grace);
     let stopper = state.clone();
@@ -421,5 +470,40 @@ async fn shutdown_signal() {
     tokio::select! {
         () = ctrl_c => {}
         () = term => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_api_key_is_never_printed() {
+        let args = Args::parse_from(["llama-serve", "--api-key", "sesame-1234", "--model", "m.gguf"]);
+        let state =
+            new_state(&args, std::path::Path::new("m.gguf"), PrometheusBuilder::new().build_recorder().handle());
+        let printed = format!("{args:?} {:?}", state.config);
+        assert!(!printed.contains("sesame-1234"), "{printed}");
+        assert!(printed.contains("<redacted>"), "{printed}");
+        assert_eq!(state.config.api_key, Some(ApiKey("sesame-1234".into())));
+    }
+
+    #[test]
+    fn host_names_lose_their_port_brackets_and_dot() {
+        for (host, name) in [
+            ("localhost:8080", "localhost"),
+            ("[::1]:8080", "::1"),
+            ("[::1]", "::1"),
+            ("example.com.", "example.com"),
+            ("127.0.0.1", "127.0.0.1"),
+        ] {
+            assert_eq!(limits::host_name(host), name);
+        }
+        let loopback = Args::parse_from(["llama-serve", "--model", "m.gguf"]);
+        assert_eq!(allowed_hosts(&loopback).unwrap().len(), 3);
+        let open = Args::parse_from(["llama-serve", "--model", "m.gguf", "--host", "0.0.0.0"]);
+        assert_eq!(allowed_hosts(&open), None);
+        let any = Args::parse_from(["llama-serve", "--model", "m.gguf", "--allowed-hosts", "*"]);
+        assert_eq!(allowed_hosts(&any), None);
     }
 }

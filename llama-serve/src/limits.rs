@@ -68,6 +68,18 @@ impl RateLimiter {
 /// Checks the API key (when one is set) and the rate limit (when set).
 /// `/health` is open.
 pub async fn guard(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+    if let Some(allowed) = &state.config.allowed_hosts
+        && let Some(host) = request.headers().get(header::HOST)
+    {
+        let name = host.to_str().map(host_name).unwrap_or_default().to_ascii_lowercase();
+        if !allowed.iter().any(|a| a.eq_ignore_ascii_case(&name)) {
+            let message = format!(
+                "the Host {name:?} is not one this server answers to (--allowed-hosts; a loopback server \
+                 answers to localhost, 127.0.0.1 and [::1])"
+            );
+            return ApiError::new(StatusCode::FORBIDDEN, message).code("host_not_allowed").into_response();
+        }
+    }
     if request.uri().path() == "/health" {
         return next.run(request).await;
     }
@@ -78,7 +90,7 @@ pub async fn guard(State(state): State<Arc<AppState>>, request: Request, next: N
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::trim);
     if let Some(key) = &state.config.api_key {
-        let ok = presented.is_some_and(|p| constant_time_eq(p.as_bytes(), key.as_bytes()));
+        let ok = presented.is_some_and(|p| constant_time_eq(p.as_bytes(), key.0.as_bytes()));
         if !ok {
             let message =
                 if presented.is_some() { "incorrect API key" } else { "missing API key (Authorization: Bearer …)" };
@@ -99,6 +111,18 @@ pub async fn guard(State(state): State<Arc<AppState>>, request: Request, next: N
         }
     }
     next.run(request).await
+}
+
+/// The name in a `Host` value: without the port, the brackets of an
+/// IPv6 literal, or a trailing dot.
+pub fn host_name(host: &str) -> &str {
+    let name = match host.strip_prefix('[') {
+        Some(rest) => rest.split(']').next().unwrap_or_default(),
+        None => {
+            host.rsplit_once(':').filter(|(_, port)| port.chars().all(|c| c.is_ascii_digit())).map_or(host, |(n, _)| n)
+        }
+    };
+    name.strip_suffix('.').unwrap_or(name)
 }
 
 /// Whether a `Content-Type` value names JSON: `application/json`, with or

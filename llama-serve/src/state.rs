@@ -11,9 +11,30 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use crate::embeddings::EmbeddingWorker;
 use crate::limits::RateLimiter;
 
+/// The API key: its `Debug` never shows it (settings and arguments are
+/// printed in logs and panics).
+#[derive(Clone, PartialEq, Eq)]
+pub struct ApiKey(pub String);
+
+impl std::fmt::Debug for ApiKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ApiKey(<redacted>)")
+    }
+}
+
+impl std::str::FromStr for ApiKey {
+    type Err = std::convert::Infallible;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(ApiKey(s.to_owned()))
+    }
+}
+
 #[derive(Debug)]
 pub struct Config {
-    pub api_key: Option<String>,
+    pub api_key: Option<ApiKey>,
+    /// The `Host` names requests may use, lowercase, without ports
+    /// (`None`: any).
+    pub allowed_hosts: Option<Vec<String>>,
     pub rate_limit: Option<RateLimiter>,
     /// The name `/v1/models` lists and responses carry.
     pub model_name: String,
@@ -51,8 +72,8 @@ pub enum Lifecycle<'a> {
     Loading,
     /// The model and its engine run.
     Ready(&'a Ready),
-    /// Loading failed (why): 500.
-    Failed(&'a str),
+    /// Loading failed: 500 (why is in the log, not told to clients).
+    Failed,
 }
 
 pub struct AppState {
@@ -75,7 +96,7 @@ impl AppState {
         match self.loaded.get() {
             None => Lifecycle::Loading,
             Some(Ok(ready)) => Lifecycle::Ready(ready),
-            Some(Err(why)) => Lifecycle::Failed(why),
+            Some(Err(_)) => Lifecycle::Failed,
         }
     }
 

@@ -27,6 +27,20 @@ impl ApiError {
         };
         ApiError { status, message: message.into(), kind, param: None, code: None, retry_after: None }
     }
+    /// A 500 whose detail (a C++ exception's text, a path) goes to the
+    /// server's log under a fresh id; the client gets the id and a generic
+    /// message.
+    pub fn internal(detail: impl std::fmt::Display) -> Self {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        let id = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let pid = std::process::id();
+        eprintln!("server: internal error err-{pid:x}-{id}: {detail}");
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("internal server error (id err-{pid:x}-{id}; the server's log has the details)"),
+        )
+        .code("internal_error")
+    }
     pub fn bad_request(message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, message)
     }

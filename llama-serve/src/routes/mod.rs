@@ -42,8 +42,11 @@ fn ready(state: &AppState) -> Result<&Ready, ApiError> {
         Lifecycle::Loading => {
             Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the model is loading").code("loading").retry_after(1))
         }
-        Lifecycle::Failed(why) => {
-            Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, format!("the model failed to load: {why}")))
+        Lifecycle::Failed => {
+            // The reason (a path, llama.cpp's message) is in the log: a
+            // client, keyless on /health, learns only that it failed.
+            Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "the model failed to load (see the server's log)")
+                .code("load_failed"))
         }
     }
 }
@@ -104,5 +107,5 @@ async fn off_runtime<T: Send + 'static>(
 ) -> Result<T, ApiError> {
     tokio::task::spawn_blocking(work)
         .await
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, format!("request preparation failed: {e}")))?
+        .map_err(|e| ApiError::internal(format!("request preparation failed: {e}")))?
 }

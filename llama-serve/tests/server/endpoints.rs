@@ -204,7 +204,7 @@ fn bad_requests_get_openai_errors_with_the_right_status() {
     stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     stream
         .write_all(
-            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+            b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
               Content-Length: 1000000000\r\n\r\n{\"prompt\"",
         )
         .unwrap();

@@ -1,6 +1,7 @@
 //! Hostile clients: message content that cannot forge a turn, silent,
 //! trickling and idle connections timed out, the connection cap, an
-//! embeddings request whose client went away.
+//! embeddings request whose client went away, other origins' Host names,
+//! the API key's sources, what a failed load tells a keyless client.
 
 use super::*;
 
@@ -82,7 +83,7 @@ fn silent_trickling_and_idle_clients_are_timed_out() {
     let wait = Duration::from_secs(15);
     // Half a request head, then silence.
     let mut silent = raw(&server, wait);
-    silent.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n").unwrap();
+    silent.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\n").unwrap();
     // A head that never ends, one byte every 100 ms (each byte would reset
     // a timeout that counted silence instead of the whole head).
     let mut trickling = raw(&server, wait);
@@ -96,14 +97,14 @@ fn silent_trickling_and_idle_clients_are_timed_out() {
     });
     // A kept-alive connection whose next request never comes.
     let mut idle = raw(&server, wait);
-    idle.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    idle.write_all(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n").unwrap();
     let (status, _) = read_response(&mut idle).unwrap();
     assert_eq!(status, "HTTP/1.1 200 OK");
     // A body that stops short of its Content-Length.
     let started = Instant::now();
     let mut short = raw(&server, wait);
     short
-        .write_all(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"prompt\"")
+        .write_all(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"prompt\"")
         .unwrap();
 
     assert!(closed_by_server(&mut silent), "a silent half head was kept open for {wait:?}");
@@ -132,7 +133,7 @@ fn connections_over_the_cap_are_answered_503_and_closed() {
     let refused = loop {
         assert!(held.len() <= 3, "{} connections held under a cap of 3", held.len());
         let mut stream = raw(&server, wait);
-        stream.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        stream.write_all(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n").unwrap();
         let (status, body) = read_response(&mut stream).unwrap();
         if status == "HTTP/1.1 200 OK" {
             held.push(stream);
@@ -152,7 +153,7 @@ fn connections_over_the_cap_are_answered_503_and_closed() {
     let deadline = Instant::now() + wait;
     loop {
         let mut stream = raw(&server, wait);
-        stream.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+        stream.write_all(b"GET /health HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").unwrap();
         if read_response(&mut stream).unwrap().0 == "HTTP/1.1 200 OK" {
             break;
         }
@@ -169,7 +170,7 @@ fn an_embeddings_request_whose_client_went_away_stops() {
     let body = json!({"input": texts}).to_string();
     let mut client = raw(&server, Duration::from_secs(5));
     let head = format!(
-        "POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        "POST /v1/embeddings HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
         body.len()
     );
     client.write_all(head.as_bytes()).unwrap();
@@ -191,4 +192,127 @@ fn an_embeddings_request_whose_client_went_away_stops() {
     let (s, b) = server.post("/v1/embeddings", &json!({"input": "short"}));
     assert_eq!(s, 200, "{b}");
     assert_eq!(b["data"][0]["embedding"].as_array().map(Vec::len), Some(640));
+}
+
+/// The status line and body of `GET path` sent with `Host: host`.
+fn get_with_host(server: &Server, path: &str, host: &str) -> (String, String) {
+    let mut stream = raw(server, Duration::from_secs(10));
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").unwrap();
+    read_response(&mut stream).unwrap()
+}
+
+/// DNS rebinding: a web page whose own name resolves to 127.0.0.1 sends
+/// its name as `Host`. A keyless loopback server answers only loopback
+/// names (403 otherwise, before any endpoint runs); `--allowed-hosts`
+/// names others.
+#[test]
+fn other_host_names_cannot_reach_a_loopback_server() {
+    let server = Server::start(&[]);
+    let port = server.base.rsplit(':').next().unwrap().to_owned();
+    let (status, body) = get_with_host(&server, "/v1/models", "attacker.example");
+    assert!(status.contains(" 403 "), "{status} {body}");
+    assert!(body.contains("host_not_allowed"), "{body}");
+    let (status, _) = get_with_host(&server, "/v1/models", &format!("attacker.example:{port}"));
+    assert!(status.contains(" 403 "), "{status}");
+    for host in [format!("localhost:{port}"), format!("127.0.0.1:{port}"), format!("[::1]:{port}"), "LocalHost".into()]
+    {
+        let (status, body) = get_with_host(&server, "/v1/models", &host);
+        assert!(status.contains(" 200 "), "{host}: {status} {body}");
+    }
+    drop(server);
+
+    // The test client's own Host (127.0.0.1) is refused now: wait by name.
+    let server = Server::spawn(&["--allowed-hosts", "my.box,other.box"]);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !get_with_host(&server, "/health", "other.box").0.contains(" 200 ") {
+        assert!(Instant::now() < deadline, "never ready");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(get_with_host(&server, "/v1/models", "my.box:80").0.contains(" 200 "));
+    assert!(get_with_host(&server, "/v1/models", "localhost").0.contains(" 403 "));
+}
+
+/// The key from `LLAMA_API_KEY` or `--api-key-file` (never on the command
+/// line, where `ps` shows it) guards the endpoints as `--api-key` does.
+#[test]
+fn the_api_key_can_come_from_the_environment_or_a_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("key");
+    std::fs::write(&file, "sesame\n").unwrap();
+    for from_file in [false, true] {
+        let mut command = Command::new(exe());
+        command.args(["--port", "0", "--threads", "2", "--ctx", "1024", "--model"]).arg(model_path());
+        if from_file {
+            command.arg("--api-key-file").arg(&file);
+        } else {
+            command.env("LLAMA_API_KEY", "sesame");
+        }
+        let server = Server::spawn_command(command).ready();
+        let body = json!({"prompt": "a", "max_tokens": 1}).to_string();
+        assert_eq!(server.post_with("/v1/completions", body.clone(), None).status(), 401, "from file: {from_file}");
+        assert_eq!(server.post_with("/v1/completions", body, Some("sesame")).status(), 200, "from file: {from_file}");
+    }
+    let out = Command::new(exe()).args(["--api-key-file", "/nonexistent/key", "--model"]).arg(model_path()).output();
+    let out = out.unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--api-key-file /nonexistent/key"), "{out:?}");
+}
+
+/// A model that fails to load: `/health` (keyless) says only that, not
+/// the path or llama.cpp's message.
+#[test]
+fn health_tells_a_failed_load_without_its_details() {
+    let dir = tempfile::tempdir().unwrap();
+    let secret = dir.path().join("private-name.gguf");
+    std::fs::write(&secret, b"not a gguf file").unwrap();
+    let mut command = Command::new(exe());
+    command.args(["--port", "0", "--threads", "2", "--model"]).arg(&secret);
+    let server = Server::spawn_command(command);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (status, body) = loop {
+        let (status, body) = server.get("/health");
+        if status != 503 || Instant::now() > deadline {
+            break (status, body);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(status, 500, "{body}");
+    assert_eq!(body["error"]["code"], "load_failed", "{body}");
+    assert!(!body.to_string().contains("private-name"), "{body}");
+}
+
+/// One client address holds at most `--max-connections-per-client`
+/// connections; another address still gets in while it does.
+#[test]
+fn one_client_cannot_hold_every_connection() {
+    let server =
+        Server::start(&["--max-connections", "16", "--max-connections-per-client", "2", "--header-timeout", "60"]);
+    let wait = Duration::from_secs(15);
+    let mut held = Vec::new();
+    let (status, body) = loop {
+        assert!(held.len() <= 2, "{} connections from one address under a cap of 2", held.len());
+        let mut stream = raw(&server, wait);
+        stream.write_all(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n").unwrap();
+        let (status, body) = read_response(&mut stream).unwrap();
+        if status != "HTTP/1.1 200 OK" {
+            break (status, body);
+        }
+        held.push(stream);
+    };
+    assert_eq!(status, "HTTP/1.1 503 Service Unavailable", "{body}");
+    assert!(body.contains("from this address"), "{body}");
+    // 127.0.0.2 is loopback too, and another client.
+    let addr: std::net::SocketAddr = server.base.strip_prefix("http://").unwrap().parse().unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let status = runtime.block_on(async {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+        let mut stream = socket.connect(addr).await.unwrap();
+        stream.write_all(b"GET /health HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").await.unwrap();
+        let mut reply = Vec::new();
+        stream.read_to_end(&mut reply).await.unwrap();
+        String::from_utf8_lossy(&reply).lines().next().unwrap_or_default().to_owned()
+    });
+    assert_eq!(status, "HTTP/1.1 200 OK");
 }
