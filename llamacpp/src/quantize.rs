@@ -4,7 +4,7 @@ use std::path::Path;
 
 use crate::error::{Error, Result};
 use crate::ffi::path_to_cstring;
-use crate::model::{Model, check_gguf_file, temp_sibling};
+use crate::model::{Model, check_gguf_file, publish, temp_sibling};
 use crate::sys;
 
 /// A model file type (`LLAMA_FTYPE_*`): the dominant tensor type of a
@@ -133,7 +133,7 @@ pub fn quantize(input: impl AsRef<Path>, output: impl AsRef<Path>, params: &Quan
             message: format!("must be >= 0, got {}", params.threads),
         });
     }
-    let temp = temp_sibling(output);
+    let temp = temp_sibling(output)?;
     let c_temp = path_to_cstring(&temp)?;
     // SAFETY: returns a plain struct of defaults (NULL optional arrays).
     let mut raw = unsafe { sys::llama_model_quantize_default_params() };
@@ -147,14 +147,11 @@ pub fn quantize(input: impl AsRef<Path>, output: impl AsRef<Path>, params: &Quan
     // llama_model_quantize catches its exceptions and returns non-zero.
     let code = unsafe { sys::llama_model_quantize(c_in.as_ptr(), c_temp.as_ptr(), &raw) };
     if code != 0 {
-        let _ = std::fs::remove_file(&temp);
+        // Dropping `temp` removes the partial file.
         return Err(Error::Quantize {
             path: input.to_owned(),
             reason: crate::backend::last_error_or("llama.cpp failed to quantize the model"),
         });
     }
-    std::fs::rename(&temp, output).map_err(|e| {
-        let _ = std::fs::remove_file(&temp);
-        Error::io(output, e)
-    })
+    publish(temp, output)
 }

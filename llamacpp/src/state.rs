@@ -12,26 +12,23 @@ use crate::context::Context;
 use crate::error::StateError;
 use crate::error::{Error, Result, try_reserve};
 use crate::ffi::path_to_cstring;
-use crate::model::temp_sibling;
+use crate::model::{publish, temp_sibling};
 use crate::sys;
 use crate::vocab::Token;
 
 /// Writes a file through `write(temp)` and renames it into place, so a
 /// failure never leaves a half-written file under `path`.
 fn write_atomically(path: &Path, write: impl FnOnce(&std::ffi::CStr) -> bool, what: &str) -> Result<()> {
-    let temp = temp_sibling(path);
+    let temp = temp_sibling(path)?;
     let c_temp = path_to_cstring(&temp)?;
     if !write(&c_temp) {
-        let _ = std::fs::remove_file(&temp);
+        // Dropping `temp` removes the partial file.
         return Err(Error::state(
             StateError::Failed,
             format!("llama.cpp could not write the {what} to {}", path.display()),
         ));
     }
-    std::fs::rename(&temp, path).map_err(|e| {
-        let _ = std::fs::remove_file(&temp);
-        Error::io(path, e)
-    })
+    publish(temp, path)
 }
 
 /// Checks that `state` (the state part of a whole-context save) starts with

@@ -549,8 +549,16 @@ fn penalties_stop_repetition() {
     // Disabled penalties leave greedy as it is.
     let neutral = generate(&mut SamplerChain::new().penalties(64, 1.0, 0.0, 0.0).greedy().build().unwrap());
     assert_eq!(neutral, plain);
-    let off = generate(&mut SamplerChain::new().penalties(-1, 2.0, 1.0, 1.0).greedy().build().unwrap());
-    assert_eq!(off, plain, "last_n <= 0 disables penalties");
+    let off = generate(&mut SamplerChain::new().penalties(0, 2.0, 1.0, 1.0).greedy().build().unwrap());
+    assert_eq!(off, plain, "last_n 0 disables penalties");
+    // -1 is every token, as documented (it used to turn them off).
+    let all = generate(&mut SamplerChain::new().penalties(-1, 1.0, 0.0, 1e6).greedy().build().unwrap());
+    assert_eq!(distinct(&all), all.len(), "-1 penalizes every earlier token: {all:?}");
+    let chain_all = generate(&mut SamplerChain::new().penalties(-1, 1.0, 0.0, 2.0).greedy().build().unwrap());
+    let params = llamacpp::SamplingParams::greedy().penalties(-1, 1.0, 0.0, 2.0);
+    let params_all = generate(&mut params.sampler(&model).unwrap());
+    assert_eq!(params_all, chain_all, "SamplingParams' -1 is the chain's");
+    assert_ne!(params_all, plain, "SamplingParams' -1 penalizes");
 }
 
 #[test]

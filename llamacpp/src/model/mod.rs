@@ -459,19 +459,14 @@ impl Model {
             ));
         }
         let path = path.as_ref();
-        let temp = temp_sibling(path);
+        let temp = temp_sibling(path)?;
         let c_temp = path_to_cstring(&temp)?;
         // SAFETY: a live model and a NUL-terminated path; the shim catches
         // exceptions.
         let code = unsafe { sys::shim::llama_rs_model_save_to_file(self.as_ptr(), c_temp.as_ptr()) };
-        if let Err(e) = crate::error::check_shim(code, "llama_model_save_to_file") {
-            let _ = std::fs::remove_file(&temp);
-            return Err(e);
-        }
-        std::fs::rename(&temp, path).map_err(|e| {
-            let _ = std::fs::remove_file(&temp);
-            Error::io(path, e)
-        })
+        // On an error, dropping `temp` removes the partial file.
+        crate::error::check_shim(code, "llama_model_save_to_file")?;
+        publish(temp, path)
     }
 }
 
@@ -498,12 +493,31 @@ impl Drop for Model {
     }
 }
 
-/// A name beside `path` for writing before an atomic rename.
-pub(crate) fn temp_sibling(path: &Path) -> PathBuf {
-    let mut name = path.file_name().map(|n| n.to_os_string()).unwrap_or_default();
-    name.push(format!(".partial-{}", std::process::id()));
-    path.with_file_name(name)
+/// A new, unique file beside `path` (created empty) to write before an atomic rename over `path`: two writers of the
+/// same path, in one process or two, never share one. Removed when dropped
+/// unless [`tempfile::TempPath::persist`]ed.
+///
+/// # Errors
+/// [`Error::Io`] if the folder does not exist or is not writable.
+pub(crate) fn temp_sibling(path: &Path) -> Result<tempfile::TempPath> {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let prefix = format!(".{name}.");
+    let mut builder = tempfile::Builder::new();
+    builder.prefix(&prefix).suffix(".partial");
+    // The published file gets the mode any new file gets (0666 less the
+    // umask), not tempfile's private 0600.
+    #[cfg(unix)]
+    builder.permissions(std::os::unix::fs::PermissionsExt::from_mode(0o666));
+    let file = builder.tempfile_in(dir).map_err(|e| Error::io(path, e))?;
+    Ok(file.into_temp_path())
 }
+
+/// Renames the written `temp` over `path`.
+pub(crate) fn publish(temp: tempfile::TempPath, path: &Path) -> Result<()> {
+    temp.persist(path).map_err(|e| Error::io(path, e.error))
+}
+
 
 /// Calls an snprintf-style function (returns the full length or a negative
 /// value), growing the buffer once if needed.
@@ -522,4 +536,27 @@ pub(crate) fn read_string(mut f: impl FnMut(*mut c_char, usize) -> i32) -> Optio
         buf.resize(n + 1, 0);
     }
     None
+}
+
+#[cfg(test)]
+mod temp_tests {
+    use super::*;
+
+    /// Two writers of one path (threads of one process: the same pid)
+    /// write different files, each removed unless published.
+    #[test]
+    fn writers_of_one_path_get_their_own_temporary_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("model.gguf");
+        let (a, b) = (temp_sibling(&target).unwrap(), temp_sibling(&target).unwrap());
+        assert_ne!(a.to_path_buf(), b.to_path_buf());
+        assert_eq!(a.parent(), Some(dir.path()));
+        std::fs::write(&a, b"a").unwrap();
+        publish(a, &target).unwrap();
+        let b_path = b.to_path_buf();
+        drop(b);
+        assert!(!b_path.exists(), "an unpublished file is removed");
+        assert_eq!(std::fs::read(&target).unwrap(), b"a");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
 }

@@ -223,16 +223,16 @@ impl<'m> SamplerChain<'m> {
     }
 
     /// Repetition penalties over the last `last_n` accepted tokens (at most
-    /// 2^20; llama.cpp allocates the window up front). A chain skips it
-    /// when `last_n <= 0` (llama.cpp clamps negative values to 0, which
-    /// disables it) or all three penalties are neutral.
+    /// 2^20; llama.cpp allocates the window up front); `-1` is all of them
+    /// (the largest window, 2^20). A chain skips it when `last_n` is 0 or
+    /// below -1, or all three penalties are neutral.
     #[doc(alias = "llama_sampler_init_penalties")]
     #[must_use]
     pub fn penalties(self, last_n: i32, repeat: f32, frequency: f32, presence: f32) -> Self {
-        if last_n <= 0 || (repeat == 1.0 && frequency == 0.0 && presence == 0.0) {
+        if last_n == 0 || last_n < -1 || (repeat == 1.0 && frequency == 0.0 && presence == 0.0) {
             return self;
         }
-        let last_n = last_n.min(MAX_PENALTY_WINDOW);
+        let last_n = if last_n == -1 { MAX_PENALTY_WINDOW } else { last_n.min(MAX_PENALTY_WINDOW) };
         // SAFETY: copies its arguments (n_vocab is unused by this sampler);
         // the window is bounded, so its allocation cannot throw.
         let raw = unsafe { sys::llama_sampler_init_penalties(0, last_n, repeat, frequency, presence) };

@@ -6,7 +6,7 @@ use crate::error::{Error, Result};
 use crate::model::Model;
 use crate::vocab::{Token, Vocab};
 
-use super::{Sampler, SamplerChain};
+use super::{MAX_PENALTY_WINDOW, Sampler, SamplerChain};
 
 /// Sampling as a plain value: [`SamplingParams::sampler`] builds the
 /// usual chain from it, and the [`Engine`](crate::engine::Engine) builds
@@ -95,7 +95,8 @@ impl SamplingParams {
     }
 
     /// Repetition penalties over the last `last_n` sampled tokens
-    /// (`-1`: all of them): `repeat` divides the logits of repeated tokens
+    /// (`-1`: all of them, up to the model's training context; 0: off):
+    /// `repeat` divides the logits of repeated tokens
     /// (1: off), `frequency` and `presence` subtract per occurrence and
     /// once (0: off), as OpenAI's `frequency_penalty`/`presence_penalty`.
     #[must_use]
@@ -229,12 +230,13 @@ impl SamplingParams {
             chain = chain.logit_bias(vocab, &self.logit_bias);
         }
         if self.repeat_penalty != 1.0 || self.frequency_penalty != 0.0 || self.presence_penalty != 0.0 {
-            chain = chain.penalties(
-                self.penalty_last_n,
-                self.repeat_penalty,
-                self.frequency_penalty,
-                self.presence_penalty,
-            );
+            // `-1`, all tokens: as many as the model's context holds (the
+            // window is allocated up front; 2^20 would be 4 MB per request).
+            let last_n = match self.penalty_last_n {
+                -1 => i32::try_from(model.n_ctx_train()).unwrap_or(i32::MAX).clamp(1, MAX_PENALTY_WINDOW),
+                n => n,
+            };
+            chain = chain.penalties(last_n, self.repeat_penalty, self.frequency_penalty, self.presence_penalty);
         }
         if let Some(gbnf) = &self.grammar {
             chain = chain.grammar(vocab, gbnf, "root");
