@@ -316,3 +316,19 @@ fn one_client_cannot_hold_every_connection() {
     });
     assert_eq!(status, "HTTP/1.1 200 OK");
 }
+
+/// Stop lists are bounded (count and bytes): 400 naming `stop`, on both
+/// endpoints.
+#[test]
+fn long_stop_lists_are_refused() {
+    let server = Server::start(&[]);
+    let many: Vec<String> = (0..=llamacpp::generate::MAX_STOPS).map(|i| format!("s{i}")).collect();
+    let long = vec!["x".repeat(llamacpp::generate::MAX_STOP_BYTES + 1)];
+    for stop in [many, long] {
+        let (status, body) = server.post("/v1/completions", &json!({"prompt": "a", "max_tokens": 1, "stop": stop}));
+        assert_eq!((status, body["error"]["param"].as_str()), (400, Some("stop")), "{body}");
+        let chat = json!({"messages": [{"role": "user", "content": "a"}], "max_tokens": 1, "stop": stop});
+        let (status, body) = server.post("/v1/chat/completions", &chat);
+        assert_eq!((status, body["error"]["param"].as_str()), (400, Some("stop")), "{body}");
+    }
+}

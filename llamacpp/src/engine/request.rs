@@ -216,6 +216,7 @@ pub(crate) fn check(
         // The markers the reply's parser reads must reach it.
         request.generate.special = chat.special;
     }
+    crate::generate::check_stops(&request.generate.stop)?;
     if request.generate.max_tokens == Some(0) {
         return Err(Error::InvalidParameter { name: "max_tokens", message: "must be at least 1".into() });
     }

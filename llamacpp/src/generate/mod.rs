@@ -55,5 +55,6 @@ pub use complete::{CompleteOptions, Completed, DEFAULT_MAX_TOKENS};
 pub use options::{FinishReason, GenerateOptions, GenerationStats, Overflow};
 pub(crate) use session::swa_window_present;
 pub use session::{Generation, Session};
-pub use stop::{StopMatcher, stop_holdback};
+pub(crate) use stop::check_stops;
+pub use stop::{MAX_STOP_BYTES, MAX_STOPS, StopMatcher, stop_holdback};
 pub(crate) use tail::TextTail;

@@ -518,7 +518,6 @@ pub(crate) fn publish(temp: tempfile::TempPath, path: &Path) -> Result<()> {
     temp.persist(path).map_err(|e| Error::io(path, e.error))
 }
 
-
 /// Calls an snprintf-style function (returns the full length or a negative
 /// value), growing the buffer once if needed.
 pub(crate) fn read_string(mut f: impl FnMut(*mut c_char, usize) -> i32) -> Option<String> {

@@ -607,3 +607,81 @@ fn multibyte_stop_string_over_byte_tokens_is_never_emitted() {
     // Each piece is released only once it cannot be part of "<END>".
     assert!(pieces.iter().all(|p| !p.ends_with('<')), "{pieces:?}");
 }
+
+/// The matcher as it was (every stop string searched on every push, the
+/// holdback stop by stop): the reference the automaton and trie must
+/// agree with piece by piece.
+fn naive_push(stops: &[String], held: &mut String, piece: &str, out: &mut String) -> Option<usize> {
+    held.push_str(piece);
+    let mut found: Option<(usize, usize)> = None;
+    for (i, stop) in stops.iter().enumerate() {
+        if let Some(at) = held.find(stop.as_str())
+            && found.is_none_or(|(best, _)| at < best)
+        {
+            found = Some((at, i));
+        }
+    }
+    if let Some((at, i)) = found {
+        out.push_str(&held[..at]);
+        held.clear();
+        return Some(i);
+    }
+    let cut = held.len() - stop_holdback(held, stops);
+    out.push_str(&held[..cut]);
+    held.drain(..cut);
+    None
+}
+
+proptest::proptest! {
+    /// Random stop strings over a small alphabet (with a two-byte
+    /// character), random text, random cuts: the same output per piece and
+    /// the same stop as the naive search.
+    #[test]
+    fn the_stop_automaton_agrees_with_the_naive_search(
+        stops in proptest::collection::vec("[ab<>é]{1,5}", 0..6),
+        text in "[ab<>é ]{0,30}",
+        cuts in proptest::collection::vec(0usize..31, 0..8),
+    ) {
+        let mut bounds: Vec<usize> = cuts.into_iter().filter(|&c| text.is_char_boundary(c.min(text.len()))).map(|c| c.min(text.len())).collect();
+        bounds.extend([0, text.len()]);
+        bounds.sort_unstable();
+        bounds.dedup();
+        let mut matcher = StopMatcher::new(&stops);
+        let stops: Vec<String> = stops.into_iter().filter(|s| !s.is_empty()).collect();
+        let mut held = String::new();
+        for w in bounds.windows(2) {
+            let piece = &text[w[0]..w[1]];
+            let (mut ours, mut theirs) = (String::new(), String::new());
+            let hit = matcher.push(piece, &mut ours);
+            let expected = naive_push(&stops, &mut held, piece, &mut theirs);
+            proptest::prop_assert_eq!((&ours, hit), (&theirs, expected), "stops {:?}, piece {:?}", &stops, piece);
+            if hit.is_some() {
+                break;
+            }
+            proptest::prop_assert_eq!(matcher.held(), held.as_str());
+        }
+    }
+}
+
+/// More than `MAX_STOPS` stop strings, or one longer than
+/// `MAX_STOP_BYTES`, is refused before anything runs.
+#[test]
+fn stop_lists_are_bounded() {
+    use llamacpp::generate::{MAX_STOP_BYTES, MAX_STOPS};
+    let model = tiny_model();
+    let mut ctx = model.new_context(&ContextParams::default().n_ctx(64)).unwrap();
+    let mut sampler = Sampler::greedy();
+    let mut session = Session::new();
+    let prompt = [Token(TINY_BOS_ID), Token(5)];
+    let many: Vec<String> = (0..=MAX_STOPS).map(|i| format!("stop {i}")).collect();
+    let long = vec!["x".repeat(MAX_STOP_BYTES + 1)];
+    for stops in [many.clone(), long] {
+        let options = GenerateOptions::default().stop(stops);
+        match session.generate(&mut ctx, &mut sampler, &prompt, &options) {
+            Err(Error::InvalidParameter { name: "stop", .. }) => {}
+            other => panic!("{other:?}"),
+        }
+    }
+    let fine = GenerateOptions::default().max_tokens(1).stop(&many[..MAX_STOPS]);
+    assert!(session.generate(&mut ctx, &mut sampler, &prompt, &fine).is_ok());
+}

@@ -108,6 +108,9 @@ impl Session {
     /// than the context of a sequence ([`Context::n_ctx_seq`]);
     /// [`Error::InvalidToken`] for a token outside the vocabulary;
     /// [`Error::InvalidSeqId`] for a sequence outside the context;
+    /// [`Error::InvalidParameter`] `stop` for more than
+    /// [`MAX_STOPS`](super::MAX_STOPS) stop strings or one longer than
+    /// [`MAX_STOP_BYTES`](super::MAX_STOP_BYTES);
     /// with [`GenerateOptions::speculation`], [`Error::InvalidParameter`]
     /// for its settings and [`Error::CannotSpeculate`] for a context whose
     /// cache cannot drop a rejected draft.
@@ -120,6 +123,7 @@ impl Session {
     ) -> Result<Generation<'a, 'm, 's>> {
         let seq = options.seq;
         ctx.check_seq(seq)?;
+        super::check_stops(&options.stop)?;
         if prompt.is_empty() {
             return Err(Error::EmptyPrompt);
         }
