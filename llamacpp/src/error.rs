@@ -177,7 +177,7 @@ pub enum Error {
     /// role, roles that do not alternate, …). The message is the template's.
     #[error("the chat template refused the conversation: {0}")]
     ChatTemplateRaised(String),
-    /// A JSON answer ([`Conversation::reply_json`](crate::chat::Conversation::reply_json))
+    /// A JSON answer (`Conversation::reply_json`, feature `schemars`)
     /// ended before its document did: the token limit or the context cut
     /// it short.
     #[error("the JSON answer was cut short after {tokens} tokens ({reason}): raise max_tokens or the context size")]
