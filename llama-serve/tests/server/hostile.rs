@@ -332,3 +332,24 @@ fn long_stop_lists_are_refused() {
         assert_eq!((status, body["error"]["param"].as_str()), (400, Some("stop")), "{body}");
     }
 }
+
+/// A GBNF grammar whose repetitions expand to megabytes (a 1,000-byte
+/// literal repeated 2,000 times), or that nests unbounded repetitions
+/// deeply, is refused at submit with a 400 that names the limit, before
+/// llama.cpp parses it; a short request beside it is not held up.
+#[test]
+fn grammars_that_expand_too_far_are_refused_before_parsing() {
+    let server = Server::start(&[]);
+    let huge = format!("root ::= \"{}\"{{2000}}", "x".repeat(1000));
+    let nested = r#"root ::= (((("a"+)+)+)+)"#.to_owned();
+    for (grammar, says) in [(huge, "expands to about"), (nested, "nests more than")] {
+        let started = Instant::now();
+        let (status, body) =
+            server.post("/v1/completions", &json!({"prompt": "a", "max_tokens": 4, "grammar": grammar}));
+        eprintln!("refused in {:?}", started.elapsed());
+        assert_eq!(status, 400, "{body}");
+        assert!(body["error"]["message"].as_str().unwrap().contains(says), "{body}");
+    }
+    let (status, _) = server.post("/v1/completions", &json!({"prompt": "a", "max_tokens": 2}));
+    assert_eq!(status, 200);
+}

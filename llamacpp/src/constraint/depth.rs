@@ -12,18 +12,37 @@ use serde_json::{Map, Value};
 /// Where the unrolled copies go, under the root's `$defs`.
 const UNROLLED: &str = "llama-depth";
 
+/// At most this many JSON nodes in all unrolled copies together: once the
+/// next copy would pass it, the `$ref` that needs it becomes `false`, as
+/// at the depth bound. Each copy is a whole subschema, so without it a few
+/// MB of schema with many recursive targets unrolled into gigabytes.
+pub(super) const MAX_UNROLLED_NODES: usize = 1 << 18;
+
 /// `schema` with every recursive local `$ref` unrolled `max_depth` times:
 /// a value may nest at most `max_depth` schemas reached through a `$ref`
 /// that is part of a cycle; `$ref`s outside cycles are left as they count
-/// nothing. Returns the schema unchanged when it has no cycle.
+/// nothing. The copies hold at most [`MAX_UNROLLED_NODES`] nodes (deeper
+/// nesting ends in `false` sooner) and no definitions (their `$ref`s point
+/// into the original ones). Returns the schema unchanged when it has no
+/// cycle.
 pub(super) fn bound_recursion(schema: &Value, max_depth: usize) -> Value {
     let targets = local_ref_targets(schema);
     let recursive = recursive_targets(&targets);
     if recursive.is_empty() {
         return schema.clone();
     }
-    let mut unroll = Unroll { root: schema, recursive: &recursive, max_depth, names: HashMap::new(), pending: vec![] };
+    let mut unroll = Unroll {
+        root: schema,
+        recursive: &recursive,
+        max_depth,
+        names: HashMap::new(),
+        pending: vec![],
+        sizes: HashMap::new(),
+        produced: 0,
+        keep_defs: true,
+    };
     let mut out = unroll.rewrite(schema, 0);
+    unroll.keep_defs = false;
     let mut defs = Map::new();
     while let Some((target, depth, name)) = unroll.pending.pop() {
         let body = match schema.pointer(&target) {
@@ -122,6 +141,26 @@ struct Unroll<'a> {
     /// (target, depth) → the name of its copy.
     names: HashMap<(String, usize), String>,
     pending: Vec<(String, usize, String)>,
+    /// Nodes of each target (definitions aside), and of all copies so far.
+    sizes: HashMap<String, usize>,
+    produced: usize,
+    /// Definitions are kept in the original tree, not in copies.
+    keep_defs: bool,
+}
+
+/// JSON nodes under `node`, not counting definitions.
+fn nodes(node: &Value) -> usize {
+    match node {
+        Value::Object(map) => {
+            1 + map
+                .iter()
+                .filter(|(k, _)| !matches!(k.as_str(), "$defs" | "definitions"))
+                .map(|(_, v)| nodes(v))
+                .sum::<usize>()
+        }
+        Value::Array(items) => 1 + items.iter().map(nodes).sum::<usize>(),
+        _ => 1,
+    }
 }
 
 impl Unroll<'_> {
@@ -135,7 +174,7 @@ impl Unroll<'_> {
                         ("$ref", Value::String(r)) => match local_pointer(r) {
                             Some(target) if self.root.pointer(target).is_some() => {
                                 let next = depth + usize::from(self.recursive.contains(target));
-                                if next > self.max_depth {
+                                if next > self.max_depth || !self.affords(target, next) {
                                     // The `$ref` is a conjunct: the node
                                     // cannot hold once it cannot.
                                     return Value::Bool(false);
@@ -145,7 +184,8 @@ impl Unroll<'_> {
                             _ => value.clone(),
                         },
                         // Definitions are copied where they are referred to.
-                        ("$defs" | "definitions", _) => value.clone(),
+                        ("$defs" | "definitions", _) if self.keep_defs => value.clone(),
+                        ("$defs" | "definitions", _) => continue,
                         _ => self.rewrite(value, depth),
                     };
                     out.insert(key.clone(), rewritten);
@@ -155,6 +195,21 @@ impl Unroll<'_> {
             Value::Array(items) => Value::Array(items.iter().map(|v| self.rewrite(v, depth)).collect()),
             other => other.clone(),
         }
+    }
+
+    /// Whether `target`'s copy at `depth` exists or fits the budget (then
+    /// it is counted).
+    fn affords(&mut self, target: &str, depth: usize) -> bool {
+        if self.names.contains_key(&(target.to_string(), depth)) {
+            return true;
+        }
+        let root = self.root;
+        let size = *self.sizes.entry(target.to_string()).or_insert_with(|| root.pointer(target).map_or(1, nodes));
+        if self.produced.saturating_add(size) > MAX_UNROLLED_NODES {
+            return false;
+        }
+        self.produced += size;
+        true
     }
 
     /// The `$ref` of `target`'s copy at `depth`, queued to be written.
@@ -206,6 +261,41 @@ mod tests {
         let inner_ref = first.pointer("/properties/children/items/$ref").unwrap().as_str().unwrap();
         let second = out.pointer(local_pointer(inner_ref).unwrap()).unwrap();
         assert_eq!(second.pointer("/properties/children/items"), Some(&Value::Bool(false)), "{out:#}");
+    }
+
+    /// Many recursive targets, each a large subschema: the copies stop at
+    /// the node budget (the rest end in `false`), and copies hold no
+    /// definitions, so the output stays within the input plus the budget.
+    #[test]
+    fn unrolling_is_bounded_by_the_size_it_produces() {
+        let pad: Map<String, Value> =
+            (0..100).map(|i| (format!("p{i}"), json!({"type": "integer", "minimum": i}))).collect();
+        let defs: Map<String, Value> = (0..200)
+            .map(|i| {
+                let node = json!({"type": "object", "properties": {"next": {"$ref": format!("#/$defs/d{i}")}, "pad": {"type": "object", "properties": pad}}});
+                (format!("d{i}"), node)
+            })
+            .collect();
+        let refs: Map<String, Value> =
+            (0..200).map(|i| (format!("x{i}"), json!({"$ref": format!("#/$defs/d{i}")}))).collect();
+        let schema = json!({"$defs": defs, "type": "object", "properties": refs});
+        let input = nodes_all(&schema);
+        // Unbounded, 200 targets × 8 depths × ~300 nodes: about 500,000.
+        let out = bound_recursion(&schema, 8);
+        let produced = nodes_all(&out) - input;
+        assert!(produced <= MAX_UNROLLED_NODES + 1000, "{produced} nodes unrolled");
+        assert!(produced > MAX_UNROLLED_NODES / 2, "{produced}: the budget is used");
+        // The small tree still unrolls to its full depth.
+        let tree = bound_recursion(&tree(), 8);
+        assert_eq!(tree.pointer("/$defs/llama-depth").unwrap().as_object().unwrap().len(), 8);
+    }
+
+    fn nodes_all(node: &Value) -> usize {
+        match node {
+            Value::Object(map) => 1 + map.values().map(nodes_all).sum::<usize>(),
+            Value::Array(items) => 1 + items.iter().map(nodes_all).sum::<usize>(),
+            _ => 1,
+        }
     }
 
     #[test]

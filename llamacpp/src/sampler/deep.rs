@@ -118,12 +118,163 @@ fn check_repetition_bounds(bytes: &[u8], open: usize) -> Result<usize, String> {
     Ok(skip_space(i))
 }
 
+/// At most this many grammar elements once llama.cpp has expanded the
+/// repetitions (`x{m,n}` becomes `n` copies of `x`, nested ones multiply):
+/// 8 bytes each in the parsed grammar, which the engine parses at submit
+/// and again on its thread.
+pub const MAX_GRAMMAR_ELEMENTS: u64 = 1 << 18;
+
+/// At most this many unbounded repetitions (`*`, `+`, `{m,}`) nested in one
+/// another within a rule (`(("a"+)+)+` is 3): each level multiplies the
+/// parse stacks llama.cpp advances on every token.
+pub const MAX_GRAMMAR_LOOP_NESTING: u32 = 3;
+
+/// One parenthesised group (or a rule's body) being sized.
+#[derive(Default)]
+struct Group {
+    /// The finished alternatives' sizes.
+    done: u64,
+    /// The current alternative's size.
+    current: u64,
+    /// The last element's size and loop nesting, for a repetition after it.
+    last: u64,
+    last_loops: u32,
+    /// The deepest loop nesting inside.
+    loops: u32,
+}
+
+impl Group {
+    fn element(&mut self, size: u64, loops: u32) {
+        self.current = self.current.saturating_add(size);
+        self.last = size;
+        self.last_loops = loops;
+        self.loops = self.loops.max(loops);
+    }
+
+    /// The last element repeated `copies` times (plus the rule llama.cpp
+    /// makes for the repetition).
+    fn repeat(&mut self, copies: u64, unbounded: bool) {
+        let grown = self.last.saturating_mul(copies.max(1)).saturating_add(2);
+        self.current = self.current.saturating_sub(self.last).saturating_add(grown);
+        let loops = self.last_loops + u32::from(unbounded);
+        self.last = grown;
+        self.last_loops = loops;
+        self.loops = self.loops.max(loops);
+    }
+
+    fn size(&self) -> u64 {
+        self.done.saturating_add(self.current)
+    }
+}
+
+/// Refuses a grammar whose repetitions expand past
+/// [`MAX_GRAMMAR_ELEMENTS`] or nest unbounded ones deeper than
+/// [`MAX_GRAMMAR_LOOP_NESTING`], before llama.cpp parses it.
+pub(super) fn check_grammar_budget(gbnf: &str) -> Result<(), String> {
+    let bytes = gbnf.as_bytes();
+    let mut total = 0u64;
+    let mut stack: Vec<Group> = vec![Group::default()];
+    let finish_rule = |stack: &mut Vec<Group>, total: &mut u64| {
+        while stack.len() > 1 {
+            let inner = stack.pop().unwrap_or_default();
+            if let Some(outer) = stack.last_mut() {
+                outer.element(inner.size(), inner.loops);
+            }
+        }
+        if let Some(rule) = stack.last_mut() {
+            *total = total.saturating_add(rule.size());
+            *rule = Group::default();
+        }
+    };
+    let mut i = 0;
+    while i < bytes.len() {
+        let c = bytes[i];
+        let top = stack.len() - 1;
+        match c {
+            b'"' | b'[' => {
+                let close = if c == b'"' { b'"' } else { b']' };
+                let start = i;
+                i += 1;
+                while i < bytes.len() && bytes[i] != close {
+                    i += if bytes[i] == b'\\' { 2 } else { 1 };
+                }
+                // A literal is an element per character, a class one.
+                let size = if c == b'"' { (i - start).saturating_sub(1) as u64 } else { 1 };
+                stack[top].element(size.max(1), 0);
+            }
+            b'#' => {
+                while i < bytes.len() && bytes[i] != b'\n' {
+                    i += 1;
+                }
+            }
+            b'(' => stack.push(Group::default()),
+            b')' if stack.len() > 1 => {
+                let inner = stack.pop().unwrap_or_default();
+                stack[top - 1].element(inner.size().saturating_add(2), inner.loops);
+            }
+            b'|' => {
+                let g = &mut stack[top];
+                g.done = g.done.saturating_add(g.current);
+                g.current = 0;
+                g.last = 0;
+            }
+            b'*' | b'+' => stack[top].repeat(1, true),
+            b'?' => stack[top].repeat(1, false),
+            b'{' => {
+                let close = bytes[i..].iter().position(|&b| b == b'}').map_or(bytes.len(), |p| i + p);
+                let inside = std::str::from_utf8(&bytes[i + 1..close]).unwrap_or_default();
+                let mut parts = inside.split(',').map(|p| p.trim().parse::<u64>().ok());
+                let min = parts.next().flatten().unwrap_or(0);
+                let (copies, unbounded) = match parts.next() {
+                    None => (min, false),
+                    Some(Some(max)) => (max, false),
+                    Some(None) => (min.saturating_add(1), true),
+                };
+                stack[top].repeat(copies, unbounded);
+                i = close;
+            }
+            b':' if bytes[i..].starts_with(b"::=") => {
+                // The name just read belongs to the new rule, not the last.
+                let g = &mut stack[top];
+                g.current = g.current.saturating_sub(g.last);
+                finish_rule(&mut stack, &mut total);
+                i += 2;
+            }
+            c if c.is_ascii_alphanumeric() || c == b'_' || c == b'-' => {
+                while i + 1 < bytes.len()
+                    && (bytes[i + 1].is_ascii_alphanumeric() || bytes[i + 1] == b'_' || bytes[i + 1] == b'-')
+                {
+                    i += 1;
+                }
+                stack[top].element(1, 0);
+            }
+            _ => {}
+        }
+        if stack.iter().any(|g| g.loops > MAX_GRAMMAR_LOOP_NESTING) {
+            return Err(format!(
+                "the grammar nests more than {MAX_GRAMMAR_LOOP_NESTING} unbounded repetitions in one another (at byte {i})"
+            ));
+        }
+        i += 1;
+    }
+    finish_rule(&mut stack, &mut total);
+    if total > MAX_GRAMMAR_ELEMENTS {
+        return Err(format!(
+            "the grammar expands to about {total} elements once its repetitions are written out, more than the \
+             {MAX_GRAMMAR_ELEMENTS} allowed"
+        ));
+    }
+    Ok(())
+}
+
 /// The stack needed to create, and to advance on each token, a grammar.
 ///
 /// # Errors
 /// As [`grammar_levels`].
 pub(super) fn grammar_stack(gbnf: &str) -> Result<usize, String> {
-    Ok(grammar_levels(gbnf)?.saturating_mul(GRAMMAR_STACK_PER_LEVEL))
+    let levels = grammar_levels(gbnf)?;
+    check_grammar_budget(gbnf)?;
+    Ok(levels.saturating_mul(GRAMMAR_STACK_PER_LEVEL))
 }
 
 /// Refuses the trigger patterns on which libstdc++'s backtracking matcher
@@ -227,6 +378,34 @@ pub(super) fn patterns_stack(patterns: &[&str]) -> usize {
 
 #[cfg(test)]
 mod tests {
+    use super::check_grammar_budget;
+
+    /// Grammars that expand past the element budget, or nest unbounded
+    /// repetitions too deep, are refused before llama.cpp parses them;
+    /// the JSON grammar and schema grammars pass.
+    #[test]
+    fn grammar_expansion_and_loop_nesting_are_bounded() {
+        let long = format!("root ::= \"{}\"{{2000}}", "x".repeat(1000));
+        let e = check_grammar_budget(&long).unwrap_err();
+        assert!(e.contains("expands to about 2000") && e.contains("262144"), "{e}");
+        assert!(check_grammar_budget(r#"root ::= (("a"{100}){100}){100}"#).is_err());
+        assert!(check_grammar_budget(r#"root ::= ("a"{100}){100}"#).is_ok());
+        let e = check_grammar_budget(r#"root ::= (((("a"+)+)+)+)"#).unwrap_err();
+        assert!(e.contains("nests more than 3"), "{e}");
+        assert!(check_grammar_budget(r#"root ::= ((("a"+)+)+)"#).is_ok());
+        assert!(check_grammar_budget(r#"root ::= ((("a"{2,})*)*)*"#).is_err());
+        // Repetitions in separate rules or separate groups do not multiply.
+        let spread = (0..200).map(|i| format!("r{i} ::= \"{}\"{{1000}}\n", "y".repeat(1))).collect::<String>();
+        assert!(check_grammar_budget(&format!("root ::= r0\n{spread}")).is_ok());
+        assert!(check_grammar_budget(crate::json_schema::json_grammar()).is_ok());
+        let schema = serde_json::json!({"type": "object", "properties": {
+            "name": {"type": "string", "maxLength": 64}, "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 16},
+            "n": {"type": "integer"}, "nested": {"type": "array", "items": {"type": "array", "items": {"type": "number"}}}},
+            "required": ["name"]});
+        let gbnf = crate::json_schema::schema_to_grammar(&schema).unwrap();
+        check_grammar_budget(&gbnf).unwrap_or_else(|e| panic!("{e}\n{gbnf}"));
+    }
+
     #[test]
     fn levels_count_rules_outside_literals_classes_and_comments() {
         let grammar_levels = |g: &str| super::grammar_levels(g).unwrap();
