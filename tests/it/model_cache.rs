@@ -95,7 +95,11 @@ fn cache_dir_precedence() {
         PathBuf::from("/home/u/.cache/llama-rs")
     );
     assert_eq!(cache_dir_from(env(&[("HOME", "/home/u")])), PathBuf::from("/home/u/.cache/llama-rs"));
-    assert_eq!(cache_dir_from(env(&[])), std::env::temp_dir().join("llama-rs-cache"));
+    // Not a folder every user shares: one named for this user.
+    let fallback = cache_dir_from(env(&[]));
+    assert_eq!(fallback.parent(), Some(std::env::temp_dir().as_path()));
+    let name = fallback.file_name().unwrap().to_string_lossy().into_owned();
+    assert!(name.starts_with("llama-rs-cache-") && name != "llama-rs-cache-", "{name}");
     assert_eq!(cache_dir(), cache_dir_from(|name| std::env::var_os(name)));
 }
 
@@ -178,13 +182,29 @@ fn verify_cached_hashes_once_then_trusts_the_marker() {
     assert!(!marker.exists());
 
     assert!(verify_cached(&file, 11, HELLO_WORLD_SHA256).unwrap());
-    assert_eq!(fs::read_to_string(&marker).unwrap().trim(), HELLO_WORLD_SHA256);
+    assert_eq!(fs::read_to_string(&marker).unwrap().lines().next(), Some(HELLO_WORLD_SHA256));
+
+    // A marker with the right digest that vouches for another file (as one
+    // copied beside a substituted model would) is not trusted.
+    let other = dir.join("other.gguf");
+    fs::write(&other, b"HELLO WORLD").unwrap();
+    let forged = format!("{HELLO_WORLD_SHA256}\n{}", fs::read_to_string(&marker).unwrap().lines().nth(1).unwrap());
+    fs::write(dir.join(format!("other.gguf{MARKER_SUFFIX}")), forged).unwrap();
+    assert!(!verify_cached(&other, 11, HELLO_WORLD_SHA256).unwrap(), "a marker of another file");
+
+    // A symbolic link is not a cached model (its target is not this cache's).
+    #[cfg(unix)]
+    {
+        let link = dir.join("link.gguf");
+        std::os::unix::fs::symlink(&file, &link).unwrap();
+        assert!(!verify_cached(&link, 11, HELLO_WORLD_SHA256).unwrap());
+    }
 
     // A marker with another digest is not trusted: the file is re-hashed and
     // the marker rewritten.
     fs::write(&marker, "0".repeat(64)).unwrap();
     assert!(verify_cached(&file, 11, HELLO_WORLD_SHA256).unwrap());
-    assert_eq!(fs::read_to_string(&marker).unwrap().trim(), HELLO_WORLD_SHA256);
+    assert_eq!(fs::read_to_string(&marker).unwrap().lines().next(), Some(HELLO_WORLD_SHA256));
 
     // A file replaced (same size) after its marker was written is re-hashed.
     fs::write(&file, b"HELLO WORLD").unwrap();
@@ -206,7 +226,7 @@ fn default_model_is_fetched_verified_and_cached() {
     assert_eq!(&magic, b"GGUF");
 
     let marker = path.with_file_name(format!("{DEFAULT_MODEL_FILE}{MARKER_SUFFIX}"));
-    assert_eq!(fs::read_to_string(&marker).unwrap().trim(), DEFAULT_MODEL_SHA256);
+    assert_eq!(fs::read_to_string(&marker).unwrap().lines().next(), Some(DEFAULT_MODEL_SHA256));
 
     // Cached now (that the marker spares a re-hash is
     // verify_cached_hashes_once_then_trusts_the_marker's subject, shown
@@ -216,4 +236,22 @@ fn default_model_is_fetched_verified_and_cached() {
     // Without LLAMA_MODEL, model_path_from falls back to the default model.
     assert_eq!(model_path_from(None).unwrap(), path);
     assert_eq!(model_path_from(Some("")).unwrap(), path);
+}
+
+/// A cache folder anyone may write in is refused before anything is
+/// fetched into it (anyone could replace the model); a new one is created
+/// private to this user.
+#[cfg(unix)]
+#[test]
+fn the_cache_folder_is_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = scratch("private-cache");
+    let shared = dir.join("shared");
+    fs::create_dir(&shared).unwrap();
+    fs::set_permissions(&shared, fs::Permissions::from_mode(0o777)).unwrap();
+    match llama_suite::model_cache::default_model_in(&shared) {
+        Err(FetchError::UnsafeCacheDir { reason, .. }) => assert!(reason.contains("anyone"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(listing(&shared).is_empty(), "nothing was written there");
 }
