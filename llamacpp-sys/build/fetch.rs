@@ -1,14 +1,15 @@
 //! The network path, for git checkouts of this repository only: the pinned
-//! llama.cpp sdist from PyPI (and, in build/cmake_tool.rs, the cmake wheel),
-//! both with pip. A packaged llamacpp-sys carries its llama.cpp tree and never
-//! gets here.
+//! llama.cpp sdist from PyPI's file host, by URL, checked against its pinned
+//! digest before it is kept (nothing from it runs before that); and, in
+//! build/cmake_tool.rs, the cmake wheel, pinned by version and digests. A
+//! packaged llamacpp-sys carries its llama.cpp tree and never gets here.
 
 use std::fs::{self, File};
 use std::path::{Component, Path};
 use std::process::Command;
 
 use crate::env;
-use crate::pinned::{self, PINNED_COMMIT, SDIST_FILE, SDIST_PREFIX, SDIST_REQUIREMENT, SDIST_SHA256};
+use crate::pinned::{self, PINNED_COMMIT, SDIST_FILE, SDIST_PREFIX, SDIST_REQUIREMENT, SDIST_SHA256, SDIST_URL};
 use crate::source::fail;
 
 /// Downloads the pinned sdist, checks its digest and extracts the part that
@@ -30,7 +31,7 @@ pub fn pinned_tree(tree: &Path, download_dir: &Path, is_populated: impl Fn(&Path
             "cargo:warning=llamacpp-sys: fetching llama.cpp {} from PyPI ({SDIST_REQUIREMENT})",
             &PINNED_COMMIT[..7]
         );
-        run_pip(pinned::pip_download_sdist(&env::python(), download_dir))
+        run_pip(pinned::fetch_sdist(&env::python(), download_dir))
             .unwrap_or_else(|e| fail(&format!("{e} while fetching the llama.cpp source. {}", how_to_provide())));
         let digest = pinned::sha256_file(&tarball).unwrap_or_default();
         if digest != SDIST_SHA256 {
@@ -111,7 +112,7 @@ fn how_to_provide() -> String {
         "llamacpp-sys needs the llama.cpp source (commit {PINNED_COMMIT}). Provide it in one of these ways: \
          (1) set LLAMA_CPP_DIR to a llama.cpp checkout at that commit; \
          (2) put that tree in vendor/llama.cpp at the workspace root; \
-         (3) let the build fetch it: it needs python3 with pip and access to PyPI ({SDIST_REQUIREMENT}); \
+         (3) let the build fetch it: it needs python3 and access to PyPI's file host ({SDIST_REQUIREMENT}, {SDIST_URL}); \
          (4) link an installed llama.cpp at that commit: LLAMA_SYS_LIB_DIR, or LLAMA_SYS_USE_PKG_CONFIG=1. \
          The llamacpp-sys package on the Rust registry bundles the tree and needs none of these."
     )

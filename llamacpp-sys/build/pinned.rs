@@ -22,8 +22,6 @@ macro_rules! sdist_version {
     };
 }
 
-/// The PyPI project that vendors llama.cpp.
-pub const SDIST_PROJECT: &str = "llama-cpp-python";
 /// `project==version`, as pip takes it.
 pub const SDIST_REQUIREMENT: &str = concat!("llama-cpp-python==", sdist_version!());
 /// The file pip downloads.
@@ -35,14 +33,56 @@ pub const SDIST_PREFIX: &str = concat!("llama_cpp_python-", sdist_version!(), "/
 /// The upstream commit this crate's bindings and shim were written against.
 pub const PINNED_COMMIT: &str = "0c1e57098bba43ac29e6e3b677cdceebdd22334f";
 
-/// `python -m pip download` of the sdist alone into `dir`: `--no-binary`
-/// for this project only, so pip takes the source archive and never builds
-/// anything else from source (`:all:` would also make it compile the
-/// `cmake` build requirement while it prepares the sdist's metadata).
-pub fn pip_download_sdist(python: &str, dir: &Path) -> Command {
-    let mut command = pip_download(python, dir);
-    command.args(["--no-binary", SDIST_PROJECT, SDIST_REQUIREMENT]);
+/// Where PyPI's file host serves the sdist (as its simple index lists it).
+pub const SDIST_URL: &str = concat!(
+    "https://files.pythonhosted.org/packages/ec/e9/e7de2b0463ea3ffbf0ede6cb21b58c1258a8f6521aae45ca773a59fe7cf3/",
+    "llama_cpp_python-",
+    sdist_version!(),
+    ".tar.gz"
+);
+
+/// A download with Python's standard library alone (`python -c`, arguments
+/// URL, DEST, SHA256): into a new file beside DEST, hashed as it arrives,
+/// renamed to DEST only when the digest is the expected one, removed
+/// otherwise (exit status 1). Nothing in what it downloads runs: `pip
+/// download` of an sdist installs its build requirements and runs its
+/// build backend to read its metadata, before any digest of ours is
+/// checked. `PIP_CERT` or `SSL_CERT_FILE` name the CA bundle where set.
+const FETCH_SCRIPT: &str = r#"
+import hashlib, os, ssl, sys, tempfile, urllib.request
+url, dest, want = sys.argv[1:4]
+ca = os.environ.get("PIP_CERT") or os.environ.get("SSL_CERT_FILE") or None
+context = ssl.create_default_context(cafile=ca)
+fd, temp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(dest)), prefix=".download-")
+digest = hashlib.sha256()
+try:
+    with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=180, context=context) as response:
+        while True:
+            block = response.read(1 << 20)
+            if not block:
+                break
+            digest.update(block)
+            out.write(block)
+    if digest.hexdigest() != want:
+        sys.exit(f"{url} has sha256 {digest.hexdigest()}, expected {want}; nothing was kept")
+    os.replace(temp, dest)
+    temp = None
+finally:
+    if temp is not None and os.path.exists(temp):
+        os.remove(temp)
+"#;
+
+/// `python -c FETCH_SCRIPT url dest sha256`: see [`FETCH_SCRIPT`].
+pub fn fetch_verified(python: &str, url: &str, dest: &Path, sha256: &str) -> Command {
+    let mut command = Command::new(python);
+    command.args(["-c", FETCH_SCRIPT, url]).arg(dest).arg(sha256);
     command
+}
+
+/// The pinned sdist into `dir` (as [`SDIST_FILE`]), checked before it is
+/// kept; nothing from it runs.
+pub fn fetch_sdist(python: &str, dir: &Path) -> Command {
+    fetch_verified(python, SDIST_URL, &dir.join(SDIST_FILE), SDIST_SHA256)
 }
 
 /// `python -m pip download --no-deps -q -d DIR`; the caller adds what to get.

@@ -8,7 +8,8 @@
 //!   SDIST_PREFIX, PINNED_COMMIT).
 //! - `cargo xtask sdist`: the path of the verified sdist in
 //!   target/llamacpp-sys/download (where llamacpp-sys's build keeps it), fetched
-//!   with pip first when it is missing or its digest is wrong.
+//!   by URL first (checked before it is kept) when it is missing or its
+//!   digest is wrong.
 
 #[path = "../../llamacpp-sys/build/pinned.rs"]
 mod pinned;
@@ -59,7 +60,7 @@ fn target_dir() -> PathBuf {
     }
 }
 
-/// The verified sdist, fetched with pip when missing. Holds the lock that
+/// The verified sdist, fetched by URL when missing. Holds the lock that
 /// llamacpp-sys's build takes around its own fetch (`fetch.lock`), so a build
 /// and a script never download into the folder at once.
 fn sdist() -> Result<PathBuf, String> {
@@ -70,15 +71,15 @@ fn sdist() -> Result<PathBuf, String> {
     lock.lock().map_err(|e| format!("cannot lock {}: {e}", lock_path.display()))?;
     let tarball = dir.join(pinned::SDIST_FILE);
     if !pinned::is_pinned_sdist(&tarball) {
-        eprintln!("xtask: fetching {} with pip", pinned::SDIST_REQUIREMENT);
+        eprintln!("xtask: fetching {} from {}", pinned::SDIST_REQUIREMENT, pinned::SDIST_URL);
         let _ = fs::remove_file(&tarball);
         let python = std::env::var("PYTHON").ok().filter(|p| !p.is_empty()).unwrap_or_else(|| "python3".to_owned());
-        let mut pip = pinned::pip_download_sdist(&python, &dir);
-        let shown = format!("{pip:?}");
-        match pip.status() {
+        let mut fetch = pinned::fetch_sdist(&python, &dir);
+        let shown = format!("{fetch:?}");
+        match fetch.status() {
             Ok(status) if status.success() => {}
             Ok(status) => return Err(format!("`{shown}` failed ({status})")),
-            Err(e) => return Err(format!("cannot run `{shown}` (python3 with pip; or set PYTHON): {e}")),
+            Err(e) => return Err(format!("cannot run `{shown}` (python3; or set PYTHON): {e}")),
         }
         if !pinned::is_pinned_sdist(&tarball) {
             let digest = pinned::sha256_file(&tarball).unwrap_or_else(|| "none (no file)".to_owned());
