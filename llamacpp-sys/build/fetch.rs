@@ -92,8 +92,8 @@ fn extract(tarball: &Path, dest: &Path) {
 /// Runs `python3 -m pip download --no-deps ARGS -d DIR`; the error says
 /// which command failed and how.
 pub fn pip_download(args: &[&str], dir: &Path) -> Result<(), String> {
-    let mut command = pinned::pip_download(&env::python(), dir);
-    command.args(args);
+    let mut command = Command::new(env::python());
+    command.args(["-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-q", "-d"]).arg(dir).args(args);
     run_pip(command)
 }
 

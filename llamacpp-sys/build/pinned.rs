@@ -85,13 +85,6 @@ pub fn fetch_sdist(python: &str, dir: &Path) -> Command {
     fetch_verified(python, SDIST_URL, &dir.join(SDIST_FILE), SDIST_SHA256)
 }
 
-/// `python -m pip download --no-deps -q -d DIR`; the caller adds what to get.
-pub fn pip_download(python: &str, dir: &Path) -> Command {
-    let mut command = Command::new(python);
-    command.args(["-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-q", "-d"]).arg(dir);
-    command
-}
-
 /// The sha256 of a file in hex, or `None` when it cannot be read.
 pub fn sha256_file(path: &Path) -> Option<String> {
     let mut file = File::open(path).ok()?;
