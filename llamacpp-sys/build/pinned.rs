@@ -2,7 +2,7 @@
 //! script (build/fetch.rs, build/source.rs), its ABI test and the workspace's
 //! `cargo xtask` (which the scripts/ call for the sdist and the commit)
 //! include this file, so the version, digest, archive prefix, commit and the
-//! pip command that fetches the sdist exist once.
+//! command that fetches the sdist exist once.
 //!
 //! The source is the llama.cpp tree vendored in llama-cpp-python's sdist on
 //! PyPI (the one registry the build may reach); its digest is checked
@@ -24,7 +24,7 @@ macro_rules! sdist_version {
 
 /// `project==version`, as pip takes it.
 pub const SDIST_REQUIREMENT: &str = concat!("llama-cpp-python==", sdist_version!());
-/// The file pip downloads.
+/// The file the fetch writes.
 pub const SDIST_FILE: &str = concat!("llama_cpp_python-", sdist_version!(), ".tar.gz");
 /// The sdist's sha256, checked before extraction.
 pub const SDIST_SHA256: &str = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e";
