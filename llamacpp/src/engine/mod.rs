@@ -393,12 +393,18 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// How long [`Engine::shutdown`] waits for the sampling helpers once every
+/// request has ended, before it leaves the worker thread to finish alone.
+const HELPER_GRACE: Duration = Duration::from_secs(1);
+
 /// The part of the handle whose drop stops the worker.
 #[derive(Debug)]
 struct Handle {
     model: Arc<Model>,
     commands: Mutex<Option<mpsc::Sender<worker::Submission>>>,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// Disconnected once the worker has ended every request.
+    served: Mutex<Option<mpsc::Receiver<()>>>,
     shared: Arc<Shared>,
     next_id: AtomicU64,
     pool: usize,
@@ -415,10 +421,28 @@ impl Handle {
         if let Some(thread) = thread
             && thread.thread().id() != std::thread::current().id()
         {
-            // The worker ends every request with `Shutdown` and exits
-            // after its current step; a panic there was already turned
-            // into failed requests.
-            let _ = thread.join();
+            // The worker ends every request with `Shutdown` after its
+            // current step; a panic there was already turned into failed
+            // requests.
+            if let Some(served) = lock(&self.served).take() {
+                let _ = served.recv();
+            }
+            // Then it waits for the sampling helpers: one inside a long
+            // grammar sample (which llama.cpp cannot interrupt) would hold
+            // the shutdown for as long. It gets a moment; after that the
+            // thread is left to finish on its own (it owns its `Arc` of the
+            // model, so nothing it uses goes away).
+            let deadline = Instant::now() + HELPER_GRACE;
+            while !thread.is_finished() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            if thread.is_finished() {
+                let _ = thread.join();
+            } else {
+                log::warn!(
+                    "engine: a sampling helper is still inside a constrained sample; shutdown does not wait for it"
+                );
+            }
         }
     }
 }
@@ -491,13 +515,14 @@ impl Engine {
         let shared = Arc::new(Shared::default());
         let (commands, inbox) = mpsc::channel();
         let (ready_tx, ready) = mpsc::sync_channel(1);
+        let (served_tx, served) = mpsc::channel();
         let thread = {
             let model = Arc::clone(&model);
             let shared = Arc::clone(&shared);
             let config = config.clone();
             std::thread::Builder::new()
                 .name("llama-engine".into())
-                .spawn(move || worker::run(&model, &config, inbox, &shared, ready_tx))
+                .spawn(move || worker::run(&model, &config, inbox, &shared, ready_tx, served_tx))
                 .map_err(|e| Error::InvalidArgument(format!("cannot spawn the engine thread: {e}")))?
         };
         let pool = match ready.recv() {
@@ -516,6 +541,7 @@ impl Engine {
                 model,
                 commands: Mutex::new(Some(commands)),
                 thread: Mutex::new(Some(thread)),
+                served: Mutex::new(Some(served)),
                 shared,
                 next_id: AtomicU64::new(0),
                 pool,
@@ -592,7 +618,10 @@ impl Engine {
     /// Stops the worker after its current step; requests in flight finish
     /// with [`FinishReason::Shutdown`] and later submits fail with
     /// [`Error::EngineStopped`]. Waits for the worker to exit (unless
-    /// called from it). Every handle of this engine is affected.
+    /// called from it), but for a sampling helper inside a long constrained
+    /// sample (which llama.cpp cannot interrupt) at most a second: the
+    /// worker thread then finishes on its own. Every handle of this engine
+    /// is affected.
     pub fn shutdown(&self) {
         self.handle.stop();
     }

@@ -240,6 +240,39 @@ fn an_expensive_grammar_does_not_hold_back_other_requests() {
     assert!(chosen.len() == 2 && chosen.iter().all(|w| words.iter().any(|x| x == w)), "{text:?}");
 }
 
+/// Constrained requests are sampled by helpers of their own: a cheap
+/// grammar submitted after an expensive one finishes all its tokens
+/// before the expensive one's first token comes back. (With one helper
+/// working in order, each of its samples waited behind the expensive one.)
+#[test]
+fn an_expensive_grammar_does_not_hold_back_another_constrained_request() {
+    let engine = Engine::start(model(), config()).unwrap();
+    let alternatives: Vec<String> = (0..2048).map(|i| format!("\"zq{i:04}x\"")).collect();
+    let expensive = format!("root ::= word \" \" word\nword ::= {}", alternatives.join(" | "));
+    let slow = Request::tokens(tokens("Some words:"))
+        .max_tokens(8)
+        .sampling(llamacpp::SamplingParams::greedy().grammar(expensive.as_str()));
+    let cheap = Request::tokens(tokens("Answer yes or no:"))
+        .max_tokens(3)
+        .sampling(llamacpp::SamplingParams::greedy().grammar("root ::= [a-z] [a-z] [a-z]"));
+    let slow = engine.submit(slow).unwrap();
+    let cheap = engine.submit(cheap).unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut first_piece = None;
+        for event in slow {
+            if let Event::Piece(_) = event {
+                first_piece.get_or_insert_with(Instant::now);
+            }
+        }
+        first_piece
+    });
+    let cheap = cheap.wait();
+    let cheap_done = Instant::now();
+    assert_eq!((cheap.text.len(), &cheap.finish.reason), (3, &FinishReason::EndOfGeneration), "{cheap:?}");
+    let first_slow = reader.join().unwrap().expect("the expensive request produced a token");
+    assert!(cheap_done < first_slow, "the cheap grammar waited behind the expensive one");
+}
+
 /// Requests constrained by llguidance (a JSON Schema, this crate's tight
 /// options) beside plain ones: each constrained answer is a document valid
 /// against its schema, each plain stream passes the teacher-forced check.

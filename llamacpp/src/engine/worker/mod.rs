@@ -72,13 +72,16 @@ pub(crate) fn context_params(config: &EngineConfig) -> ContextParams {
 }
 
 /// The worker thread's body: creates the context, reports the pool size
-/// (or the error) through `ready`, then serves until every handle is gone.
+/// (or the error) through `ready`, then serves until every handle is gone;
+/// drops `served` once every request has ended, before it waits for the
+/// sampling helpers (one may be inside a long grammar sample).
 pub(crate) fn run(
     model: &Model,
     config: &EngineConfig,
     inbox: mpsc::Receiver<Submission>,
     shared: &Shared,
     ready: mpsc::SyncSender<Result<usize>>,
+    served: mpsc::Sender<()>,
 ) {
     std::thread::scope(|scope| {
         let mut worker = match Worker::new(model, config, shared) {
@@ -88,10 +91,13 @@ pub(crate) fn run(
                 return;
             }
         };
-        worker.offstep = OffStep::start(scope, model.vocab(), config.grammar_wait);
+        // One helper per request that can run: a slow grammar holds up its
+        // own request only.
+        worker.offstep = OffStep::start(scope, model.vocab(), config.grammar_wait, config.max_running as usize);
         serve(worker, &inbox, shared, ready);
-        // Leaving the scope joins the sampling helper, which ends once the
-        // worker (its sender) is gone.
+        drop(served);
+        // Leaving the scope joins the sampling helpers, which end once the
+        // worker (their sender) is gone and their current sample is done.
     });
 }
 
@@ -273,17 +279,16 @@ impl<'m> Worker<'m> {
         }
     }
 
-    /// Admits waiting requests in order while there is a slot, room for
-    /// the uncached prompt plus the reserve, and `max_running` allows.
+    /// Admits waiting requests in order (skipping those whose sample is
+    /// still out) while there is a slot, room for the uncached prompt plus
+    /// the reserve, and `max_running` allows.
     fn admit(&mut self) {
+        // Preempted while its sampler was out: a sequence comes back in once
+        // its token has; the ones behind it are not held up meanwhile.
         while self.running.len() < self.max_running
-            && let Some(next) = self.waiting.front()
+            && let Some(at) = self.waiting.iter().position(|s| !s.awaiting())
         {
-            // Preempted while its sampler was out: it comes back in once
-            // its token has.
-            if next.awaiting() {
-                break;
-            }
+            let next = &self.waiting[at];
             // A preempted sequence with saved cells restores them (every
             // cell its own); others look for a prefix to share, now or
             // once a running sequence has prefilled it.
@@ -299,7 +304,7 @@ impl<'m> Worker<'m> {
             if !self.pool.room_for(&mut self.ctx, &self.running, need, share.map(|s| s.slot)) {
                 break;
             }
-            let mut seq = self.waiting.pop_front().expect("not empty");
+            let mut seq = self.waiting.remove(at).expect("found above");
             let restoring = seq.kv.saved.is_some();
             let shared = self.pool.place(&mut self.ctx, &self.running, &mut seq, share);
             if !restoring {

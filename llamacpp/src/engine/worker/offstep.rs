@@ -8,8 +8,17 @@
 //! `grammar_wait` after it sent them, and only for requests whose previous
 //! sample came back within that time: a cheap grammar loses no step, an
 //! expensive one delays nobody else by more than `grammar_wait` per step.
+//!
+//! There are as many helpers as requests can run at once, and a job goes
+//! to an idle one: a slow grammar holds up only its own request's samples,
+//! never another's (one helper, working in order, once made every
+//! constrained request wait behind the slowest). A job whose request was
+//! cancelled before a helper took it is handed back unsampled.
 
+use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
@@ -27,10 +36,14 @@ pub(super) struct Job<'m> {
     pub logits: Vec<f32>,
     /// Top log-probabilities to report, if asked for.
     pub top: Option<usize>,
+    /// The request's cancel flag: a helper that finds it set skips the job.
+    pub cancel: Arc<AtomicBool>,
 }
 
 /// The sampler back, with the token it chose.
 pub(super) struct Sample<'m> {
+    /// The helper that sampled it (idle again).
+    helper: usize,
     pub id: u64,
     pub sampler: Sampler<'m>,
     pub token: Result<Token, Failure>,
@@ -42,7 +55,12 @@ pub(super) struct Sample<'m> {
 /// The worker's side: where jobs go, where samples come back, and which
 /// are out.
 pub(super) struct OffStep<'m> {
-    jobs: mpsc::Sender<Job<'m>>,
+    /// Each helper's job channel.
+    helpers: Vec<mpsc::Sender<Job<'m>>>,
+    /// Helpers with no job.
+    idle: Vec<usize>,
+    /// Jobs waiting for an idle helper.
+    queued: VecDeque<Job<'m>>,
     samples: mpsc::Receiver<Sample<'m>>,
     /// Requests with a job out: when it went, and whether steps wait for
     /// it.
@@ -51,35 +69,67 @@ pub(super) struct OffStep<'m> {
 }
 
 impl<'m> OffStep<'m> {
-    /// Starts the helper thread in `scope`; `None` if the thread cannot be
+    /// Starts `count` helper threads in `scope`; `None` if none can be
     /// started (requests with a grammar are then sampled on the step).
     pub fn start<'scope>(
         scope: &'scope std::thread::Scope<'scope, '_>,
         vocab: &'m Vocab,
         wait: Duration,
+        count: usize,
     ) -> Option<OffStep<'m>>
     where
         'm: 'scope,
     {
-        let (jobs, inbox) = mpsc::channel::<Job<'m>>();
         let (outbox, samples) = mpsc::channel();
-        std::thread::Builder::new()
-            .name("llama-engine-sampler".into())
-            .spawn_scoped(scope, move || helper(vocab, &inbox, &outbox))
-            .ok()?;
-        Some(OffStep { jobs, samples, out: Vec::new(), wait })
+        let mut helpers = Vec::with_capacity(count);
+        for index in 0..count.max(1) {
+            let (jobs, inbox) = mpsc::channel::<Job<'m>>();
+            let outbox = outbox.clone();
+            let started = std::thread::Builder::new()
+                .name(format!("llama-engine-sampler-{index}"))
+                .spawn_scoped(scope, move || helper(index, vocab, &inbox, &outbox));
+            if started.is_err() {
+                break;
+            }
+            helpers.push(jobs);
+        }
+        if helpers.is_empty() {
+            return None;
+        }
+        let idle = (0..helpers.len()).rev().collect();
+        Some(OffStep { helpers, idle, queued: VecDeque::new(), samples, out: Vec::new(), wait })
     }
 
-    /// Sends `job` out; gives it back if the helper is gone. Steps wait for
-    /// it when the request's last sample took at most `grammar_wait`
-    /// (`last`; a first sample is waited for).
+    /// Sends `job` out (to an idle helper, or the queue for the next one);
+    /// gives it back if the helper is gone. Steps wait for it when the
+    /// request's last sample took at most `grammar_wait` (`last`; a first
+    /// sample is waited for).
     pub fn send(&mut self, job: Job<'m>, last: Option<Duration>) -> Option<Job<'m>> {
         let (id, quick) = (job.id, last.is_none_or(|t| t <= self.wait));
-        if let Err(e) = self.jobs.send(job) {
-            return Some(e.0);
+        match self.idle.pop() {
+            Some(helper) => {
+                if let Err(e) = self.helpers[helper].send(job) {
+                    self.idle.push(helper);
+                    return Some(e.0);
+                }
+            }
+            None => self.queued.push_back(job),
         }
         self.out.push((id, Instant::now(), quick));
         None
+    }
+
+    /// `helper` is idle: it takes the next queued job, if any.
+    fn idle_again(&mut self, helper: usize) {
+        match self.queued.pop_front() {
+            Some(job) => {
+                if let Err(e) = self.helpers[helper].send(job) {
+                    // A helper that is gone: the job waits for another.
+                    self.queued.push_front(e.0);
+                }
+            }
+            None => self.idle.push(helper),
+        }
     }
 
     /// Whether any job is out.
@@ -118,6 +168,7 @@ impl<'m> OffStep<'m> {
                 },
             };
             self.out.retain(|o| o.0 != sample.id);
+            self.idle_again(sample.helper);
             back.push(sample);
         }
         back
@@ -133,7 +184,7 @@ impl<'m> Worker<'m> {
         // A missing row fails on the step, with its error.
         let Ok(logits) = self.ctx.logits(row).map(<[f32]>::to_vec) else { return false };
         let Some(sampler) = seq.lend_sampler() else { return false };
-        let job = Job { id: seq.id, sampler, logits, top: seq.top_logprobs() };
+        let job = Job { id: seq.id, sampler, logits, top: seq.top_logprobs(), cancel: seq.cancel_flag() };
         match offstep.send(job, seq.last_sample) {
             None => true,
             Some(job) => {
@@ -151,7 +202,7 @@ impl<'m> Worker<'m> {
         let samples = offstep.collect(at_least);
         let step = self.meter.stats().steps;
         let vocab = self.model.vocab();
-        for Sample { id, sampler, token, logprob, took: duration } in samples {
+        for Sample { id, sampler, token, logprob, took: duration, .. } in samples {
             let (seq, running) = if let Some(i) = self.running.iter().position(|s| s.id == id) {
                 (&mut self.running[i], Some(i))
             } else if let Some(i) = self.waiting.iter().position(|s| s.id == id) {
@@ -160,6 +211,11 @@ impl<'m> Worker<'m> {
                 continue;
             };
             seq.return_sampler(sampler);
+            if seq.wants_out() {
+                // Cancelled or its client gone: the step ends it as such;
+                // its token (if the helper sampled one) is not used.
+                continue;
+            }
             seq.last_sample = Some(duration);
             let sampled = token.and_then(|t| seq.take_token(vocab, t, logprob, step).map_err(Failure::from));
             let Some(cause) = took(&mut self.meter, &mut self.outbox, seq, sampled) else { continue };
@@ -175,21 +231,26 @@ impl<'m> Worker<'m> {
     }
 }
 
-/// The helper thread: samples each job's row with its sampler, catching a
-/// panic as the worker does, until the worker drops its sender.
-fn helper<'m>(vocab: &'m Vocab, jobs: &mpsc::Receiver<Job<'m>>, samples: &mpsc::Sender<Sample<'m>>) {
+/// A helper thread: samples each job's row with its sampler, catching a
+/// panic as the worker does, until the worker drops its sender. A job
+/// whose request was cancelled comes back unsampled.
+fn helper<'m>(index: usize, vocab: &'m Vocab, jobs: &mpsc::Receiver<Job<'m>>, samples: &mpsc::Sender<Sample<'m>>) {
     lower_priority();
-    for Job { id, mut sampler, logits, top } in jobs {
+    for Job { id, mut sampler, logits, top, cancel } in jobs {
         let started = Instant::now();
-        let token = match catch_unwind(AssertUnwindSafe(|| sampler.sample_logits(vocab, &logits))) {
-            Ok(token) => token.map_err(Failure::from),
-            Err(panic) => Err(Failure::panic(&*panic)),
+        let token = if cancel.load(Ordering::Relaxed) {
+            Err(Failure::from(crate::error::Error::Aborted))
+        } else {
+            match catch_unwind(AssertUnwindSafe(|| sampler.sample_logits(vocab, &logits))) {
+                Ok(token) => token.map_err(Failure::from),
+                Err(panic) => Err(Failure::panic(&*panic)),
+            }
         };
         let logprob = match (&token, top) {
             (Ok(t), Some(top)) => Some(token_logprob(&logits, *t, top)),
             _ => None,
         };
-        let sample = Sample { id, sampler, token, logprob, took: started.elapsed() };
+        let sample = Sample { helper: index, id, sampler, token, logprob, took: started.elapsed() };
         if samples.send(sample).is_err() {
             return;
         }

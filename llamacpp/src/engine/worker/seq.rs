@@ -298,6 +298,11 @@ impl<'m> Seq<'m> {
         &self.tokens[..self.kv.n_cached]
     }
 
+    /// Its cancel flag, for work done elsewhere on its behalf.
+    pub fn cancel_flag(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.cancel)
+    }
+
     pub fn wants_out(&self) -> bool {
         self.cancel.load(Ordering::Relaxed) || self.events.is_closed()
     }
