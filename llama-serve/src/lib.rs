@@ -327,6 +327,7 @@ pub async fn serve(args: Args) -> Result<(), String> {
         loop {
             every.tick().await;
             upkeep.run_upkeep();
+            release_free_memory();
         }
     });
 
@@ -379,6 +380,18 @@ pub async fn serve(args: Args) -> Result<(), String> {
     let _ = loading.await;
     eprintln!("server: stopped");
     Ok(())
+}
+
+/// Returns the heap's free pages to the system (glibc): one constraint
+/// compile can take hundreds of MB, which glibc would otherwise keep in
+/// that thread's arena after it is freed.
+fn release_free_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim takes no pointers and only releases memory that
+    // is free; it is thread-safe (it locks each arena it trims).
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }
 
 fn model_params(args: &Args) -> ModelParams {

@@ -16,7 +16,7 @@ const UNROLLED: &str = "llama-depth";
 /// next copy would pass it, the `$ref` that needs it becomes `false`, as
 /// at the depth bound. Each copy is a whole subschema, so without it a few
 /// MB of schema with many recursive targets unrolled into gigabytes.
-pub(super) const MAX_UNROLLED_NODES: usize = 1 << 18;
+pub(super) const MAX_UNROLLED_NODES: usize = 1 << 16;
 
 /// `schema` with every recursive local `$ref` unrolled `max_depth` times:
 /// a value may nest at most `max_depth` schemas reached through a `$ref`

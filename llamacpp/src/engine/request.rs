@@ -186,6 +186,11 @@ pub(crate) struct Checked {
     /// The rest of the request as submitted (its `prompt` is now `prompt`
     /// above, and left empty here).
     pub request: Request,
+    /// Its constraint, compiled at submit on the caller's thread: the
+    /// worker builds the sampler around it instead of compiling it on the
+    /// engine's thread, where a large schema's compile (seconds) would
+    /// stall every request's step.
+    pub compiled: Option<crate::constraint::Guide>,
 }
 
 /// Tokenizes and checks `request` for an engine whose pool has `pool`
@@ -246,17 +251,37 @@ pub(crate) fn check(
         // failed request later.
         SamplerChain::new().grammar(vocab, gbnf, "root").greedy().build()?;
     }
-    if let Some(constraint) = &request.sampling.constraint {
-        // Compiled now for the same reason (and the model's token table
-        // built here rather than on the engine's thread).
-        SamplerChain::new().constraint(model, constraint).greedy().build()?;
-    }
+    // Compiled now for the same reason, and kept: the engine's thread only
+    // builds the sampler around it (the model's token table is built here
+    // too rather than there).
+    let compiled = match &request.sampling.constraint {
+        Some(constraint) => Some(compile_niced(model, constraint)?),
+        None => None,
+    };
     let speculation = if request.generate.speculation_chosen { request.generate.speculation } else { speculation };
     if let Some(spec) = &speculation {
         spec.validate()?;
         check_can_speculate(model)?;
     }
-    Ok(Checked { prompt, max_context, speculation, request })
+    Ok(Checked { prompt, max_context, speculation, request, compiled })
+}
+
+/// Compiles `constraint` on a thread of the lowest priority: a large
+/// schema's compile takes seconds of CPU, which the engine's decode threads
+/// (every running request's step) win whenever both want a core.
+fn compile_niced(model: &Model, constraint: &crate::constraint::Constraint) -> Result<crate::constraint::Guide> {
+    let table = model.constraint_tokens()?;
+    std::thread::scope(|scope| {
+        let compiling = std::thread::Builder::new().name("llama-constraint".into()).spawn_scoped(scope, || {
+            super::worker::lower_priority();
+            crate::constraint::Guide::new(table, constraint)
+        });
+        match compiling {
+            Ok(handle) => handle.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+            // No thread to be had: compile here.
+            Err(_) => crate::constraint::Guide::new(model.constraint_tokens()?, constraint),
+        }
+    })
 }
 
 /// Whether the engine's cache (unified, `swa_full`) can drop a rejected

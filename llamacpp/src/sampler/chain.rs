@@ -469,6 +469,19 @@ impl<'m> SamplerChain<'m> {
         })
     }
 
+    /// [`SamplerChain::constraint`] with the constraint compiled already
+    /// (the engine compiles it at submit, on the caller's thread).
+    pub(crate) fn compiled_constraint(self, model: &'m Model, guide: Guide) -> Self {
+        self.step(|chain| {
+            if chain.guide.is_some() || chain.kinds.contains(&Kind::Grammar) {
+                return Err(Error::Grammar("a chain takes one constraint or grammar".into()));
+            }
+            chain.bind_vocab(model.vocab())?;
+            chain.guide = Some(guide);
+            Ok(())
+        })
+    }
+
     fn check_no_constraint(&self) -> Result<()> {
         match self.guide {
             Some(_) => Err(Error::Grammar("a chain takes one constraint or grammar".into())),

@@ -217,6 +217,16 @@ impl SamplingParams {
     /// As [`SamplingParams::validate`]; [`Error::Grammar`] for a grammar
     /// that does not parse.
     pub fn sampler<'m>(&self, model: &'m Model) -> Result<Sampler<'m>> {
+        self.sampler_with(model, None)
+    }
+
+    /// [`SamplingParams::sampler`], its constraint compiled already when
+    /// `compiled` is given.
+    pub(crate) fn sampler_with<'m>(
+        &self,
+        model: &'m Model,
+        compiled: Option<crate::constraint::Guide>,
+    ) -> Result<Sampler<'m>> {
         let vocab = model.vocab();
         self.validate(vocab)?;
         let mut chain = SamplerChain::new();
@@ -242,7 +252,10 @@ impl SamplingParams {
             chain = chain.grammar(vocab, gbnf, "root");
         }
         if let Some(constraint) = &self.constraint {
-            chain = chain.constraint(model, constraint);
+            chain = match compiled {
+                Some(guide) => chain.compiled_constraint(model, guide),
+                None => chain.constraint(model, constraint),
+            };
         }
         chain = if self.temperature <= 0.0 {
             chain.greedy()

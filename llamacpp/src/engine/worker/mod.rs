@@ -30,6 +30,7 @@ use crate::model::Model;
 
 mod cause;
 mod offstep;
+pub(crate) use offstep::lower_priority;
 mod pool;
 mod seq;
 mod speculate;
@@ -236,8 +237,9 @@ impl<'m> Worker<'m> {
 
     /// Queues a new request behind every request of the same or higher
     /// priority.
-    fn accept(&mut self, s: Submission) {
-        let sampler = match s.checked.request.sampling.sampler(self.model) {
+    fn accept(&mut self, mut s: Submission) {
+        let compiled = s.checked.compiled.take();
+        let sampler = match s.checked.request.sampling.sampler_with(self.model, compiled) {
             Ok(sampler) => sampler,
             Err(e) => {
                 // Checked at submit; a failure here is still only this

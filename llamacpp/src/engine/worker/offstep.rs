@@ -264,7 +264,7 @@ const HELPER_NICE: i32 = 19;
 
 /// Lowers the calling thread's scheduling priority to [`HELPER_NICE`]
 /// (Linux: a thread's nice value is its own). Elsewhere nothing changes.
-fn lower_priority() {
+pub(crate) fn lower_priority() {
     #[cfg(target_os = "linux")]
     // SAFETY: setpriority with PRIO_PROCESS and who = 0 changes only the
     // calling thread's nice value on Linux (see setpriority(2), "BUGS": the
