@@ -199,11 +199,13 @@ fn state_sizes_and_file_tokens_round_trip() {
     let too_many: Vec<Token> = (0..300).map(Token).collect();
     ctx.save_state_file(&path, &too_many).unwrap();
     assert!(matches!(small.load_state_file(&path), Err(llamacpp::Error::State { kind: StateError::TooLarge, .. })));
-    // A save into a directory that does not exist fails cleanly.
-    let r = ctx.save_state_file(dir.path().join("missing").join("x"), &prompt);
-    assert!(matches!(r, Err(llamacpp::Error::State { kind: StateError::Failed, .. })), "{r:?}");
-    let r = ctx.save_seq_state_file(dir.path().join("missing").join("x"), 0, &prompt);
-    assert!(matches!(r, Err(llamacpp::Error::State { kind: StateError::Failed, .. })), "{r:?}");
+    // A save into a directory that does not exist fails cleanly, as the
+    // I/O error it is, naming the path.
+    let missing = dir.path().join("missing").join("x");
+    let r = ctx.save_state_file(&missing, &prompt);
+    assert!(matches!(&r, Err(llamacpp::Error::Io { path, .. }) if *path == missing), "{r:?}");
+    let r = ctx.save_seq_state_file(&missing, 0, &prompt);
+    assert!(matches!(&r, Err(llamacpp::Error::Io { path, .. }) if *path == missing), "{r:?}");
     assert!(!dir.path().join("missing").exists());
 }
 
