@@ -144,16 +144,6 @@ pub enum FetchError {
         reason: String,
     },
 
-    /// The cache folder is not private to this user: it belongs to another
-    /// user, or anyone may write in it (so anyone could replace the model).
-    #[error("the cache folder {} is not safe to use: {reason}; set LLAMA_CACHE_DIR to a folder of your own", path.display())]
-    UnsafeCacheDir {
-        /// The folder.
-        path: PathBuf,
-        /// Why.
-        reason: &'static str,
-    },
-
     /// The assembled file's sha256 is not the expected one. The file was
     /// discarded.
     #[error(
@@ -192,6 +182,16 @@ pub enum FetchError {
     ModelPathMissing {
         /// The path from `LLAMA_MODEL`.
         path: PathBuf,
+    },
+
+    /// The cache folder is not private to this user: it belongs to another
+    /// user, or anyone may write in it (so anyone could replace the model).
+    #[error("the cache folder {} is not safe to use: {reason}; set LLAMA_CACHE_DIR to a folder of your own", path.display())]
+    UnsafeCacheDir {
+        /// The folder.
+        path: PathBuf,
+        /// Why.
+        reason: &'static str,
     },
 }
 
