@@ -126,6 +126,16 @@ def main():
     args = ap.parse_args()
     server = subprocess.Popen([args.server, "--model", args.model, "--port", "0", "--threads", "2", "--shutdown-grace", "1"],
                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        probe(args, server)
+    finally:
+        # Whatever failed, the server does not outlive the probe.
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+
+
+def probe(args, server):
     base = server.stdout.readline().strip().split()[-1]
     port = int(base.rsplit(":", 1)[1])
     deadline = time.time() + 120

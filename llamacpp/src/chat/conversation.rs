@@ -320,10 +320,10 @@ impl Turn<'_, '_> {
         self.reply.finish_reason = Some(reason.clone());
         self.reply.usage = Usage {
             prompt_tokens: stats.prompt_tokens,
-            cached_tokens: stats.prompt_tokens - stats.prompt_evaluated,
+            cached_tokens: stats.prompt_tokens.saturating_sub(stats.prompt_evaluated),
             completion_tokens: stats.generated_tokens,
             accepted_draft_tokens: stats.accepted_draft_tokens,
-            rejected_draft_tokens: stats.drafted_tokens - stats.accepted_draft_tokens,
+            rejected_draft_tokens: stats.drafted_tokens.saturating_sub(stats.accepted_draft_tokens),
         };
         let r = &self.reply;
         // Empty rather than absent content for a reply that only calls
