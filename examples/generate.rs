@@ -102,7 +102,8 @@ struct Args {
     /// With --json-schema/--json: JSON Schema's own semantics (undeclared
     /// properties allowed, any whitespace) instead of this crate's
     /// tightenings for small models (bounded whitespace, no undeclared
-    /// properties), with which a small base model stops.
+    /// properties, bounded numbers, strings and arrays), with which a
+    /// small base model stops.
     #[arg(long)]
     json_spec: bool,
     /// With --json-schema: how deep a recursive schema may nest.

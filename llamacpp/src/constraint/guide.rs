@@ -8,6 +8,7 @@ use llguidance::api::TopLevelGrammar;
 use llguidance::toktrie::SimpleVob;
 use serde_json::Value;
 
+use super::closing::Closing;
 use super::{Constraint, TokenTable, prepared_schema};
 use crate::error::{Error, Result};
 use crate::stack::with_stack;
@@ -34,6 +35,9 @@ pub(crate) struct Guide {
     /// and only end tokens are allowed after it (as llama.cpp's grammar
     /// sampler does once its grammar completes).
     ended: bool,
+    /// A JSON Schema constraint's closing rule (`None` for other
+    /// constraints, whose text the rule does not know).
+    closing: Option<Closing>,
 }
 
 impl std::fmt::Debug for Guide {
@@ -126,7 +130,8 @@ impl Guide {
         if let Some(e) = matcher.get_error() {
             return Err(Error::Grammar(e));
         }
-        Ok(Guide { table, matcher, mask: None, ended: false })
+        let closing = matches!(constraint, Constraint::JsonSchema { .. }).then(Closing::default);
+        Ok(Guide { table, matcher, mask: None, ended: false, closing })
     }
 
     fn is_eog(&self, token: Token) -> bool {
@@ -136,11 +141,14 @@ impl Guide {
     /// The tokens allowed next (computed once per position).
     pub(crate) fn mask(&mut self) -> Result<&SimpleVob> {
         if self.mask.is_none() {
-            let mask = if self.ended {
+            let mut mask = if self.ended {
                 self.table.factory.tok_env().tok_trie().eos_token_set()
             } else {
                 self.matcher.compute_mask_or_eos().map_err(grammar_error)?
             };
+            if let Some(closing) = self.closing.as_ref().filter(|c| c.active() && !self.ended) {
+                closing.narrow(&mut mask, self.table.closing_sets());
+            }
             if mask.is_zero() {
                 return Err(Error::Grammar("the constraint allows no token here".into()));
             }
@@ -157,6 +165,10 @@ impl Guide {
         }
         if self.ended {
             return Ok(self.is_eog(token));
+        }
+        if self.closing.as_ref().is_some_and(Closing::active) {
+            // The rule narrows the mask: ask it.
+            self.mask()?;
         }
         if let Some(mask) = &self.mask {
             return Ok(mask.is_allowed(token.0 as u32));
@@ -180,13 +192,30 @@ impl Guide {
             self.ended = true;
             return Ok(());
         }
-        self.matcher.consume_token(token.0 as u32).map_err(grammar_error)
+        self.matcher.consume_token(token.0 as u32).map_err(grammar_error)?;
+        if let Some(closing) = &mut self.closing {
+            closing.consumed += 1;
+            closing.lexer.feed(self.table.factory.tok_env().tok_trie().token(token.0 as u32));
+        }
+        Ok(())
+    }
+
+    /// The document should end within `budget` more tokens (see
+    /// [`Sampler::close_within`](crate::Sampler::close_within)).
+    pub(crate) fn close_within(&mut self, budget: Option<usize>) {
+        if let Some(closing) = &mut self.closing {
+            closing.set_budget(budget);
+            self.mask = None;
+        }
     }
 
     /// Starts the document over.
     pub(crate) fn reset(&mut self) -> Result<()> {
         self.mask = None;
         self.ended = false;
+        if let Some(closing) = &mut self.closing {
+            *closing = Closing::default();
+        }
         self.matcher.reset().map_err(grammar_error)
     }
 
@@ -197,6 +226,7 @@ impl Guide {
             matcher: self.matcher.deep_clone(),
             mask: self.mask.clone(),
             ended: self.ended,
+            closing: self.closing.clone(),
         }
     }
 }

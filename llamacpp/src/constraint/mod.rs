@@ -46,6 +46,7 @@
 //! [`json_schema::schema_to_grammar`](crate::json_schema::schema_to_grammar)
 //! still converts a schema to GBNF for it.
 
+mod closing;
 mod depth;
 mod guide;
 mod tokens;
@@ -54,6 +55,7 @@ use std::collections::HashSet;
 
 use serde_json::Value;
 
+pub use closing::MIN_CLOSING_TOKENS;
 pub(crate) use guide::Guide;
 pub use guide::MAX_DEPTH;
 pub(crate) use tokens::TokenTable;
@@ -123,8 +125,6 @@ pub struct JsonOptions {
     /// it said `"additionalProperties": false`; members of an `allOf` are
     /// left alone, since each would forbid the others' properties.
     /// `false` (the default): JSON Schema's rule, other properties allowed.
-    /// Also bounds integers without a `minimum`/`maximum` to 16 digits
-    /// (outside `allOf` members), as the GBNF converter does.
     pub no_additional_properties: bool,
     /// How deep values may nest through a recursive `$ref` (a `$ref` that
     /// can reach itself): the innermost level allows no further
@@ -132,17 +132,48 @@ pub struct JsonOptions {
     /// `maxItems` for that). Default [`JsonOptions::DEFAULT_MAX_DEPTH`], at
     /// most [`MAX_DEPTH`].
     pub max_depth: usize,
+    /// `true`: every value the schema leaves unbounded gets a bound, so
+    /// that a model cannot write one forever (outside `allOf` members,
+    /// whose bounds their siblings' would cut):
+    /// * integers without `minimum`/`maximum`: at most 16 digits
+    ///   ([`JsonOptions::MAX_MAGNITUDE`]), as the GBNF converter writes them;
+    /// * numbers: the same magnitude, no exponent, and at most
+    ///   [`JsonOptions::MAX_FRACTION_DIGITS`] digits after the point (as
+    ///   `multipleOf` 10⁻⁶, unless the schema has a `multipleOf`);
+    /// * strings (also `pattern` and `format` ones) without `maxLength`:
+    ///   at most [`JsonOptions::MAX_STRING_LENGTH`] characters;
+    /// * arrays without `maxItems`: at most [`JsonOptions::MAX_ITEMS`].
+    ///
+    /// `false` (the default): JSON Schema's own semantics.
+    pub bounded_values: bool,
 }
 
 impl JsonOptions {
     /// The default recursion bound of [`JsonOptions::max_depth`].
     pub const DEFAULT_MAX_DEPTH: usize = 8;
 
-    /// This crate's tightenings for small models: bounded whitespace and
-    /// no undeclared properties (what
-    /// [`schema_to_grammar`](crate::json_schema::schema_to_grammar) writes).
+    /// The bound of integers and numbers under
+    /// [`bounded_values`](Self::bounded_values): 16 digits.
+    pub const MAX_MAGNITUDE: i64 = 9_999_999_999_999_999;
+    /// Digits after the decimal point of a number under
+    /// [`bounded_values`](Self::bounded_values).
+    pub const MAX_FRACTION_DIGITS: u32 = 6;
+    /// Characters of a string under [`bounded_values`](Self::bounded_values).
+    pub const MAX_STRING_LENGTH: u64 = 1024;
+    /// Items of an array under [`bounded_values`](Self::bounded_values).
+    pub const MAX_ITEMS: u64 = 64;
+
+    /// This crate's tightenings for small models: bounded whitespace, no
+    /// undeclared properties and bounded values (what
+    /// [`schema_to_grammar`](crate::json_schema::schema_to_grammar) writes,
+    /// and more: it bounds integers alone).
     pub fn tight() -> JsonOptions {
-        JsonOptions { bounded_whitespace: true, no_additional_properties: true, ..JsonOptions::default() }
+        JsonOptions {
+            bounded_whitespace: true,
+            no_additional_properties: true,
+            bounded_values: true,
+            ..JsonOptions::default()
+        }
     }
 
     /// The schema llguidance compiles for `schema` under these options:
@@ -157,7 +188,12 @@ impl JsonOptions {
 
 impl Default for JsonOptions {
     fn default() -> Self {
-        JsonOptions { bounded_whitespace: false, no_additional_properties: false, max_depth: Self::DEFAULT_MAX_DEPTH }
+        JsonOptions {
+            bounded_whitespace: false,
+            no_additional_properties: false,
+            max_depth: Self::DEFAULT_MAX_DEPTH,
+            bounded_values: false,
+        }
     }
 }
 
@@ -170,12 +206,17 @@ const BOUNDED_WHITESPACE: &str = r"(?: |\n[ \t]{0,20})";
 /// under `x-guidance` (unless the schema sets them itself).
 pub(crate) fn prepared_schema(schema: &Value, options: &JsonOptions) -> Value {
     let mut out = depth::bound_recursion(schema, options.max_depth);
-    if options.no_additional_properties {
+    if options.no_additional_properties || options.bounded_values {
         let mut keep_open = HashSet::new();
         all_of_refs(&out, &mut keep_open);
         let root = out.clone();
-        let tighten = Tighten { root: &root, keep_open: &keep_open };
-        tighten.close_objects(&mut out, String::new(), false);
+        let tighten = Tighten {
+            root: &root,
+            keep_open: &keep_open,
+            close: options.no_additional_properties,
+            bound: options.bounded_values,
+        };
+        tighten.walk(&mut out, String::new(), false);
     }
     let Value::Object(root) = &mut out else { return out };
     if options.bounded_whitespace && !root.contains_key("x-guidance") {
@@ -205,15 +246,61 @@ fn all_of_refs(node: &Value, out: &mut HashSet<String>) {
     }
 }
 
-/// The bound [`JsonOptions::tight`] gives integers without one: 16 digits.
-const MAX_MAGNITUDE: i64 = 9_999_999_999_999_999;
-
-/// The pass of [`JsonOptions::tight`] over a schema.
+/// The pass of [`JsonOptions::no_additional_properties`] and
+/// [`JsonOptions::bounded_values`] over a schema.
 struct Tighten<'a> {
     /// The schema before the pass, to resolve `allOf` members' `$ref`s.
     root: &'a Value,
     /// The pointers `allOf` members refer to (see [`all_of_refs`]).
     keep_open: &'a HashSet<String>,
+    /// Close objects over their declared properties.
+    close: bool,
+    /// Bound open values.
+    bound: bool,
+}
+
+/// Whether a schema's `type` is or includes `name`.
+fn has_type(map: &serde_json::Map<String, Value>, name: &str) -> bool {
+    match map.get("type") {
+        Some(Value::String(t)) => t == name,
+        Some(Value::Array(ts)) => ts.iter().any(|t| t == name),
+        _ => false,
+    }
+}
+
+/// Writes [`JsonOptions::bounded_values`]'s bounds into one schema node
+/// (not an `allOf` member), where the schema sets none of its own.
+fn bound_values(map: &mut serde_json::Map<String, Value>) {
+    let has = |map: &serde_json::Map<String, Value>, keys: &[&str]| keys.iter().any(|k| map.contains_key(*k));
+    if has_type(map, "integer") || has_type(map, "number") {
+        let magnitude = JsonOptions::MAX_MAGNITUDE;
+        for (inclusive, exclusive, bound) in
+            [("maximum", "exclusiveMaximum", magnitude), ("minimum", "exclusiveMinimum", -magnitude)]
+        {
+            if !has(map, &[inclusive, exclusive]) {
+                map.insert(inclusive.into(), bound.into());
+            }
+        }
+        if has_type(map, "number") && !has_type(map, "integer") && !map.contains_key("multipleOf") {
+            // llguidance writes a bounded number without an exponent; a
+            // decimal `multipleOf` bounds the digits after the point.
+            let step = format!("1e-{}", JsonOptions::MAX_FRACTION_DIGITS);
+            let step: serde_json::Number = step.parse().unwrap_or_else(|_| unreachable!("a valid JSON number"));
+            map.insert("multipleOf".into(), Value::Number(step));
+        }
+    }
+    let enumerated = has(map, &["const", "enum"]);
+    let string = has_type(map, "string") || (!map.contains_key("type") && has(map, &["pattern", "format"]));
+    if string && !enumerated && !map.contains_key("maxLength") {
+        let min = map.get("minLength").and_then(Value::as_u64).unwrap_or(0);
+        map.insert("maxLength".into(), JsonOptions::MAX_STRING_LENGTH.max(min).into());
+    }
+    let array = has_type(map, "array") || (!map.contains_key("type") && has(map, &["items", "prefixItems"]));
+    if array && !enumerated && !map.contains_key("maxItems") && map.get("items") != Some(&Value::Bool(false)) {
+        let min = map.get("minItems").and_then(Value::as_u64).unwrap_or(0);
+        let prefix = map.get("prefixItems").and_then(Value::as_array).map_or(0, |p| p.len() as u64);
+        map.insert("maxItems".into(), JsonOptions::MAX_ITEMS.max(min).max(prefix).into());
+    }
 }
 
 /// The keywords that already say what an object allows beyond its
@@ -246,19 +333,22 @@ impl Tighten<'_> {
         Some(names)
     }
 
-    /// Adds `"additionalProperties": false` to every object schema under
-    /// `node` (at JSON pointer `at`) that declares `properties` and says
-    /// nothing about other ones, except members of an `allOf` (`in_all_of`)
-    /// and what they refer to; a parent of an `allOf` of object schemas is
-    /// closed over the names they declare instead. Integers get bounds.
-    fn close_objects(&self, node: &mut Value, at: String, in_all_of: bool) {
+    /// Closing: adds `"additionalProperties": false` to every object
+    /// schema under `node` (at JSON pointer `at`) that declares
+    /// `properties` and says nothing about other ones, except members of
+    /// an `allOf` (`in_all_of`) and what they refer to; a parent of an
+    /// `allOf` of object schemas is closed over the names they declare
+    /// instead. Bounding: see [`bound_values`].
+    fn walk(&self, node: &mut Value, at: String, in_all_of: bool) {
         let escape = |s: &str| s.replace('~', "~0").replace('/', "~1");
         match node {
             Value::Object(map) => {
                 let says_nothing = !OPEN_KEYWORDS.iter().any(|k| map.contains_key(*k));
                 let open = map.get("properties").is_some_and(Value::is_object) && says_nothing;
                 let all_of = match map.get("allOf") {
-                    Some(Value::Array(members)) if says_nothing && !in_all_of => self.all_of_names(members),
+                    Some(Value::Array(members)) if self.close && says_nothing && !in_all_of => {
+                        self.all_of_names(members)
+                    }
                     _ => None,
                 };
                 if let Some(names) = all_of {
@@ -269,28 +359,11 @@ impl Tighten<'_> {
                         }
                     }
                     map.insert("additionalProperties".into(), Value::Bool(false));
-                } else if open && !in_all_of && !self.keep_open.contains(&at) {
+                } else if self.close && open && !in_all_of && !self.keep_open.contains(&at) {
                     map.insert("additionalProperties".into(), Value::Bool(false));
                 }
-                let integer = match map.get("type") {
-                    Some(Value::String(t)) => t == "integer",
-                    Some(Value::Array(ts)) => ts.iter().any(|t| t == "integer"),
-                    _ => false,
-                };
-                if integer && !in_all_of {
-                    // At most 16 digits, as the GBNF converter writes
-                    // integers: a model cannot run digits on forever. (Not
-                    // `number`: llguidance writes bounded numbers without
-                    // exponents.)
-                    let bounds = [
-                        ("maximum", "exclusiveMaximum", MAX_MAGNITUDE),
-                        ("minimum", "exclusiveMinimum", -MAX_MAGNITUDE),
-                    ];
-                    for (inclusive, exclusive, bound) in bounds {
-                        if !map.contains_key(inclusive) && !map.contains_key(exclusive) {
-                            map.insert(inclusive.into(), bound.into());
-                        }
-                    }
+                if self.bound && !in_all_of {
+                    bound_values(map);
                 }
                 for (key, value) in map.iter_mut() {
                     let here = format!("{at}/{}", escape(key));
@@ -299,25 +372,25 @@ impl Tighten<'_> {
                         "properties" | "$defs" | "definitions" | "patternProperties" | "dependentSchemas" => {
                             if let Value::Object(named) = value {
                                 for (name, v) in named.iter_mut() {
-                                    self.close_objects(v, format!("{here}/{}", escape(name)), false);
+                                    self.walk(v, format!("{here}/{}", escape(name)), false);
                                 }
                             }
                         }
                         "allOf" => {
                             if let Value::Array(members) = value {
                                 for (i, v) in members.iter_mut().enumerate() {
-                                    self.close_objects(v, format!("{here}/{i}"), true);
+                                    self.walk(v, format!("{here}/{i}"), true);
                                 }
                             }
                         }
                         "enum" | "const" | "default" | "examples" | "x-guidance" => {}
-                        _ => self.close_objects(value, here, false),
+                        _ => self.walk(value, here, false),
                     }
                 }
             }
             Value::Array(items) => {
                 for (i, v) in items.iter_mut().enumerate() {
-                    self.close_objects(v, format!("{at}/{i}"), false);
+                    self.walk(v, format!("{at}/{i}"), false);
                 }
             }
             _ => {}
@@ -350,11 +423,47 @@ mod tests {
         assert_eq!(closed["additionalProperties"], json!(false), "{closed:#}");
         assert_eq!(closed["properties"], json!({"a": {}, "b": {}}), "closed over the members' names");
         assert_eq!(closed.pointer("/$defs/b/additionalProperties"), None, "a member's target stays open");
-        assert_eq!(out.pointer("/properties/n/maximum"), Some(&json!(MAX_MAGNITUDE)));
+        assert_eq!(out.pointer("/properties/n/maximum"), Some(&json!(JsonOptions::MAX_MAGNITUDE)));
         assert_eq!(out.pointer("/properties/n/minimum"), None, "exclusiveMinimum is kept alone");
         assert_eq!(out.pointer("/default/additionalProperties"), None, "a value, not a schema");
         assert_eq!(out.pointer("/x-guidance/whitespace_pattern"), Some(&json!(BOUNDED_WHITESPACE)));
         let spec = prepared_schema(&schema, &JsonOptions::default());
         assert_eq!(spec, schema, "the default options change nothing");
+    }
+
+    #[test]
+    fn bounded_values_bound_what_the_schema_leaves_open() {
+        let schema = json!({
+            "type": "object",
+            "properties": {
+                "x": {"type": "number"},
+                "step": {"type": "number", "multipleOf": 0.5, "minimum": 0},
+                "s": {"type": "string", "format": "email"},
+                "long": {"type": "string", "minLength": 2000},
+                "cut": {"type": "string", "maxLength": 3},
+                "e": {"type": "string", "enum": ["a"]},
+                "tags": {"type": "array", "items": {"type": "string"}},
+                "pair": {"type": "array", "prefixItems": [{}, {}], "items": false},
+                "any": {},
+            },
+            "allOf": [{"properties": {"m": {"type": "string"}}}],
+        });
+        let out = prepared_schema(&schema, &JsonOptions { bounded_values: true, ..JsonOptions::default() });
+        let at = |p: &str| out.pointer(p).cloned();
+        assert_eq!(at("/properties/x/maximum"), Some(json!(JsonOptions::MAX_MAGNITUDE)));
+        assert_eq!(at("/properties/x/minimum"), Some(json!(-JsonOptions::MAX_MAGNITUDE)));
+        assert_eq!(at("/properties/x/multipleOf").and_then(|v| v.as_f64()), Some(1e-6));
+        assert_eq!(at("/properties/step/multipleOf"), Some(json!(0.5)), "the schema's own step is kept");
+        assert_eq!(at("/properties/step/minimum"), Some(json!(0)));
+        assert_eq!(at("/properties/s/maxLength"), Some(json!(JsonOptions::MAX_STRING_LENGTH)));
+        assert_eq!(at("/properties/long/maxLength"), Some(json!(2000)), "never below minLength");
+        assert_eq!(at("/properties/cut/maxLength"), Some(json!(3)));
+        assert_eq!(at("/properties/e/maxLength"), None, "an enum is bounded already");
+        assert_eq!(at("/properties/tags/maxItems"), Some(json!(JsonOptions::MAX_ITEMS)));
+        assert_eq!(at("/properties/tags/items/maxLength"), Some(json!(JsonOptions::MAX_STRING_LENGTH)));
+        assert_eq!(at("/properties/pair/maxItems"), None, "closed by items: false");
+        assert_eq!(at("/properties/any"), Some(json!({})), "no type: left alone");
+        assert_eq!(at("/allOf/0/properties/m/maxLength"), Some(json!(JsonOptions::MAX_STRING_LENGTH)));
+        assert_eq!(at("/additionalProperties"), None, "closing is the other option");
     }
 }

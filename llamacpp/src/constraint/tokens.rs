@@ -1,12 +1,13 @@
 //! The model's vocabulary as llguidance sees it: each token's bytes in a
 //! trie, built once per model and shared by every constrained request.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use llguidance::ParserFactory;
 use llguidance::api::ParserLimits;
 use llguidance::toktrie::{ApproximateTokEnv, TokEnv, TokRxInfo, TokTrie};
 
+use super::closing::ClosingSets;
 use crate::error::{Error, Result};
 use crate::vocab::{Special, Token, Vocab};
 
@@ -24,6 +25,8 @@ pub const STEP_LEXER_FUEL: u64 = 50_000;
 /// trie and the per-vocabulary tables its masks are computed with.
 pub(crate) struct TokenTable {
     pub(crate) factory: ParserFactory,
+    /// The token sets of the closing rule, built on first use.
+    closing: OnceLock<ClosingSets>,
 }
 
 impl std::fmt::Debug for TokenTable {
@@ -33,6 +36,11 @@ impl std::fmt::Debug for TokenTable {
 }
 
 impl TokenTable {
+    /// The token sets of [`Sampler::close_within`](crate::Sampler::close_within)'s rule.
+    pub(crate) fn closing_sets(&self) -> &ClosingSets {
+        self.closing.get_or_init(|| ClosingSets::build(self.factory.tok_env().tok_trie()))
+    }
+
     /// Builds the table of `vocab`: every token's text as llama.cpp
     /// renders it, control tokens as `0xFF` + their markup (llguidance's
     /// convention for tokens no text can produce), the end-of-generation
@@ -79,6 +87,6 @@ impl TokenTable {
             verbose_errors: false,
             ..ParserLimits::default()
         };
-        Ok(Arc::new(TokenTable { factory }))
+        Ok(Arc::new(TokenTable { factory, closing: OnceLock::new() }))
     }
 }

@@ -12,7 +12,7 @@ use llama_suite::model_cache::model_path;
 use llamacpp::constraint::{Constraint, JsonOptions};
 use llamacpp::generate::{FinishReason, GenerateOptions, Session};
 use llamacpp::json_schema::{json_grammar, schema_to_grammar};
-use llamacpp::{AddBos, ContextParams, Model, ModelParams, Sampler, SamplerChain};
+use llamacpp::{AddBos, ContextParams, Model, ModelParams, Sampler, SamplerChain, SamplingParams};
 use serde_json::{Value, json};
 
 fn model() -> &'static Model {
@@ -254,4 +254,109 @@ fn json_object_mode_yields_an_object() {
     assert_eq!(generation.finish_reason(), Some(&FinishReason::EndOfGeneration), "{text:?}");
     let doc: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text:?}"));
     assert!(doc.is_object(), "{text:?}");
+}
+
+/// Schemas that leave lengths open (a `number` in an `anyOf` branch, a
+/// `format: email` string, free strings, arrays without `maxItems`, any
+/// object): on a base model that runs on, greedy and sampled, every
+/// answer within [`OPEN_MAX_TOKENS`] is a complete, valid document. The
+/// tight options bound what the schema leaves open, and the constraint
+/// steers toward closing in the last part of the token budget.
+#[test]
+fn open_schemas_close_within_the_token_budget() {
+    let cases = [
+        (
+            "A shape in JSON:\n",
+            json!({"anyOf": [
+                {"type": "object", "properties": {"kind": {"const": "circle"}, "radius": {"type": "number"}}, "required": ["kind", "radius"]},
+                {"type": "object", "properties": {"kind": {"const": "square"}, "side": {"type": "number"}}, "required": ["kind", "side"]}]}),
+        ),
+        (
+            "The email address of the support team, in JSON:\n",
+            json!({"type": "object", "properties": {"email": {"type": "string", "format": "email"}}, "required": ["email"]}),
+        ),
+        ("Pi to a hundred digits, as a JSON number:\n", json!({"type": "number"})),
+        (
+            "A long story, as a JSON object:\n",
+            json!({"type": "object", "properties": {"story": {"type": "string"}}, "required": ["story"]}),
+        ),
+        ("All the prime numbers, as a JSON array:\n", json!({"type": "array", "items": {"type": "integer"}})),
+        (
+            "Tags for a blog post, in JSON:\n",
+            json!({"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"}}}, "required": ["tags"]}),
+        ),
+        ("A record in JSON:\n", json!({"type": "object"})),
+        ("A very long word, as a JSON string:\n", json!({"type": "string", "pattern": "^[a-z]+$"})),
+    ];
+    let mut failures = Vec::new();
+    let mut rows = Vec::new();
+    for (prompt, schema) in &cases {
+        let validator = jsonschema::options().should_validate_formats(true).build(schema).unwrap();
+        for mode in ["greedy", "seed 1", "seed 2"] {
+            let c = Constraint::json_schema(schema.clone()).with_json_options(JsonOptions::tight());
+            let params = match mode {
+                "greedy" => SamplingParams::greedy(),
+                _ => SamplingParams::default().temperature(0.8).seed(mode[5..].parse().unwrap()),
+            };
+            let mut sampler = params.constraint(c).sampler(model()).unwrap_or_else(|e| panic!("{schema}: {e}"));
+            let (text, reason, n) = generate_counted(&mut sampler, prompt, OPEN_MAX_TOKENS);
+            let valid = reason == Some(FinishReason::EndOfGeneration)
+                && serde_json::from_str::<Value>(&text).is_ok_and(|doc| validator.is_valid(&doc));
+            rows.push(format!(
+                "{:<48} {mode:<7} {n:>3} tokens {}",
+                prompt.trim(),
+                if valid { "valid" } else { "NOT VALID" }
+            ));
+            if !valid {
+                failures.push(format!("{prompt:?} {mode}: {reason:?}: {text:?}"));
+            }
+        }
+    }
+    // Far from the end of a budget, the bounds alone end what ran on:
+    // the open numbers close within 16 digits, a point and 6 more.
+    for (prompt, schema) in &cases[..3] {
+        let validator = jsonschema::options().should_validate_formats(true).build(schema).unwrap();
+        let c = Constraint::json_schema(schema.clone()).with_json_options(JsonOptions::tight());
+        let mut sampler = SamplingParams::greedy().constraint(c).sampler(model()).unwrap();
+        let (text, reason, n) = generate_counted(&mut sampler, prompt, 1000);
+        let valid = reason == Some(FinishReason::EndOfGeneration)
+            && serde_json::from_str::<Value>(&text).is_ok_and(|doc| validator.is_valid(&doc));
+        rows.push(format!(
+            "{:<48} {:<7} {n:>3} tokens {}",
+            prompt.trim(),
+            "n 1000",
+            if valid { "valid" } else { "NOT VALID" }
+        ));
+        if !valid || n > OPEN_MAX_TOKENS {
+            failures.push(format!("{prompt:?} budget 1000: {n} tokens, {reason:?}: {text:?}"));
+        }
+    }
+    println!("{}", rows.join("\n"));
+    assert!(failures.is_empty(), "{} of {} not valid:\n{}", failures.len(), rows.len(), failures.join("\n"));
+}
+
+/// The token budget of [`open_schemas_close_within_the_token_budget`].
+const OPEN_MAX_TOKENS: usize = 64;
+
+/// [`generate`], also counting the tokens generated.
+fn generate_counted(
+    sampler: &mut Sampler<'static>,
+    prompt: &str,
+    max_tokens: usize,
+) -> (String, Option<FinishReason>, usize) {
+    let model = model();
+    let mut ctx = model.new_context(&ContextParams::default().n_ctx(512).n_batch(512)).unwrap();
+    let tokens = model.vocab().tokenize(prompt, AddBos::Yes).unwrap();
+    let mut session = Session::new();
+    let options = GenerateOptions::default().max_tokens(max_tokens);
+    let mut generation = session.generate(&mut ctx, sampler, &tokens, &options).unwrap();
+    let mut text = String::new();
+    let result = generation.stream(|piece| {
+        text.push_str(piece);
+        std::ops::ControlFlow::Continue(())
+    });
+    if let Err(e) = result {
+        text.push_str(&format!(" [error: {e}]"));
+    }
+    (text, generation.finish_reason().cloned(), generation.stats().generated_tokens)
 }

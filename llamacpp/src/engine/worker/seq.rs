@@ -206,10 +206,12 @@ pub(super) struct Sampled {
 
 impl<'m> Seq<'m> {
     /// The worker's state of a submitted request, with its sampler.
-    pub fn new(model: &'m Model, submission: Submission, sampler: Sampler<'m>) -> Self {
+    pub fn new(model: &'m Model, submission: Submission, mut sampler: Sampler<'m>) -> Self {
         let Submission { id, checked, events, cancel, submitted, submit_step } = submission;
         let Request { sampling, generate, priority, .. } = checked.request;
         let GenerateOptions { max_tokens, stop, stop_at_eog, special, .. } = generate;
+        // A JSON document steers toward closing before `max_tokens`.
+        sampler.close_within(max_tokens);
         let prompt = checked.prompt;
         let drafting = checked.speculation.map(|spec| Drafting { drafter: NgramDrafter::new(spec), draft: Vec::new() });
         Seq {

@@ -187,6 +187,8 @@ impl Session {
         };
         let abort = ctx.abort_handle();
         let (ctx, model) = ctx.model_for();
+        // A JSON document steers toward closing before `max_tokens`.
+        sampler.close_within(options.max_tokens);
         Ok(Generation {
             abort,
             tail: TextTail::reusing(std::mem::take(&mut self.text), model.vocab(), options.special, &options.stop),
