@@ -118,6 +118,23 @@ def run(base):
         jsonschema.validate(json.loads(c["arguments"]), params)
     check(True, f"the streamed tool call's arguments validate: {calls[0]['arguments']}")
 
+    # Parallel calls allowed (OpenAI's default) on a model that does not
+    # stop by itself: the calls still end as tool_calls, whole and streamed.
+    asked = dict(model=model, messages=[{"role": "user", "content": "What is the weather in Paris, Rome and Oslo?"}],
+                 tools=tools, tool_choice="required", max_tokens=200, temperature=0)
+    whole = client.chat.completions.create(**asked)
+    choice = whole.choices[0]
+    check(choice.finish_reason == "tool_calls", f"parallel forced calls end with tool_calls ({choice.finish_reason}, {whole.usage.completion_tokens} tokens)")
+    for c in choice.message.tool_calls:
+        jsonschema.validate(json.loads(c.function.arguments), params)
+    check(True, f"{len(choice.message.tool_calls)} parallel calls validate")
+    finish, n_calls = None, set()
+    for chunk in client.chat.completions.create(**asked, stream=True):
+        for choice in chunk.choices:
+            n_calls.update(d.index for d in choice.delta.tool_calls or [])
+            finish = choice.finish_reason or finish
+    check(finish == "tool_calls", f"streamed parallel forced calls end with tool_calls ({finish}, {len(n_calls)} calls)")
+
     two = client.chat.completions.create(model=model, messages=messages, max_tokens=8, temperature=1.0, seed=3, n=2)
     check([c.index for c in two.choices] == [0, 1], "n=2 gives two choices")
 

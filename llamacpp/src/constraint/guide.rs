@@ -35,8 +35,8 @@ pub(crate) struct Guide {
     /// and only end tokens are allowed after it (as llama.cpp's grammar
     /// sampler does once its grammar completes).
     ended: bool,
-    /// A JSON Schema constraint's closing rule (`None` for other
-    /// constraints, whose text the rule does not know).
+    /// The closing rule of a constraint that writes JSON (`None` for
+    /// others, whose text the rule does not know).
     closing: Option<Closing>,
 }
 
@@ -130,7 +130,7 @@ impl Guide {
         if let Some(e) = matcher.get_error() {
             return Err(Error::Grammar(e));
         }
-        let closing = matches!(constraint, Constraint::JsonSchema { .. }).then(Closing::default);
+        let closing = constraint.writes_json().then(Closing::default);
         Ok(Guide { table, matcher, mask: None, ended: false, closing })
     }
 

@@ -101,6 +101,18 @@ impl Constraint {
         Constraint::Lark(lark.into())
     }
 
+    /// Whether its text is JSON or holds JSON values: a JSON Schema, or
+    /// a Lark grammar with `%json` (as [`Tools::forcing_constraint`](crate::chat::Tools::forcing_constraint)
+    /// writes). The closing rule of [`Sampler::close_within`](crate::Sampler::close_within)
+    /// applies to these.
+    pub fn writes_json(&self) -> bool {
+        match self {
+            Constraint::JsonSchema { .. } => true,
+            Constraint::Lark(lark) => lark.contains("%json"),
+            Constraint::Regex(_) => false,
+        }
+    }
+
     /// The same constraint with `options` (a JSON Schema one only; others
     /// are returned unchanged).
     #[must_use]
@@ -153,7 +165,9 @@ impl JsonOptions {
     pub const DEFAULT_MAX_DEPTH: usize = 8;
 
     /// The bound of integers and numbers under
-    /// [`bounded_values`](Self::bounded_values): 16 digits.
+    /// [`bounded_values`](Self::bounded_values): 16 digits (as the GBNF
+    /// converter writes integers; llguidance compares number bounds as
+    /// doubles, so 10¹⁶ itself also passes for a `number`).
     pub const MAX_MAGNITUDE: i64 = 9_999_999_999_999_999;
     /// Digits after the decimal point of a number under
     /// [`bounded_values`](Self::bounded_values).

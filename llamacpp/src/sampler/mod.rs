@@ -325,15 +325,15 @@ impl<'m> Sampler<'m> {
         }
     }
 
-    /// A JSON Schema constraint's document should end within `budget`
-    /// more tokens (`None`: no budget). In the last quarter of the budget
+    /// A constraint that writes JSON ([`Constraint::writes_json`](crate::constraint::Constraint::writes_json))
+    /// should end its text within `budget` more tokens (`None`: no budget). In the last quarter of the budget
     /// (at least the last [`MIN_CLOSING_TOKENS`](crate::constraint::MIN_CLOSING_TOKENS)),
     /// the constraint steers toward closing: it allows only the tokens
     /// that end the open string, close an object or array, or end the
     /// document, where it allows any of them (the rule in full:
     /// docs/json-output.md). Generation ([`Session`](crate::generate::Session),
-    /// the engine) sets this from `max_tokens`; a chain without a JSON
-    /// Schema constraint ignores it.
+    /// the engine) sets this from `max_tokens`; a chain without such a
+    /// constraint ignores it.
     pub fn close_within(&mut self, budget: Option<usize>) {
         if let Some(guide) = &mut self.guide {
             guide.close_within(budget);

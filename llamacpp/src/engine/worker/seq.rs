@@ -210,8 +210,10 @@ impl<'m> Seq<'m> {
         let Submission { id, checked, events, cancel, submitted, submit_step } = submission;
         let Request { sampling, generate, priority, .. } = checked.request;
         let GenerateOptions { max_tokens, stop, stop_at_eog, special, .. } = generate;
-        // A JSON document steers toward closing before `max_tokens`.
-        sampler.close_within(max_tokens);
+        // A JSON document steers toward closing before `max_tokens`, or
+        // before the context cap ends the request.
+        let room = checked.max_context.saturating_sub(checked.prompt.len());
+        sampler.close_within(Some(max_tokens.map_or(room, |max| max.min(room))));
         let prompt = checked.prompt;
         let drafting = checked.speculation.map(|spec| Drafting { drafter: NgramDrafter::new(spec), draft: Vec::new() });
         Seq {

@@ -187,8 +187,13 @@ impl Session {
         };
         let abort = ctx.abort_handle();
         let (ctx, model) = ctx.model_for();
-        // A JSON document steers toward closing before `max_tokens`.
-        sampler.close_within(options.max_tokens);
+        // A JSON document steers toward closing before `max_tokens`, or
+        // before the context is full where that ends the generation.
+        let room = (options.overflow == Overflow::Error).then(|| n_ctx - prompt.len());
+        sampler.close_within(match (options.max_tokens, room) {
+            (Some(max), Some(room)) => Some(max.min(room)),
+            (max, room) => max.or(room),
+        });
         Ok(Generation {
             abort,
             tail: TextTail::reusing(std::mem::take(&mut self.text), model.vocab(), options.special, &options.stop),
