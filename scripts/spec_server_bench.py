@@ -26,10 +26,11 @@ import time
 import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LLAMA_SERVER = os.path.join(ROOT, "target/llama-tools/build/bin/llama-server")
-LLAMA_SERVE = os.path.join(ROOT, "target/release/llama-serve")
+LLAMA_SERVER = os.environ.get("LLAMA_SERVER") or os.path.join(ROOT, "target/llama-tools/build/bin/llama-server")
+LLAMA_SERVE = os.environ.get("LLAMA_SERVE") or os.path.join(ROOT, "target/release/llama-serve")
 MODEL = os.environ.get("LLAMA_MODEL") or os.path.expanduser("~/.cache/llama-rs/gemma-3-270m-q4_k_m.gguf")
-SPEC_TYPES = ["ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache"]
+# SPEC_TYPES="ngram-simple ngram-mod" measures those only.
+SPEC_TYPES = os.environ.get("SPEC_TYPES", "ngram-simple ngram-map-k ngram-map-k4v ngram-mod ngram-cache").split()
 
 
 def free_port():
@@ -45,6 +46,9 @@ def configs(threads):
     out += [(f"llama-server --spec-type {t}", base + ["--spec-type", t]) for t in SPEC_TYPES]
     serve = [LLAMA_SERVE, "--model", MODEL, "--threads", str(threads), "--ctx", "4096", "--parallel", "1"]
     out += [("llama-serve", serve), ("llama-serve --spec", serve + ["--spec"])]
+    # DRAFT_MAX="16 64" adds llama-serve --spec --draft-max N for each N.
+    for n in os.environ.get("DRAFT_MAX", "").split():
+        out.append((f"llama-serve --spec --draft-max {n}", serve + ["--spec", "--draft-max", n]))
     return out
 
 
@@ -85,7 +89,8 @@ def stream(port, prompt, tokens, sampled):
     )
     first = last = None
     pieces = 0
-    usage = None
+    usage = timings = None
+    text = ""
     with urllib.request.urlopen(req, timeout=600) as r:
         for line in r:
             line = line.strip()
@@ -94,13 +99,24 @@ def stream(port, prompt, tokens, sampled):
             chunk = json.loads(line[6:])
             if chunk.get("usage"):
                 usage = chunk["usage"]
-            if any(c.get("text") for c in chunk.get("choices", [])):
+            timings = chunk.get("timings") or timings
+            piece = "".join(c.get("text") or "" for c in chunk.get("choices", []))
+            if piece:
+                text += piece
                 now = time.perf_counter()
                 first = first or now
                 last = now
                 pieces += 1
     n = (usage or {}).get("completion_tokens") or pieces
-    return (n - 1) / (last - first) if last and last > first else 0.0
+    # Draft tokens: llama-server's timings, or llama-serve's usage details.
+    details = (usage or {}).get("completion_tokens_details") or {}
+    if timings and "draft_n" in timings:
+        drafted, accepted = timings["draft_n"], timings.get("draft_n_accepted", 0)
+    else:
+        accepted = details.get("accepted_prediction_tokens", 0)
+        drafted = accepted + details.get("rejected_prediction_tokens", 0)
+    tps = (n - 1) / (last - first) if last and last > first else 0.0
+    return tps, n, drafted, accepted, text
 
 
 def main():
@@ -117,16 +133,25 @@ def main():
         with open(os.path.join(ROOT, "benches/prompts", f"{name}.txt")) as f:
             prompts[name] = f.read()
     cases = [("copy", "copy", False), ("code", "code", False), ("story (sampled)", "story", True)]
-    results = {}
+    results, drafts, texts = {}, {}, {}
     for rnd in range(args.rounds):
         for label, cmd in configs(args.threads):
             proc, port = start(cmd)
             try:
                 stream(port, prompts["copy"], args.tokens, False)
                 for case, prompt, sampled in cases:
-                    tps = stream(port, prompts[prompt], args.tokens, sampled)
+                    tps, n, drafted, accepted, text = stream(port, prompts[prompt], args.tokens, sampled)
                     results.setdefault((label, case), []).append(tps)
-                    print(f"round {rnd + 1}\t{label}\t{case}\t{tps:.1f}", file=sys.stderr, flush=True)
+                    # Each step decodes one sampled token and its draft.
+                    steps = n - accepted
+                    drafts[(label, case)] = (drafted, accepted, steps)
+                    texts[(label, case)] = text
+                    print(
+                        f"round {rnd + 1}\t{label}\t{case}\t{tps:.1f} tok/s\t{n} tokens\t{steps} steps"
+                        f"\tdrafted {drafted}, accepted {accepted}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
             finally:
                 proc.terminate()
                 proc.wait(timeout=30)
@@ -136,6 +161,18 @@ def main():
     for label in labels:
         cells = [f"{statistics.median(results[(label, c)]):.1f}" for c, _, _ in cases]
         print(f"| {label} | " + " | ".join(cells) + " |")
+    # Steps and drafts of the last round; whether greedy text equals the
+    # same server's without speculation up to the first difference.
+    print("\n| server | case | steps | drafted | accepted | draft per step | same text as without (chars) |")
+    print("|---|---|---:|---:|---:|---:|---|")
+    for label in labels:
+        base = "llama-server" if label.startswith("llama-server") else "llama-serve"
+        for c, _, sampled in cases:
+            drafted, accepted, steps = drafts[(label, c)]
+            a, b = texts[(base, c)], texts[(label, c)]
+            same = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            verdict = "sampled" if sampled else ("identical" if a == b else f"first {same} of {len(a)}")
+            print(f"| {label} | {c} | {steps} | {drafted} | {accepted} | {drafted / max(steps, 1):.1f} | {verdict} |")
 
 
 if __name__ == "__main__":

@@ -152,8 +152,9 @@ pub struct JsonOptions {
     /// * numbers: the same magnitude, no exponent, and at most
     ///   [`JsonOptions::MAX_FRACTION_DIGITS`] digits after the point (as
     ///   `multipleOf` 10⁻⁶, unless the schema has a `multipleOf`);
-    /// * strings (also `pattern` and `format` ones) without `maxLength`:
-    ///   at most [`JsonOptions::MAX_STRING_LENGTH`] characters;
+    /// * not strings: a `maxLength` would slow every mask inside them
+    ///   (docs/json-output.md); the closing rule of
+    ///   [`Sampler::close_within`](crate::Sampler::close_within) ends them;
     /// * arrays without `maxItems`: at most [`JsonOptions::MAX_ITEMS`].
     ///
     /// `false` (the default): JSON Schema's own semantics.
@@ -172,8 +173,6 @@ impl JsonOptions {
     /// Digits after the decimal point of a number under
     /// [`bounded_values`](Self::bounded_values).
     pub const MAX_FRACTION_DIGITS: u32 = 6;
-    /// Characters of a string under [`bounded_values`](Self::bounded_values).
-    pub const MAX_STRING_LENGTH: u64 = 1024;
     /// Items of an array under [`bounded_values`](Self::bounded_values).
     pub const MAX_ITEMS: u64 = 64;
 
@@ -303,12 +302,11 @@ fn bound_values(map: &mut serde_json::Map<String, Value>) {
             map.insert("multipleOf".into(), Value::Number(step));
         }
     }
+    // Strings get no `maxLength`: one defeats llguidance's precomputed
+    // masks for string content (the p99 mask over the corpus went from
+    // 2.1 to 5.0 ms), and the closing rule of `Sampler::close_within`
+    // ends an open string within the token budget.
     let enumerated = has(map, &["const", "enum"]);
-    let string = has_type(map, "string") || (!map.contains_key("type") && has(map, &["pattern", "format"]));
-    if string && !enumerated && !map.contains_key("maxLength") {
-        let min = map.get("minLength").and_then(Value::as_u64).unwrap_or(0);
-        map.insert("maxLength".into(), JsonOptions::MAX_STRING_LENGTH.max(min).into());
-    }
     let array = has_type(map, "array") || (!map.contains_key("type") && has(map, &["items", "prefixItems"]));
     if array && !enumerated && !map.contains_key("maxItems") && map.get("items") != Some(&Value::Bool(false)) {
         let min = map.get("minItems").and_then(Value::as_u64).unwrap_or(0);
@@ -469,15 +467,12 @@ mod tests {
         assert_eq!(at("/properties/x/multipleOf").and_then(|v| v.as_f64()), Some(1e-6));
         assert_eq!(at("/properties/step/multipleOf"), Some(json!(0.5)), "the schema's own step is kept");
         assert_eq!(at("/properties/step/minimum"), Some(json!(0)));
-        assert_eq!(at("/properties/s/maxLength"), Some(json!(JsonOptions::MAX_STRING_LENGTH)));
-        assert_eq!(at("/properties/long/maxLength"), Some(json!(2000)), "never below minLength");
+        assert_eq!(at("/properties/s/maxLength"), None, "strings are closed by the budget");
         assert_eq!(at("/properties/cut/maxLength"), Some(json!(3)));
-        assert_eq!(at("/properties/e/maxLength"), None, "an enum is bounded already");
         assert_eq!(at("/properties/tags/maxItems"), Some(json!(JsonOptions::MAX_ITEMS)));
-        assert_eq!(at("/properties/tags/items/maxLength"), Some(json!(JsonOptions::MAX_STRING_LENGTH)));
         assert_eq!(at("/properties/pair/maxItems"), None, "closed by items: false");
         assert_eq!(at("/properties/any"), Some(json!({})), "no type: left alone");
-        assert_eq!(at("/allOf/0/properties/m/maxLength"), Some(json!(JsonOptions::MAX_STRING_LENGTH)));
+        assert_eq!(at("/properties/e/maxItems"), None);
         assert_eq!(at("/additionalProperties"), None, "closing is the other option");
     }
 }
