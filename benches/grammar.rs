@@ -80,7 +80,6 @@ mod cases;
 /// The mask time at every token of every valid corpus document, with JSON
 /// Schema's semantics and with the tight options: p50, p99, max.
 fn mask_percentiles() {
-    let vocab = model().vocab();
     let start = std::time::Instant::now();
     SamplerChain::new().constraint(model(), &Constraint::regex("a")).greedy().build().expect("regex");
     eprintln!("the model's token table (built by the first constraint): {:?}", start.elapsed());
