@@ -27,7 +27,9 @@
 //!   output has exactly the same distribution, whatever the sampler
 //!   (grammars and constraints included): greedy output is the same text,
 //!   up to the rounding differences between a batch and a single token.
-//! * **Adaptive length.** A draft accepted whole doubles the next one's
+//! * **Adaptive length.** A match of 16 tokens or more is a copy in
+//!   progress and drafts up to `draft_max` at once; otherwise a draft
+//!   accepted whole doubles the next one's
 //!   length (up to `draft_max`), a partly accepted one sets it just past
 //!   what was accepted, and drafts rejected at once halve it and, after two
 //!   in a row, pause drafting for a while (doubling with each further miss,

@@ -260,10 +260,17 @@ impl<'m> Seq<'m> {
         d.draft.len()
     }
 
-    /// The estimated chance that its draft tokens are accepted (one after
-    /// another).
-    pub fn draft_acceptance(&self) -> f64 {
-        self.drafting.as_ref().map_or(0.0, |d| d.drafter.acceptance())
+    /// The estimated chance that the tokens of its draft are accepted (one
+    /// after another): see `NgramDrafter::confidence`.
+    pub fn draft_confidence(&self) -> f64 {
+        self.drafting.as_ref().map_or(0.0, |d| d.drafter.confidence())
+    }
+
+    /// Cuts this step's draft to at most `n` tokens: its new length.
+    pub fn cut_draft(&mut self, n: usize) -> usize {
+        let Some(d) = &mut self.drafting else { return 0 };
+        d.draft.truncate(n);
+        d.draft.len()
     }
 
     /// The draft of this step.

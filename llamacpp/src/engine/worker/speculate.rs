@@ -15,7 +15,8 @@ impl Worker<'_> {
     /// after the planned tokens. The budget is split evenly, each
     /// sequence's unused share going to those after it. With
     /// `draft_by_cost`, a draft is no longer than pays for itself by the
-    /// step cost fitted so far and the sequence's acceptance rate
+    /// step cost fitted so far and the chance its tokens hold (the
+    /// sequence's acceptance rate, or what its match length says)
     /// ([`StepCost::draft_limit`](crate::engine::step_cost::StepCost::draft_limit)).
     pub(super) fn plan_drafts(&mut self) {
         self.drafts.clear();
@@ -36,12 +37,13 @@ impl Worker<'_> {
         }
         for (j, &i) in eligible.iter().enumerate() {
             let share = left / (eligible.len() - j);
-            let pays = if self.draft_by_cost {
-                self.step_cost.draft_limit(streams, self.running[i].draft_acceptance())
-            } else {
-                usize::MAX
-            };
-            let n = self.running[i].make_draft(share.min(pays));
+            let seq = &mut self.running[i];
+            let mut n = seq.make_draft(share);
+            if self.draft_by_cost {
+                // Judged after drafting: how long the match is tells how
+                // likely the draft holds.
+                n = seq.cut_draft(self.step_cost.draft_limit(streams, seq.draft_confidence()));
+            }
             self.drafts[i] = n;
             left -= n;
         }
