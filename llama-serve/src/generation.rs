@@ -62,6 +62,14 @@ pub fn finish_reason(reason: &FinishReason) -> Result<&'static str, ApiError> {
     }
 }
 
+/// The stop string a choice ended at, if it did.
+pub fn stop_string(reason: &FinishReason) -> Option<String> {
+    match reason {
+        FinishReason::Stop(s) => Some(s.clone()),
+        _ => None,
+    }
+}
+
 static SEEDS: AtomicU64 = AtomicU64::new(0x9e37_79b9_7f4a_7c15);
 
 /// A seed for a request that gave none: different per request.
@@ -138,6 +146,8 @@ pub struct Choice {
     pub text: String,
     pub logprobs: Vec<(Token, TokenLogprob)>,
     pub finish_reason: &'static str,
+    /// The stop string it ended at, if it did.
+    pub stop: Option<String>,
     pub usage: Usage,
 }
 
@@ -168,6 +178,7 @@ async fn collect_one(mut completion: Completion) -> Result<Choice, ApiError> {
             }
             Event::Done(f) => {
                 choice.finish_reason = finish_reason(&f.reason)?;
+                choice.stop = stop_string(&f.reason);
                 choice.usage = f.usage.into();
                 return Ok(choice);
             }

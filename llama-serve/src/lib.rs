@@ -16,6 +16,7 @@
 //! `--shutdown-grace` seconds, then ends the rest, and exits 0.
 #![warn(missing_docs)]
 
+mod anthropic;
 mod connections;
 mod embeddings;
 mod generation;

@@ -13,6 +13,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use serde::de::DeserializeOwned;
 
+use crate::anthropic::AnthropicError;
 use crate::openai::ApiError;
 use crate::state::AppState;
 
@@ -83,18 +84,26 @@ pub async fn guard(State(state): State<Arc<AppState>>, request: Request, next: N
     if request.uri().path() == "/health" {
         return next.run(request).await;
     }
-    let presented = request
-        .headers()
+    // Anthropic's routes answer in Anthropic's error shape.
+    let anthropic = request.uri().path().starts_with("/v1/messages");
+    let refuse = |e: ApiError| if anthropic { AnthropicError(e).into_response() } else { e.into_response() };
+    // OpenAI's header, or Anthropic's.
+    let headers = request.headers();
+    let presented = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
+        .or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()))
         .map(str::trim);
     if let Some(key) = &state.config.api_key {
         let ok = presented.is_some_and(|p| constant_time_eq(p.as_bytes(), key.0.as_bytes()));
         if !ok {
-            let message =
-                if presented.is_some() { "incorrect API key" } else { "missing API key (Authorization: Bearer …)" };
-            return ApiError::new(StatusCode::UNAUTHORIZED, message).code("invalid_api_key").into_response();
+            let message = if presented.is_some() {
+                "incorrect API key"
+            } else {
+                "missing API key (Authorization: Bearer … or x-api-key: …)"
+            };
+            return refuse(ApiError::new(StatusCode::UNAUTHORIZED, message).code("invalid_api_key"));
         }
     }
     if let Some(limiter) = &state.config.rate_limit {
@@ -104,10 +113,11 @@ pub async fn guard(State(state): State<Arc<AppState>>, request: Request, next: N
             _ => "unknown".to_owned(),
         };
         if let Err(wait) = limiter.take(&client) {
-            return ApiError::new(StatusCode::TOO_MANY_REQUESTS, "rate limit exceeded")
-                .code("rate_limit_exceeded")
-                .retry_after(wait)
-                .into_response();
+            return refuse(
+                ApiError::new(StatusCode::TOO_MANY_REQUESTS, "rate limit exceeded")
+                    .code("rate_limit_exceeded")
+                    .retry_after(wait),
+            );
         }
     }
     next.run(request).await

@@ -69,7 +69,6 @@ pub async fn chat(State(state): State<Arc<AppState>>, request: axum::extract::Re
     let req: ChatRequest = read_json(request, state.config.body_limit, state.config.body_timeout).await?;
     let ready = ready(&state)?;
     let n = choices(req.sampling.n)?;
-    let max_tokens = max_tokens(&state, req.max_completion_tokens.or(req.max_tokens), state.config.max_tokens_cap)?;
     let top = match (req.logprobs, req.top_logprobs) {
         (true, top) => Some(top.unwrap_or(0)),
         (false, Some(_)) => {
@@ -78,42 +77,65 @@ pub async fn chat(State(state): State<Arc<AppState>>, request: axum::extract::Re
         (false, None) => None,
     };
     let answer = Answer::asked_by(&req.sampling, n);
+    let chat = submit_chat(&state, req, n, top).await?;
+    respond(&state, ready, chat.completions, Kind::Chat { logprobs: top.is_some(), parser: chat.parser }, answer).await
+}
+
+/// A chat request in the engine: its choices, the reader of each one's
+/// output, and the prompt's length.
+pub(super) struct SubmittedChat {
+    pub completions: Vec<Completion>,
+    pub parser: ChatParser,
+    pub prompt_tokens: usize,
+}
+
+/// The one path of every chat endpoint (Chat Completions, and Messages
+/// through its translation): tools, the prompt through the template with
+/// its constraints, `n` engine requests (`top` logprobs each).
+pub(super) async fn submit_chat(
+    state: &Arc<AppState>,
+    req: ChatRequest,
+    n: usize,
+    top: Option<usize>,
+) -> Result<SubmittedChat, ApiError> {
+    let max_tokens = max_tokens(state, req.max_completion_tokens.or(req.max_tokens), state.config.max_tokens_cap)?;
     let tools = Tools::from_openai(req.tools.as_deref(), req.tool_choice.as_ref(), req.parallel_tool_calls)
         .map_err(generation::engine_error)?;
     if tools.as_ref().is_some_and(Tools::forced) && req.response_format.is_some() {
         return Err(ApiError::bad_request("tool_choice that requires a call cannot be combined with response_format")
             .param("tool_choice"));
     }
-    let (completions, parser) = {
-        let state = state.clone();
-        off_runtime(move || {
-            let ready = super::ready(&state)?;
-            let setup = chat_prompt(ready, &state.config, &req, tools)?;
-            let stops = req.sampling.stop_list();
-            let requests = (0..n)
-                .map(|j| {
-                    let sampling = generation::sampling_params(
-                        &req.sampling,
-                        ready.model.vocab(),
-                        top,
-                        setup.response_constraint.as_ref(),
-                        j,
-                    )?;
-                    let request = setup
-                        .request
-                        .clone()
-                        .max_tokens(max_tokens)
-                        .stop(stops.clone())
-                        .stop_at_eog(!req.sampling.ignore_eos)
-                        .sampling(sampling);
-                    Ok(generation::with_speculation(request, &req.sampling, state.config.speculation))
-                })
-                .collect::<Result<Vec<_>, ApiError>>()?;
-            Ok((generation::submit_all(&ready.engine, requests)?, setup.parser))
+    let state = state.clone();
+    off_runtime(move || {
+        let ready = super::ready(&state)?;
+        let setup = chat_prompt(ready, &state.config, &req, tools)?;
+        let stops = req.sampling.stop_list();
+        let requests = (0..n)
+            .map(|j| {
+                let sampling = generation::sampling_params(
+                    &req.sampling,
+                    ready.model.vocab(),
+                    top,
+                    setup.response_constraint.as_ref(),
+                    j,
+                )?;
+                let request = setup
+                    .request
+                    .clone()
+                    .max_tokens(max_tokens)
+                    .stop(stops.clone())
+                    .stop_at_eog(!req.sampling.ignore_eos)
+                    .sampling(sampling);
+                Ok(generation::with_speculation(request, &req.sampling, state.config.speculation))
+            })
+            .collect::<Result<Vec<_>, ApiError>>()?;
+        Ok(SubmittedChat {
+            completions: generation::submit_all(&ready.engine, requests)?,
+            parser: setup.parser,
+            prompt_tokens: setup.prompt_tokens,
         })
-        .await?
-    };
-    respond(&state, ready, completions, Kind::Chat { logprobs: top.is_some(), parser }, answer).await
+    })
+    .await
 }
 
 /// Which endpoint answers, and what its answer needs besides the

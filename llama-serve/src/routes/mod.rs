@@ -1,9 +1,11 @@
 //! The endpoints: `/v1/chat/completions` and `/v1/completions`
-//! ([`completion`]), `/v1/embeddings` ([`embeddings`]), `/v1/models`,
-//! `/health`, `/metrics`.
+//! ([`completion`]), Anthropic's `/v1/messages` and
+//! `/v1/messages/count_tokens` ([`messages`]), `/v1/embeddings`
+//! ([`embeddings`]), `/v1/models`, `/health`, `/metrics`.
 
 mod completion;
 mod embeddings;
+mod messages;
 mod prompt;
 
 use std::sync::Arc;
@@ -27,6 +29,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/completions", post(completion::completions))
         .route("/v1/chat/completions", post(completion::chat))
         .route("/v1/embeddings", post(embeddings::embeddings))
+        .route("/v1/messages", post(messages::messages))
+        .route("/v1/messages/count_tokens", post(messages::count_tokens))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such endpoint").code("not_found") })
         .method_not_allowed_fallback(|| async {
             ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method not allowed for this endpoint")

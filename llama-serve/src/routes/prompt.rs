@@ -86,6 +86,8 @@ fn check_message(i: usize, m: &Value) -> Result<(), ApiError> {
 /// choice's reply.
 pub(super) struct ChatSetup {
     pub request: Request,
+    /// The prompt's length in tokens.
+    pub prompt_tokens: usize,
     pub response_constraint: Option<Constraint>,
     pub parser: ChatParser,
 }
@@ -134,5 +136,10 @@ pub(super) fn chat_prompt(
     let options = options.control_tokens_in_text(config.special_in_content);
     let messages = Value::Array(req.messages.clone());
     let prompt = ready.chat.prompt_json(&ready.model, &messages, &options).map_err(generation::engine_error)?;
-    Ok(ChatSetup { request: Request::chat(&prompt), response_constraint, parser: prompt.parser() })
+    Ok(ChatSetup {
+        request: Request::chat(&prompt),
+        prompt_tokens: prompt.tokens.len(),
+        response_constraint,
+        parser: prompt.parser(),
+    })
 }

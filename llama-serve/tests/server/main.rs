@@ -7,6 +7,7 @@
 mod endpoints;
 mod hostile;
 mod loadgen;
+mod messages;
 mod model;
 mod tools;
 

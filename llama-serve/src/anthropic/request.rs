@@ -1,0 +1,369 @@
+//! Anthropic's Messages request, and its translation into the chat
+//! request every chat endpoint of this server runs through (so that
+//! Messages, Responses and Chat Completions share one path: the same
+//! template rendering, tool constraints, reasoning budget and engine
+//! request).
+
+use std::collections::HashSet;
+
+use serde::Deserialize;
+use serde_json::{Map, Value, json};
+
+use crate::openai::{ApiError, ChatRequest};
+
+/// `POST /v1/messages` (and `/v1/messages/count_tokens`, which has no
+/// `max_tokens`). Unknown fields are ignored.
+#[derive(Debug, Deserialize)]
+pub struct MessagesRequest {
+    #[serde(default)]
+    pub system: Option<System>,
+    pub messages: Vec<Message>,
+    /// Required by `/v1/messages`; checked there.
+    pub max_tokens: Option<i64>,
+    #[serde(default)]
+    pub stop_sequences: Vec<String>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<i32>,
+    #[serde(default)]
+    pub stream: bool,
+    #[serde(default)]
+    pub tools: Vec<Tool>,
+    pub tool_choice: Option<ToolChoice>,
+    pub thinking: Option<Thinking>,
+}
+
+/// `system`: text, or a list of text blocks.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum System {
+    Text(String),
+    Blocks(Vec<Block>),
+}
+
+#[derive(Debug, Deserialize)]
+pub struct Message {
+    pub role: String,
+    pub content: Content,
+}
+
+/// A message's content: text, or a list of blocks.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Content {
+    Text(String),
+    Blocks(Vec<Block>),
+}
+
+/// A content block. Kinds this server cannot take (images, documents)
+/// are a 400 rather than dropped.
+#[derive(Debug, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Block {
+    Text {
+        text: String,
+    },
+    ToolUse {
+        id: String,
+        name: String,
+        #[serde(default)]
+        input: Value,
+    },
+    ToolResult {
+        tool_use_id: String,
+        #[serde(default)]
+        content: Option<Content>,
+        #[serde(default)]
+        is_error: bool,
+    },
+    /// Earlier thoughts sent back: not part of the prompt (as Anthropic
+    /// drops them from earlier turns).
+    Thinking {},
+    RedactedThinking {},
+    #[serde(other)]
+    Other,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct Tool {
+    pub name: String,
+    #[serde(default)]
+    pub description: Option<String>,
+    pub input_schema: Value,
+}
+
+/// `tool_choice`: `auto`, `any` (some tool), `tool` (the named one) or
+/// `none`.
+#[derive(Debug, Deserialize)]
+pub struct ToolChoice {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub name: Option<String>,
+    #[serde(default)]
+    pub disable_parallel_tool_use: bool,
+}
+
+/// `thinking`: `{"type": "enabled", "budget_tokens": N}` or
+/// `{"type": "disabled"}`.
+#[derive(Debug, Deserialize)]
+pub struct Thinking {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub budget_tokens: Option<i64>,
+}
+
+fn bad(message: impl Into<String>) -> ApiError {
+    ApiError::bad_request(message)
+}
+
+/// The text of blocks that must all be text (`system`, a tool result).
+fn text_of(blocks: &[Block], what: &str) -> Result<String, ApiError> {
+    let mut text = String::new();
+    for block in blocks {
+        match block {
+            Block::Text { text: t } => {
+                if !text.is_empty() {
+                    text.push('\n');
+                }
+                text.push_str(t);
+            }
+            _ => return Err(bad(format!("{what}: only text blocks are supported here"))),
+        }
+    }
+    Ok(text)
+}
+
+impl MessagesRequest {
+    /// The same request as a chat completion request (OpenAI's shape, which
+    /// the chat layer reads): `system` as a system message, `tool_use`
+    /// blocks as an assistant's `tool_calls`, `tool_result` blocks as `tool`
+    /// messages, `tools`/`tool_choice` as function tools, `thinking` as the
+    /// reasoning budget. `max_tokens` is the caller's (checked there).
+    ///
+    /// # Errors
+    /// A 400 for what the Messages API forbids: no messages, a role other
+    /// than `user` or `assistant`, a `tool_result` whose `tool_use` is not
+    /// in an earlier assistant turn, a block kind this server cannot read.
+    pub fn to_chat(&self, max_tokens: Option<usize>) -> Result<ChatRequest, ApiError> {
+        if self.messages.is_empty() {
+            return Err(bad("messages: at least one message is required").param("messages"));
+        }
+        let mut messages = Vec::new();
+        match &self.system {
+            Some(System::Text(text)) => messages.push(json!({"role": "system", "content": text})),
+            Some(System::Blocks(blocks)) => {
+                messages.push(json!({"role": "system", "content": text_of(blocks, "system")?}));
+            }
+            None => {}
+        }
+        let mut called = HashSet::new();
+        for (i, m) in self.messages.iter().enumerate() {
+            let at = |why: String| bad(format!("messages.{i}: {why}")).param("messages");
+            let blocks: Vec<&Block> = match &m.content {
+                Content::Text(text) => {
+                    if m.role != "user" && m.role != "assistant" {
+                        return Err(at(format!("role {:?} is not user or assistant", m.role)));
+                    }
+                    messages.push(json!({"role": m.role, "content": text}));
+                    continue;
+                }
+                Content::Blocks(blocks) => blocks.iter().collect(),
+            };
+            match m.role.as_str() {
+                "user" => {
+                    let mut text = Vec::new();
+                    for block in blocks {
+                        match block {
+                            Block::Text { text: t } => text.push(json!({"type": "text", "text": t})),
+                            Block::ToolResult { tool_use_id, content, is_error } => {
+                                if !called.contains(tool_use_id.as_str()) {
+                                    return Err(at(format!(
+                                        "tool_result {tool_use_id:?} has no tool_use with that id in an earlier \
+                                         assistant message"
+                                    )));
+                                }
+                                let mut result = match content {
+                                    None => String::new(),
+                                    Some(Content::Text(t)) => t.clone(),
+                                    Some(Content::Blocks(b)) => text_of(b, &format!("messages.{i}: tool_result"))?,
+                                };
+                                if *is_error {
+                                    result = format!("Error: {result}");
+                                }
+                                messages.push(json!({"role": "tool", "tool_call_id": tool_use_id, "content": result}));
+                            }
+                            Block::Thinking {} | Block::RedactedThinking {} => {}
+                            Block::ToolUse { .. } => return Err(at("a user message cannot hold tool_use".into())),
+                            Block::Other => {
+                                return Err(at("this server reads text, tool_use and tool_result blocks only".into()));
+                            }
+                        }
+                    }
+                    if !text.is_empty() {
+                        messages.push(json!({"role": "user", "content": text}));
+                    }
+                }
+                "assistant" => {
+                    let mut text = String::new();
+                    let mut calls = Vec::new();
+                    for block in blocks {
+                        match block {
+                            Block::Text { text: t } => text.push_str(t),
+                            Block::ToolUse { id, name, input } => {
+                                called.insert(id.as_str());
+                                calls.push(json!({"id": id, "type": "function",
+                                                  "function": {"name": name, "arguments": input.to_string()}}));
+                            }
+                            Block::Thinking {} | Block::RedactedThinking {} => {}
+                            Block::ToolResult { .. } => {
+                                return Err(at("an assistant message cannot hold tool_result".into()));
+                            }
+                            Block::Other => {
+                                return Err(at("this server reads text, tool_use and tool_result blocks only".into()));
+                            }
+                        }
+                    }
+                    let mut message = Map::new();
+                    message.insert("role".into(), "assistant".into());
+                    message.insert(
+                        "content".into(),
+                        if calls.is_empty() || !text.is_empty() { text.into() } else { Value::Null },
+                    );
+                    if !calls.is_empty() {
+                        message.insert("tool_calls".into(), calls.into());
+                    }
+                    messages.push(Value::Object(message));
+                }
+                role => return Err(at(format!("role {role:?} is not user or assistant"))),
+            }
+        }
+        let mut chat = Map::new();
+        chat.insert("messages".into(), messages.into());
+        if let Some(n) = max_tokens {
+            chat.insert("max_tokens".into(), n.into());
+        }
+        if !self.stop_sequences.is_empty() {
+            chat.insert("stop".into(), json!(self.stop_sequences));
+        }
+        for (key, value) in [("temperature", self.temperature.map(Value::from)), ("top_p", self.top_p.map(Value::from))]
+        {
+            if let Some(v) = value {
+                chat.insert(key.into(), v);
+            }
+        }
+        if let Some(k) = self.top_k {
+            chat.insert("top_k".into(), k.into());
+        }
+        chat.insert("stream".into(), self.stream.into());
+        if !self.tools.is_empty() {
+            let tools: Vec<Value> = self
+                .tools
+                .iter()
+                .map(|t| {
+                    json!({"type": "function", "function": {"name": t.name, "description": t.description,
+                                                            "parameters": t.input_schema}})
+                })
+                .collect();
+            chat.insert("tools".into(), tools.into());
+        }
+        if let Some(choice) = &self.tool_choice {
+            let openai = match (choice.kind.as_str(), &choice.name) {
+                ("auto", _) => json!("auto"),
+                ("any", _) => json!("required"),
+                ("none", _) => json!("none"),
+                ("tool", Some(name)) => json!({"type": "function", "function": {"name": name}}),
+                ("tool", None) => return Err(bad("tool_choice: type tool needs a name").param("tool_choice")),
+                (other, _) => {
+                    return Err(
+                        bad(format!("tool_choice: type {other:?} is not auto, any, tool or none")).param("tool_choice")
+                    );
+                }
+            };
+            chat.insert("tool_choice".into(), openai);
+            if choice.disable_parallel_tool_use {
+                chat.insert("parallel_tool_calls".into(), false.into());
+            }
+        }
+        match &self.thinking {
+            None => {}
+            Some(t) if t.kind == "enabled" => match t.budget_tokens {
+                Some(n) if n >= 1 => {
+                    chat.insert("reasoning_budget".into(), n.into());
+                }
+                _ => return Err(bad("thinking: budget_tokens must be at least 1").param("thinking")),
+            },
+            Some(t) if t.kind == "disabled" => {
+                chat.insert("reasoning_budget".into(), 0.into());
+            }
+            Some(t) => {
+                return Err(bad(format!("thinking: type {:?} is not enabled or disabled", t.kind)).param("thinking"));
+            }
+        }
+        serde_json::from_value(Value::Object(chat)).map_err(|e| bad(format!("invalid request: {e}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(body: Value) -> MessagesRequest {
+        serde_json::from_value(body).unwrap()
+    }
+
+    #[test]
+    fn a_conversation_with_a_tool_round_trip_becomes_chat_messages() {
+        let req = request(json!({
+            "max_tokens": 64,
+            "system": [{"type": "text", "text": "Be brief."}],
+            "messages": [
+                {"role": "user", "content": "Weather in Paris?"},
+                {"role": "assistant", "content": [
+                    {"type": "thinking", "thinking": "...", "signature": "x"},
+                    {"type": "text", "text": "Checking."},
+                    {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}]},
+                {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "text", "text": "18 C"}]},
+                    {"type": "text", "text": "And tomorrow?"}]},
+            ],
+            "tools": [{"name": "get_weather", "input_schema": {"type": "object"}}],
+            "tool_choice": {"type": "any", "disable_parallel_tool_use": true},
+            "thinking": {"type": "enabled", "budget_tokens": 32},
+            "stop_sequences": ["END"],
+        }));
+        let chat = req.to_chat(Some(64)).unwrap();
+        assert_eq!(
+            Value::Array(chat.messages.clone()),
+            json!([
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "Weather in Paris?"},
+                {"role": "assistant", "content": "Checking.", "tool_calls": [
+                    {"id": "toolu_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}]},
+                {"role": "tool", "tool_call_id": "toolu_1", "content": "18 C"},
+                {"role": "user", "content": [{"type": "text", "text": "And tomorrow?"}]},
+            ])
+        );
+        assert_eq!(chat.tool_choice, Some(json!("required")));
+        assert_eq!(chat.parallel_tool_calls, Some(false));
+        assert_eq!(chat.reasoning_budget, Some(32));
+        assert_eq!(chat.max_tokens, Some(64));
+        assert_eq!(chat.sampling.stop_list(), ["END"]);
+        assert_eq!(chat.tools.as_ref().map(Vec::len), Some(1));
+    }
+
+    #[test]
+    fn what_the_api_forbids_is_a_400() {
+        let err = |body: Value| request(body).to_chat(Some(8)).unwrap_err().message;
+        assert!(err(json!({"messages": []})).contains("at least one message"));
+        let orphan = json!({"messages": [{"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_9", "content": "x"}]}]});
+        assert!(err(orphan).contains("no tool_use"), "a tool_result without its tool_use");
+        assert!(err(json!({"messages": [{"role": "system", "content": "x"}]})).contains("not user or assistant"));
+        let image = json!({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]});
+        assert!(err(image).contains("text, tool_use and tool_result"));
+        let choice = json!({"messages": [{"role": "user", "content": "x"}], "tool_choice": {"type": "tool"}});
+        assert!(err(choice).contains("needs a name"));
+        let thinking = json!({"messages": [{"role": "user", "content": "x"}], "thinking": {"type": "enabled"}});
+        assert!(err(thinking).contains("budget_tokens"));
+    }
+}

@@ -1,0 +1,286 @@
+//! `/v1/messages` and `/v1/messages/count_tokens`: Anthropic's Messages
+//! API, translated into the chat request of `/v1/chat/completions` and run
+//! through the same path ([`super::completion::submit_chat`]); only the
+//! answer's shape and its stream events are this API's own.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use futures::StreamExt;
+use llamacpp::chat::{ChatEvent, ChatParser};
+use serde_json::{Value, json};
+
+use super::completion::submit_chat;
+use super::prompt::chat_prompt;
+use super::{count, off_runtime, ready};
+use crate::anthropic::{AnthropicError, MessageResponse, MessageUsage, MessagesRequest, OutBlock, stop_reason};
+use crate::generation::{self, Delta};
+use crate::limits::read_json;
+use crate::openai::ApiError;
+use crate::state::AppState;
+
+/// `max_tokens`, which the Messages API requires.
+fn required_max_tokens(asked: Option<i64>) -> Result<usize, ApiError> {
+    match asked {
+        None => Err(ApiError::bad_request("max_tokens: field required").param("max_tokens")),
+        Some(n) if n < 1 => Err(ApiError::bad_request("max_tokens: must be at least 1").param("max_tokens")),
+        Some(n) => Ok(usize::try_from(n).unwrap_or(usize::MAX)),
+    }
+}
+
+pub async fn messages(
+    State(state): State<Arc<AppState>>,
+    request: axum::extract::Request,
+) -> Result<Response, AnthropicError> {
+    count("messages");
+    let req: MessagesRequest = read_json(request, state.config.body_limit, state.config.body_timeout).await?;
+    let max_tokens = required_max_tokens(req.max_tokens)?;
+    let chat = req.to_chat(Some(max_tokens))?;
+    ready(&state)?;
+    let submitted = submit_chat(&state, chat, 1, None).await?;
+    let id = state.id("msg");
+    if req.stream {
+        return Ok(stream(state, id, submitted.prompt_tokens, submitted.parser, submitted.completions));
+    }
+    let choice = generation::collect(submitted.completions)
+        .await?
+        .pop()
+        .ok_or_else(|| ApiError::internal("no choice was collected"))?;
+    let mut parser = submitted.parser;
+    let mut events = parser.push(&choice.text);
+    events.extend(parser.finish());
+    let mut blocks = Blocks::default();
+    for event in events {
+        blocks.add(event, &state);
+    }
+    let called = blocks.0.iter().any(|b| matches!(b, OutBlock::ToolUse { .. }));
+    let content = blocks.finish(called);
+    let reason = stop_reason(choice.finish_reason, choice.stop.as_deref(), called);
+    Ok(axum::Json(MessageResponse {
+        id,
+        kind: "message",
+        role: "assistant",
+        model: state.config.model_name.clone(),
+        content,
+        stop_reason: Some(reason),
+        stop_sequence: choice.stop.filter(|_| reason == "stop_sequence"),
+        usage: MessageUsage { input_tokens: choice.usage.prompt_tokens, output_tokens: choice.usage.completion_tokens },
+    })
+    .into_response())
+}
+
+/// `/v1/messages/count_tokens`: the prompt's length in tokens, as
+/// `/v1/messages` would render it.
+pub async fn count_tokens(
+    State(state): State<Arc<AppState>>,
+    request: axum::extract::Request,
+) -> Result<Response, AnthropicError> {
+    count("count_tokens");
+    let req: MessagesRequest = read_json(request, state.config.body_limit, state.config.body_timeout).await?;
+    let chat = req.to_chat(None)?;
+    ready(&state)?;
+    let tools =
+        llamacpp::chat::Tools::from_openai(chat.tools.as_deref(), chat.tool_choice.as_ref(), chat.parallel_tool_calls)
+            .map_err(generation::engine_error)?;
+    let n = {
+        let state = state.clone();
+        off_runtime(move || {
+            let ready = super::ready(&state)?;
+            Ok(chat_prompt(ready, &state.config, &chat, tools)?.prompt_tokens)
+        })
+        .await?
+    };
+    Ok(axum::Json(json!({"input_tokens": n})).into_response())
+}
+
+/// An answer's blocks as its events arrive: consecutive thoughts or text
+/// in one block each, a call per block.
+#[derive(Default)]
+struct Blocks(Vec<OutBlock>);
+
+impl Blocks {
+    fn add(&mut self, event: ChatEvent, state: &AppState) {
+        match (event, self.0.last_mut()) {
+            (ChatEvent::Text(t), Some(OutBlock::Text { text })) => text.push_str(&t),
+            (ChatEvent::Text(text), _) => self.0.push(OutBlock::Text { text }),
+            (ChatEvent::Reasoning(t), Some(OutBlock::Thinking { thinking, .. })) => thinking.push_str(&t),
+            (ChatEvent::Reasoning(thinking), _) => {
+                self.0.push(OutBlock::Thinking { thinking, signature: String::new() })
+            }
+            (ChatEvent::ToolCall(call), _) => self.0.push(OutBlock::ToolUse {
+                id: tool_use_id(state),
+                name: call.function.name,
+                input: tool_input(call.function.arguments),
+            }),
+            _ => {}
+        }
+    }
+
+    /// The blocks, without blank text beside calls.
+    fn finish(self, called: bool) -> Vec<OutBlock> {
+        self.0
+            .into_iter()
+            .filter(|b| !(called && matches!(b, OutBlock::Text { text } if text.trim().is_empty())))
+            .collect()
+    }
+}
+
+/// A call's arguments as a `tool_use` block's `input`: an object (a
+/// string holding JSON is parsed).
+fn tool_input(arguments: Value) -> Value {
+    match arguments {
+        Value::String(s) => serde_json::from_str(&s).unwrap_or(Value::String(s)),
+        v => v,
+    }
+}
+
+/// A `tool_use` block's id, in Anthropic's `toolu_` form.
+fn tool_use_id(state: &AppState) -> String {
+    format!("toolu_{}", state.call_id())
+}
+
+/// Which block is open in a stream.
+#[derive(Clone, Copy, PartialEq)]
+enum Open {
+    None,
+    Text,
+    Thinking,
+}
+
+/// The stream's state: the open block and the next block's index.
+struct Writer {
+    open: Open,
+    index: usize,
+    called: bool,
+    state: Arc<AppState>,
+}
+
+fn event(name: &str, data: Value) -> SseEvent {
+    SseEvent::default().event(name).data(data.to_string())
+}
+
+impl Writer {
+    fn close(&mut self, out: &mut Vec<SseEvent>) {
+        if self.open != Open::None {
+            out.push(event("content_block_stop", json!({"type": "content_block_stop", "index": self.index})));
+            self.index += 1;
+            self.open = Open::None;
+        }
+    }
+
+    fn open(&mut self, kind: Open, out: &mut Vec<SseEvent>) {
+        if self.open == kind {
+            return;
+        }
+        self.close(out);
+        let block = match kind {
+            Open::Text => json!({"type": "text", "text": ""}),
+            _ => json!({"type": "thinking", "thinking": "", "signature": ""}),
+        };
+        out.push(event(
+            "content_block_start",
+            json!({"type": "content_block_start", "index": self.index, "content_block": block}),
+        ));
+        self.open = kind;
+    }
+
+    /// The events for what the reader released.
+    fn write(&mut self, events: Vec<ChatEvent>) -> Vec<SseEvent> {
+        let mut out = Vec::new();
+        for e in events {
+            match e {
+                ChatEvent::Text(text) => {
+                    self.open(Open::Text, &mut out);
+                    let delta = json!({"type": "text_delta", "text": text});
+                    out.push(event(
+                        "content_block_delta",
+                        json!({"type": "content_block_delta", "index": self.index, "delta": delta}),
+                    ));
+                }
+                ChatEvent::Reasoning(thinking) => {
+                    self.open(Open::Thinking, &mut out);
+                    let delta = json!({"type": "thinking_delta", "thinking": thinking});
+                    out.push(event(
+                        "content_block_delta",
+                        json!({"type": "content_block_delta", "index": self.index, "delta": delta}),
+                    ));
+                }
+                ChatEvent::ToolCall(call) => {
+                    self.close(&mut out);
+                    self.called = true;
+                    let block = json!({"type": "tool_use", "id": tool_use_id(&self.state), "name": call.function.name, "input": {}});
+                    out.push(event(
+                        "content_block_start",
+                        json!({"type": "content_block_start", "index": self.index, "content_block": block}),
+                    ));
+                    let delta = json!({"type": "input_json_delta",
+                                       "partial_json": tool_input(call.function.arguments).to_string()});
+                    out.push(event(
+                        "content_block_delta",
+                        json!({"type": "content_block_delta", "index": self.index, "delta": delta}),
+                    ));
+                    out.push(event("content_block_stop", json!({"type": "content_block_stop", "index": self.index})));
+                    self.index += 1;
+                }
+                _ => {}
+            }
+        }
+        out
+    }
+}
+
+/// The SSE answer: `message_start`, the blocks' start, delta and stop
+/// events as the reader releases them, `message_delta` with the stop
+/// reason and usage, `message_stop`. A failure after the 200 is an
+/// `error` event.
+fn stream(
+    state: Arc<AppState>,
+    id: String,
+    prompt_tokens: usize,
+    parser: ChatParser,
+    completions: Vec<llamacpp::engine::Completion>,
+) -> Response {
+    let start = json!({"type": "message_start", "message": {
+        "id": id, "type": "message", "role": "assistant", "model": state.config.model_name, "content": [],
+        "stop_reason": null, "stop_sequence": null,
+        "usage": {"input_tokens": prompt_tokens, "output_tokens": 0}}});
+    let head = futures::stream::iter([Ok::<_, Infallible>(event("message_start", start))]);
+    let mut reader = parser;
+    let mut writer = Writer { open: Open::None, index: 0, called: false, state };
+    let body = generation::merged(completions).flat_map(move |(_, delta)| {
+        let events = match delta {
+            Delta::Piece { text, .. } => writer.write(reader.push(&text)),
+            Delta::Done(Ok(finish)) => {
+                let mut out = writer.write(reader.finish());
+                writer.close(&mut out);
+                let finish_reason = generation::finish_reason(&finish.reason).unwrap_or("stop");
+                let stop = generation::stop_string(&finish.reason);
+                let reason = stop_reason(finish_reason, stop.as_deref(), writer.called);
+                let delta = json!({"type": "message_delta",
+                    "delta": {"stop_reason": reason, "stop_sequence": stop.filter(|_| reason == "stop_sequence")},
+                    "usage": {"output_tokens": finish.usage.completion_tokens}});
+                out.push(event("message_delta", delta));
+                out.push(event("message_stop", json!({"type": "message_stop"})));
+                out
+            }
+            Delta::Done(Err(e)) => vec![event("error", AnthropicError(e).body())],
+        };
+        futures::stream::iter(events.into_iter().map(Ok::<_, Infallible>).collect::<Vec<_>>())
+    });
+    Sse::new(head.chain(body)).keep_alive(KeepAlive::default()).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn max_tokens_is_required_and_positive() {
+        assert!(required_max_tokens(None).unwrap_err().message.contains("required"));
+        assert!(required_max_tokens(Some(0)).unwrap_err().message.contains("at least 1"));
+        assert_eq!(required_max_tokens(Some(12)).unwrap(), 12);
+    }
+}
