@@ -6,7 +6,9 @@ Starts the server on an ephemeral loopback port with an API key and
 embeddings, waits for /health, then checks: a completion, a streamed chat
 with include_usage, a json_schema response that validates, a streamed
 tool call with tool_choice required whose arguments validate against the
-tool's schema, n=2, embeddings
+tool's schema, the Responses API (text, stream, input_tokens, forced and
+streamed function calls, the second turn, text.format, the stateless
+400s), n=2, embeddings
 (float and base64), and that a wrong key is refused with 401. Exits
 non-zero on the first mismatch; always stops the server.
 """
@@ -135,6 +137,8 @@ def run(base):
             finish = choice.finish_reason or finish
     check(finish == "tool_calls", f"streamed parallel forced calls end with tool_calls ({finish}, {len(n_calls)} calls)")
 
+    responses(client, model, tools, params)
+
     two = client.chat.completions.create(model=model, messages=messages, max_tokens=8, temperature=1.0, seed=3, n=2)
     check([c.index for c in two.choices] == [0, 1], "n=2 gives two choices")
 
@@ -152,6 +156,63 @@ def run(base):
         check(False, "a wrong key is refused")
     except openai.AuthenticationError as err:
         check(err.status_code == 401, "a wrong key is refused with 401")
+
+
+def responses(client, model, tools, params):
+    """The Responses API (/v1/responses) through the same client."""
+    ask = "The capital of France is"
+    r = client.responses.create(model=model, input=ask, max_output_tokens=12, temperature=0)
+    check(r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens" and r.output_text, f"responses: text, incomplete at max_output_tokens: {r.output_text!r}")
+    check(r.usage.output_tokens == 12 and r.usage.input_tokens > 0, f"responses: usage {r.usage.input_tokens} in, {r.usage.output_tokens} out")
+
+    deltas, last = "", None
+    with client.responses.stream(model=model, input=ask, max_output_tokens=24, temperature=0) as stream:
+        for event in stream:
+            if event.type == "response.output_text.delta":
+                deltas += event.delta
+            last = event
+    check(last.type == "response.incomplete" and deltas == last.response.output_text, f"responses: streamed deltas equal the final output: {deltas!r}")
+    check(deltas.startswith(r.output_text), "responses: greedy, the longer answer starts with the shorter one")
+
+    counted = client.responses.input_tokens.count(model=model, input=ask)
+    check(counted.input_tokens == r.usage.input_tokens, f"responses: input_tokens {counted.input_tokens} equals the request's {r.usage.input_tokens}")
+
+    flat = [{"type": "function", "name": t["function"]["name"], "description": t["function"]["description"], "parameters": t["function"]["parameters"]} for t in tools]
+    weather = "What is the weather in Paris?"
+    forced = client.responses.create(model=model, input=weather, tools=flat, tool_choice="required", max_output_tokens=200, temperature=0)
+    calls = [o for o in forced.output if o.type == "function_call"]
+    check(forced.status == "completed" and calls, f"responses: tool_choice required gives {len(calls)} function calls")
+    for c in calls:
+        jsonschema.validate(json.loads(c.arguments), params)
+    check(all(c.call_id and c.name == "get_weather" for c in calls), f"responses: the call's arguments validate: {calls[0].arguments}")
+
+    with client.responses.stream(model=model, input=weather, tools=flat, tool_choice={"type": "function", "name": "get_weather"},
+                                 parallel_tool_calls=False, max_output_tokens=200, temperature=0) as stream:
+        final = stream.get_final_response()
+    s_calls = [o for o in final.output if o.type == "function_call"]
+    check(final.status == "completed" and len(s_calls) == 1, f"responses: a streamed named call, one: {[o.type for o in final.output]}")
+    jsonschema.validate(json.loads(s_calls[0].arguments), params)
+
+    turn2 = [{"role": "user", "content": weather},
+             {"type": "function_call", "call_id": calls[0].call_id, "name": "get_weather", "arguments": calls[0].arguments},
+             {"type": "function_call_output", "call_id": calls[0].call_id, "output": "18 degrees and sunny"}]
+    after = client.responses.create(model=model, input=turn2, tools=flat, max_output_tokens=16, temperature=0)
+    check(after.status in ("completed", "incomplete"), f"responses: the second turn with the call's output: {after.status}")
+
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30}}, "required": ["city"], "additionalProperties": False}
+    j = client.responses.create(model=model, input="A city in JSON:", text={"format": {"type": "json_schema", "name": "city", "schema": schema}},
+                                max_output_tokens=60, temperature=0)
+    jsonschema.validate(json.loads(j.output_text), schema)
+    check(True, f"responses: text.format json_schema validates: {j.output_text!r}")
+
+    for what, kwargs in [("previous_response_id", dict(input="x", previous_response_id="resp_1")),
+                         ("store: true", dict(input="x", store=True)),
+                         ("a function_call_output without its call", dict(input=[{"type": "function_call_output", "call_id": "call_x", "output": "x"}]))]:
+        try:
+            client.responses.create(model=model, **kwargs)
+            check(False, f"responses: {what} is refused")
+        except openai.BadRequestError as err:
+            check(err.status_code == 400 and err.body.get("type") == "invalid_request_error", f"responses: {what} is a 400 ({err.body.get('message')})")
 
 
 def main():

@@ -4,7 +4,9 @@
 mod error;
 mod request;
 mod response;
+mod responses;
 
 pub use error::ApiError;
 pub use request::*;
 pub use response::*;
+pub use responses::ResponsesRequest;

@@ -7,6 +7,7 @@ mod completion;
 mod embeddings;
 mod messages;
 mod prompt;
+mod responses;
 
 use std::sync::Arc;
 
@@ -29,6 +30,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/completions", post(completion::completions))
         .route("/v1/chat/completions", post(completion::chat))
         .route("/v1/embeddings", post(embeddings::embeddings))
+        .route("/v1/responses", post(responses::responses))
+        .route("/v1/responses/input_tokens", post(responses::input_tokens))
         .route("/v1/messages", post(messages::messages))
         .route("/v1/messages/count_tokens", post(messages::count_tokens))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such endpoint").code("not_found") })

@@ -9,6 +9,7 @@ mod hostile;
 mod loadgen;
 mod messages;
 mod model;
+mod responses;
 mod tools;
 
 use std::io::{BufRead, BufReader, Read, Write};

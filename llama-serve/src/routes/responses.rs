@@ -1,0 +1,368 @@
+//! `/v1/responses` and `/v1/responses/input_tokens`: OpenAI's Responses
+//! API, translated into the chat request of `/v1/chat/completions` and
+//! run through the same path ([`super::completion::submit_chat`]); only
+//! the answer's items and stream events are this API's own.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use futures::StreamExt;
+use llamacpp::chat::{ChatEvent, ChatParser};
+use serde_json::{Value, json};
+
+use super::completion::submit_chat;
+use super::prompt::chat_prompt;
+use super::{count, off_runtime, ready};
+use crate::generation::{self, Delta};
+use crate::limits::read_json;
+use crate::openai::{ApiError, ResponsesRequest, Usage};
+use crate::state::{AppState, now};
+
+/// What the answer echoes of its request.
+#[derive(Clone)]
+struct Echo {
+    id: String,
+    model: String,
+    created_at: u64,
+    tools: Vec<Value>,
+    tool_choice: Value,
+    parallel_tool_calls: bool,
+    instructions: Option<String>,
+    max_output_tokens: Option<i64>,
+}
+
+impl Echo {
+    /// The response object with `output` and `usage`; `finish` is the
+    /// OpenAI finish reason (`None`: still in progress).
+    fn response(&self, output: Vec<Value>, finish: Option<&str>, usage: Option<&Usage>) -> Value {
+        let (status, incomplete) = match finish {
+            None => ("in_progress", Value::Null),
+            Some("length") => ("incomplete", json!({"reason": "max_output_tokens"})),
+            Some(_) => ("completed", Value::Null),
+        };
+        json!({
+            "id": self.id, "object": "response", "created_at": self.created_at, "status": status,
+            "incomplete_details": incomplete, "error": null, "model": self.model, "output": output,
+            "tools": self.tools, "tool_choice": self.tool_choice, "parallel_tool_calls": self.parallel_tool_calls,
+            "instructions": self.instructions, "max_output_tokens": self.max_output_tokens, "metadata": {},
+            "text": {"format": {"type": "text"}},
+            "usage": usage.map(|u| json!({
+                "input_tokens": u.prompt_tokens,
+                "input_tokens_details": {"cached_tokens": u.prompt_tokens_details.cached_tokens},
+                "output_tokens": u.completion_tokens,
+                "output_tokens_details": {"reasoning_tokens": 0},
+                "total_tokens": u.prompt_tokens + u.completion_tokens,
+            })),
+        })
+    }
+}
+
+pub async fn responses(
+    State(state): State<Arc<AppState>>,
+    request: axum::extract::Request,
+) -> Result<Response, ApiError> {
+    count("responses");
+    let req: ResponsesRequest = read_json(request, state.config.body_limit, state.config.body_timeout).await?;
+    let chat = req.to_chat()?;
+    ready(&state)?;
+    let echo = Echo {
+        id: state.id("resp"),
+        model: state.config.model_name.clone(),
+        created_at: now(),
+        tools: req.tools.clone(),
+        tool_choice: req.tool_choice.clone().unwrap_or_else(|| json!("auto")),
+        parallel_tool_calls: req.parallel_tool_calls.unwrap_or(true),
+        instructions: req.instructions.clone(),
+        max_output_tokens: req.max_output_tokens,
+    };
+    let submitted = submit_chat(&state, chat, 1, None).await?;
+    if req.stream {
+        return Ok(stream(state, echo, submitted.parser, submitted.completions));
+    }
+    let choice = generation::collect(submitted.completions)
+        .await?
+        .pop()
+        .ok_or_else(|| ApiError::internal("no choice was collected"))?;
+    let mut parser = submitted.parser;
+    let mut events = parser.push(&choice.text);
+    events.extend(parser.finish());
+    let mut items = Items::new(state.clone());
+    for event in events {
+        items.add(event);
+    }
+    let output = items.finish();
+    Ok(axum::Json(echo.response(output, Some(choice.finish_reason), Some(&choice.usage))).into_response())
+}
+
+/// `/v1/responses/input_tokens`: the prompt's length in tokens, as
+/// `/v1/responses` would render it.
+pub async fn input_tokens(
+    State(state): State<Arc<AppState>>,
+    request: axum::extract::Request,
+) -> Result<Response, ApiError> {
+    count("input_tokens");
+    let req: ResponsesRequest = read_json(request, state.config.body_limit, state.config.body_timeout).await?;
+    let chat = req.to_chat()?;
+    ready(&state)?;
+    let tools =
+        llamacpp::chat::Tools::from_openai(chat.tools.as_deref(), chat.tool_choice.as_ref(), chat.parallel_tool_calls)
+            .map_err(generation::engine_error)?;
+    let n = {
+        let state = state.clone();
+        off_runtime(move || {
+            let ready = super::ready(&state)?;
+            Ok(chat_prompt(ready, &state.config, &chat, tools)?.prompt_tokens)
+        })
+        .await?
+    };
+    Ok(axum::Json(json!({"object": "response.input_tokens", "input_tokens": n})).into_response())
+}
+
+/// The answer's output items as its events arrive.
+struct Items {
+    items: Vec<Value>,
+    state: Arc<AppState>,
+}
+
+impl Items {
+    fn new(state: Arc<AppState>) -> Items {
+        Items { items: Vec::new(), state }
+    }
+
+    fn add(&mut self, event: ChatEvent) {
+        match event {
+            ChatEvent::Text(t) => match self.items.last_mut() {
+                Some(item) if item["type"] == "message" => {
+                    let text = item["content"][0]["text"].as_str().unwrap_or_default().to_owned() + &t;
+                    item["content"][0]["text"] = text.into();
+                }
+                _ => self.items.push(message_item(&self.state.id("msg"), &t, "completed")),
+            },
+            ChatEvent::Reasoning(t) => match self.items.last_mut() {
+                Some(item) if item["type"] == "reasoning" => {
+                    let text = item["content"][0]["text"].as_str().unwrap_or_default().to_owned() + &t;
+                    item["content"][0]["text"] = text.into();
+                }
+                _ => self.items.push(reasoning_item(&self.state.id("rs"), &t, "completed")),
+            },
+            ChatEvent::ToolCall(call) => {
+                let arguments = arguments_text(call.function.arguments);
+                self.items.push(call_item(
+                    &self.state.id("fc"),
+                    &call_id(&self.state),
+                    &call.function.name,
+                    &arguments,
+                    "completed",
+                ));
+            }
+            _ => {}
+        }
+    }
+
+    /// The items, without a blank message beside calls.
+    fn finish(self) -> Vec<Value> {
+        let called = self.items.iter().any(|i| i["type"] == "function_call");
+        self.items
+            .into_iter()
+            .filter(|i| {
+                !(called
+                    && i["type"] == "message"
+                    && i["content"][0]["text"].as_str().is_some_and(|t| t.trim().is_empty()))
+            })
+            .collect()
+    }
+}
+
+fn message_item(id: &str, text: &str, status: &str) -> Value {
+    json!({"type": "message", "id": id, "role": "assistant", "status": status,
+           "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]})
+}
+
+fn reasoning_item(id: &str, text: &str, status: &str) -> Value {
+    json!({"type": "reasoning", "id": id, "status": status, "summary": [],
+           "content": [{"type": "reasoning_text", "text": text}]})
+}
+
+fn call_item(id: &str, call_id: &str, name: &str, arguments: &str, status: &str) -> Value {
+    json!({"type": "function_call", "id": id, "call_id": call_id, "name": name, "arguments": arguments, "status": status})
+}
+
+/// A call's arguments as the JSON text `arguments` holds.
+fn arguments_text(arguments: Value) -> String {
+    match arguments {
+        Value::String(s) => s,
+        v => v.to_string(),
+    }
+}
+
+fn call_id(state: &AppState) -> String {
+    format!("call_{}", state.call_id())
+}
+
+/// The stream's state: the open item (its index, id, kind and text so
+/// far), the finished items, and the events' sequence number.
+struct Writer {
+    echo: Echo,
+    state: Arc<AppState>,
+    sequence: u64,
+    done: Vec<Value>,
+    open: Option<(String, &'static str, String)>,
+}
+
+impl Writer {
+    fn event(&mut self, mut data: Value) -> SseEvent {
+        data["sequence_number"] = self.sequence.into();
+        self.sequence += 1;
+        let name = data["type"].as_str().unwrap_or_default().to_owned();
+        SseEvent::default().event(name).data(data.to_string())
+    }
+
+    /// Ends the open message or reasoning item.
+    fn close(&mut self, out: &mut Vec<SseEvent>) {
+        let Some((id, kind, text)) = self.open.take() else { return };
+        let index = self.done.len();
+        let (part, item, done_type, done_field) = if kind == "message" {
+            (
+                json!({"type": "output_text", "text": text, "annotations": [], "logprobs": []}),
+                message_item(&id, &text, "completed"),
+                "response.output_text.done",
+                "text",
+            )
+        } else {
+            (
+                json!({"type": "reasoning_text", "text": text}),
+                reasoning_item(&id, &text, "completed"),
+                "response.reasoning_text.done",
+                "text",
+            )
+        };
+        let mut text_done = json!({"type": done_type, "item_id": id, "output_index": index, "content_index": 0});
+        text_done[done_field] = text.clone().into();
+        if kind == "message" {
+            text_done["logprobs"] = json!([]);
+        }
+        out.push(self.event(text_done));
+        out.push(self.event(json!({"type": "response.content_part.done", "item_id": id, "output_index": index,
+                                   "content_index": 0, "part": part})));
+        out.push(self.event(json!({"type": "response.output_item.done", "output_index": index, "item": item})));
+        self.done.push(item_of(&id, kind, &text));
+    }
+
+    /// Adds `piece` to an open item of `kind`, opening one if needed.
+    fn piece(&mut self, kind: &'static str, piece: &str, out: &mut Vec<SseEvent>) {
+        if self.open.as_ref().is_some_and(|(_, k, _)| *k != kind) {
+            self.close(out);
+        }
+        let index = self.done.len();
+        if self.open.is_none() {
+            let id = self.state.id(if kind == "message" { "msg" } else { "rs" });
+            let (item, part) = if kind == "message" {
+                (
+                    json!({"type": "message", "id": id, "role": "assistant", "status": "in_progress", "content": []}),
+                    json!({"type": "output_text", "text": "", "annotations": [], "logprobs": []}),
+                )
+            } else {
+                (
+                    json!({"type": "reasoning", "id": id, "status": "in_progress", "summary": [], "content": []}),
+                    json!({"type": "reasoning_text", "text": ""}),
+                )
+            };
+            out.push(self.event(json!({"type": "response.output_item.added", "output_index": index, "item": item})));
+            out.push(self.event(json!({"type": "response.content_part.added", "item_id": id, "output_index": index,
+                                       "content_index": 0, "part": part})));
+            self.open = Some((id, kind, String::new()));
+        }
+        let Some((id, _, text)) = &mut self.open else { return };
+        text.push_str(piece);
+        let id = id.clone();
+        let delta = if kind == "message" {
+            json!({"type": "response.output_text.delta", "item_id": id, "output_index": index, "content_index": 0,
+                   "delta": piece, "logprobs": []})
+        } else {
+            json!({"type": "response.reasoning_text.delta", "item_id": id, "output_index": index, "content_index": 0,
+                   "delta": piece})
+        };
+        out.push(self.event(delta));
+    }
+
+    fn write(&mut self, events: Vec<ChatEvent>) -> Vec<SseEvent> {
+        let mut out = Vec::new();
+        for e in events {
+            match e {
+                ChatEvent::Text(t) => self.piece("message", &t, &mut out),
+                ChatEvent::Reasoning(t) => self.piece("reasoning", &t, &mut out),
+                ChatEvent::ToolCall(call) => {
+                    self.close(&mut out);
+                    let index = self.done.len();
+                    let (id, call_id) = (self.state.id("fc"), call_id(&self.state));
+                    let arguments = arguments_text(call.function.arguments);
+                    let name = call.function.name;
+                    let added = call_item(&id, &call_id, &name, "", "in_progress");
+                    out.push(
+                        self.event(json!({"type": "response.output_item.added", "output_index": index, "item": added})),
+                    );
+                    out.push(self.event(json!({"type": "response.function_call_arguments.delta", "item_id": id,
+                                               "output_index": index, "delta": arguments})));
+                    out.push(self.event(json!({"type": "response.function_call_arguments.done", "item_id": id,
+                                               "output_index": index, "arguments": arguments})));
+                    let item = call_item(&id, &call_id, &name, &arguments, "completed");
+                    out.push(
+                        self.event(json!({"type": "response.output_item.done", "output_index": index, "item": item})),
+                    );
+                    self.done.push(item);
+                }
+                _ => {}
+            }
+        }
+        out
+    }
+}
+
+fn item_of(id: &str, kind: &str, text: &str) -> Value {
+    if kind == "message" { message_item(id, text, "completed") } else { reasoning_item(id, text, "completed") }
+}
+
+/// The SSE answer: `response.created` and `response.in_progress`, each
+/// item's added, delta and done events as the reader releases them, then
+/// `response.completed` (or `response.incomplete` at `max_output_tokens`)
+/// with every item and the usage. A failure after the 200 is an `error`
+/// event.
+fn stream(
+    state: Arc<AppState>,
+    echo: Echo,
+    parser: ChatParser,
+    completions: Vec<llamacpp::engine::Completion>,
+) -> Response {
+    let mut writer = Writer { echo, state, sequence: 0, done: Vec::new(), open: None };
+    let created = writer.echo.response(Vec::new(), None, None);
+    let head = vec![
+        writer.event(json!({"type": "response.created", "response": created.clone()})),
+        writer.event(json!({"type": "response.in_progress", "response": created})),
+    ];
+    let head = futures::stream::iter(head.into_iter().map(Ok::<_, Infallible>).collect::<Vec<_>>());
+    let mut reader = parser;
+    let body = generation::merged(completions).flat_map(move |(_, delta)| {
+        let events = match delta {
+            Delta::Piece { text, .. } => writer.write(reader.push(&text)),
+            Delta::Done(Ok(finish)) => {
+                let mut out = writer.write(reader.finish());
+                writer.close(&mut out);
+                let reason = generation::finish_reason(&finish.reason).unwrap_or("stop");
+                let usage = Usage::from(finish.usage);
+                let response = writer.echo.response(writer.done.clone(), Some(reason), Some(&usage));
+                let kind = if reason == "length" { "response.incomplete" } else { "response.completed" };
+                out.push(writer.event(json!({"type": kind, "response": response})));
+                out
+            }
+            Delta::Done(Err(e)) => {
+                let body = json!({"type": "error", "code": e.code, "message": e.message, "param": e.param});
+                vec![writer.event(body)]
+            }
+        };
+        futures::stream::iter(events.into_iter().map(Ok::<_, Infallible>).collect::<Vec<_>>())
+    });
+    Sse::new(head.chain(body)).keep_alive(KeepAlive::default()).into_response()
+}
