@@ -81,6 +81,15 @@ pub async fn chat(State(state): State<Arc<AppState>>, request: axum::extract::Re
     respond(&state, ready, chat.completions, Kind::Chat { logprobs: top.is_some(), parser: chat.parser }, answer).await
 }
 
+/// The prompt's length in tokens of a chat request, as [`submit_chat`]
+/// would render it (`count_tokens`, `input_tokens`).
+pub(super) async fn count_chat_prompt(state: &Arc<AppState>, req: ChatRequest) -> Result<usize, ApiError> {
+    let tools = Tools::from_openai(req.tools.as_deref(), req.tool_choice.as_ref(), req.parallel_tool_calls)
+        .map_err(generation::engine_error)?;
+    let state = state.clone();
+    off_runtime(move || Ok(chat_prompt(super::ready(&state)?, &state.config, &req, tools)?.prompt_tokens)).await
+}
+
 /// A chat request in the engine: its choices, the reader of each one's
 /// output, and the prompt's length.
 pub(super) struct SubmittedChat {

@@ -13,9 +13,8 @@ use futures::StreamExt;
 use llamacpp::chat::{ChatEvent, ChatParser};
 use serde_json::{Value, json};
 
-use super::completion::submit_chat;
-use super::prompt::chat_prompt;
-use super::{count, off_runtime, ready};
+use super::completion::{count_chat_prompt, submit_chat};
+use super::{count, ready};
 use crate::generation::{self, Delta};
 use crate::limits::read_json;
 use crate::openai::{ApiError, ResponsesRequest, Usage};
@@ -107,17 +106,7 @@ pub async fn input_tokens(
     let req: ResponsesRequest = read_json(request, state.config.body_limit, state.config.body_timeout).await?;
     let chat = req.to_chat()?;
     ready(&state)?;
-    let tools =
-        llamacpp::chat::Tools::from_openai(chat.tools.as_deref(), chat.tool_choice.as_ref(), chat.parallel_tool_calls)
-            .map_err(generation::engine_error)?;
-    let n = {
-        let state = state.clone();
-        off_runtime(move || {
-            let ready = super::ready(&state)?;
-            Ok(chat_prompt(ready, &state.config, &chat, tools)?.prompt_tokens)
-        })
-        .await?
-    };
+    let n = count_chat_prompt(&state, chat).await?;
     Ok(axum::Json(json!({"object": "response.input_tokens", "input_tokens": n})).into_response())
 }
 
