@@ -69,6 +69,9 @@ impl RateLimiter {
 /// Checks the API key (when one is set) and the rate limit (when set).
 /// `/health` is open.
 pub async fn guard(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+    // Anthropic's routes answer in Anthropic's error shape.
+    let anthropic = request.uri().path().starts_with("/v1/messages");
+    let refuse = |e: ApiError| if anthropic { AnthropicError(e).into_response() } else { e.into_response() };
     if let Some(allowed) = &state.config.allowed_hosts
         && let Some(host) = request.headers().get(header::HOST)
     {
@@ -78,15 +81,12 @@ pub async fn guard(State(state): State<Arc<AppState>>, request: Request, next: N
                 "the Host {name:?} is not one this server answers to (--allowed-hosts; a loopback server \
                  answers to localhost, 127.0.0.1 and [::1])"
             );
-            return ApiError::new(StatusCode::FORBIDDEN, message).code("host_not_allowed").into_response();
+            return refuse(ApiError::new(StatusCode::FORBIDDEN, message).code("host_not_allowed"));
         }
     }
     if request.uri().path() == "/health" {
         return next.run(request).await;
     }
-    // Anthropic's routes answer in Anthropic's error shape.
-    let anthropic = request.uri().path().starts_with("/v1/messages");
-    let refuse = |e: ApiError| if anthropic { AnthropicError(e).into_response() } else { e.into_response() };
     // OpenAI's header, or Anthropic's.
     let headers = request.headers();
     let presented = headers

@@ -214,6 +214,9 @@ fn other_host_names_cannot_reach_a_loopback_server() {
     assert!(body.contains("host_not_allowed"), "{body}");
     let (status, _) = get_with_host(&server, "/v1/models", &format!("attacker.example:{port}"));
     assert!(status.contains(" 403 "), "{status}");
+    // Anthropic's routes refuse in Anthropic's shape.
+    let (status, body) = get_with_host(&server, "/v1/messages", "attacker.example");
+    assert!(status.contains(" 403 ") && body.contains(r#""type":"permission_error""#), "{status} {body}");
     for host in [format!("localhost:{port}"), format!("127.0.0.1:{port}"), format!("[::1]:{port}"), "LocalHost".into()]
     {
         let (status, body) = get_with_host(&server, "/v1/models", &host);
