@@ -40,8 +40,7 @@ impl Model {
     /// [`Error::Unsupported`] for a model with layers on RPC workers.
     #[doc(alias = "llama_adapter_lora_init")]
     pub fn load_lora(&self, path: impl AsRef<std::path::Path>) -> Result<LoraAdapter<'_>> {
-        #[cfg(feature = "rpc")]
-        if self.rpc_lease().is_some() {
+        if self.remote().is_remote() {
             // The adapter's tensors would go to the workers' devices through
             // calls that are not guarded against a dying worker.
             return Err(Error::Unsupported("LoRA adapters on a model with layers on RPC workers".into()));
@@ -109,7 +108,7 @@ impl<'m> Context<'m> {
     /// scale; [`Error::Exception`] if llama.cpp throws.
     #[doc(alias = "llama_set_adapters_lora")]
     pub fn set_lora_adapters(&mut self, adapters: &[(&'m LoraAdapter<'m>, f32)]) -> Result<()> {
-        self.check_rpc()?;
+        self.check_reachable()?;
         let model = self.model().as_ptr();
         let mut ptrs = Vec::with_capacity(adapters.len());
         let mut scales = Vec::with_capacity(adapters.len());
@@ -149,7 +148,7 @@ impl<'m> Context<'m> {
     /// [`Error::Adapter`] if `data` is not a whole number of `n_embd` rows.
     #[doc(alias = "llama_set_adapter_cvec")]
     pub fn set_control_vector(&mut self, data: &[f32], layer_start: i32, layer_end: i32) -> Result<()> {
-        self.check_rpc()?;
+        self.check_reachable()?;
         let n_embd = self.model().n_embd();
         if data.is_empty() || n_embd == 0 || !data.len().is_multiple_of(n_embd) {
             return Err(Error::Adapter(format!(
@@ -170,7 +169,7 @@ impl<'m> Context<'m> {
 
     /// Turns the control vector off.
     pub fn clear_control_vector(&mut self) {
-        if self.check_rpc().is_err() {
+        if self.check_reachable().is_err() {
             return; // nothing may reach the lost worker's buffers
         }
         // SAFETY: NULL data disables the control vector.

@@ -29,7 +29,7 @@ impl Context<'_> {
     }
 
     fn clear_memory(&mut self, zero_data: bool) {
-        if self.check_rpc().is_err() {
+        if self.check_reachable().is_err() {
             return;
         }
         // SAFETY: the context's own memory handle (NULL-safe).
@@ -46,7 +46,7 @@ impl Context<'_> {
     /// [`Error::InvalidSeqId`].
     #[doc(alias = "llama_memory_seq_rm")]
     pub fn seq_rm(&mut self, seq: Option<SeqId>, p0: Option<Pos>, p1: Option<Pos>) -> Result<bool> {
-        self.check_rpc()?;
+        self.check_reachable()?;
         if let Some(s) = seq {
             self.check_seq(s)?;
         }
@@ -65,7 +65,7 @@ impl Context<'_> {
     /// sequence then has its own buffer and only whole copies work).
     #[doc(alias = "llama_memory_seq_cp")]
     pub fn seq_cp(&mut self, src: SeqId, dst: SeqId, p0: Option<Pos>, p1: Option<Pos>) -> Result<()> {
-        self.check_rpc()?;
+        self.check_reachable()?;
         self.check_seq(src)?;
         self.check_seq(dst)?;
         let partial = p0.is_some_and(|p| p > 0) || p1.is_some_and(|p| p >= 0);
@@ -88,7 +88,7 @@ impl Context<'_> {
     /// [`Error::InvalidSeqId`].
     #[doc(alias = "llama_memory_seq_keep")]
     pub fn seq_keep(&mut self, seq: SeqId) -> Result<()> {
-        self.check_rpc()?;
+        self.check_reachable()?;
         self.check_seq(seq)?;
         // SAFETY: a valid sequence id.
         unsafe { sys::llama_memory_seq_keep(self.memory(), seq) };
@@ -105,7 +105,7 @@ impl Context<'_> {
     /// position would not fit below `i32::MAX` (signed overflow in C++).
     #[doc(alias = "llama_memory_seq_add")]
     pub fn seq_add(&mut self, seq: SeqId, p0: Option<Pos>, p1: Option<Pos>, delta: Pos) -> Result<()> {
-        self.check_rpc()?;
+        self.check_reachable()?;
         self.check_seq(seq)?;
         if !self.can_shift() {
             return Err(Error::CannotShift);
@@ -136,7 +136,7 @@ impl Context<'_> {
     /// below 1.
     #[doc(alias = "llama_memory_seq_div")]
     pub fn seq_div(&mut self, seq: SeqId, p0: Option<Pos>, p1: Option<Pos>, divisor: i32) -> Result<()> {
-        self.check_rpc()?;
+        self.check_reachable()?;
         self.check_seq(seq)?;
         if divisor < 1 {
             return Err(Error::InvalidParameter {
@@ -160,7 +160,7 @@ impl Context<'_> {
     /// [`Error::InvalidSeqId`].
     #[doc(alias = "llama_memory_seq_pos_min")]
     pub fn seq_pos_min(&mut self, seq: SeqId) -> Result<Option<Pos>> {
-        self.check_rpc()?;
+        self.check_reachable()?;
         self.check_seq(seq)?;
         // SAFETY: a valid sequence id.
         let p = unsafe { sys::llama_memory_seq_pos_min(self.memory(), seq) };
@@ -173,7 +173,7 @@ impl Context<'_> {
     /// [`Error::InvalidSeqId`].
     #[doc(alias = "llama_memory_seq_pos_max")]
     pub fn seq_pos_max(&mut self, seq: SeqId) -> Result<Option<Pos>> {
-        self.check_rpc()?;
+        self.check_reachable()?;
         self.check_seq(seq)?;
         // SAFETY: a valid sequence id.
         let p = unsafe { sys::llama_memory_seq_pos_max(self.memory(), seq) };

@@ -145,7 +145,7 @@ impl Context<'_> {
     /// The size in bytes of the whole state right now.
     #[doc(alias = "llama_state_get_size")]
     pub fn state_size(&mut self) -> usize {
-        if self.check_rpc().is_err() {
+        if self.check_reachable().is_err() {
             return 0;
         }
         // SAFETY: a live context we hold exclusively.
@@ -158,7 +158,7 @@ impl Context<'_> {
     /// [`Error::State`] if llama.cpp fails to serialise it.
     #[doc(alias = "llama_state_get_data")]
     pub fn save_state(&mut self) -> Result<Vec<u8>> {
-        self.check_rpc()?;
+        self.check_reachable()?;
         let size = self.state_size();
         let mut buf = Vec::new();
         try_reserve(&mut buf, size)?;
@@ -182,7 +182,7 @@ impl Context<'_> {
     /// before decoding.
     #[doc(alias = "llama_state_set_data")]
     pub fn load_state(&mut self, data: &[u8]) -> Result<()> {
-        self.check_rpc()?;
+        self.check_reachable()?;
         check_arch_prefix(self, data)?;
         self.invalidate_outputs();
         self.bump_epoch(None);
@@ -204,7 +204,7 @@ impl Context<'_> {
     /// [`Error::State`] or [`Error::Io`]; no partial file is left behind.
     #[doc(alias = "llama_state_save_file")]
     pub fn save_state_file(&mut self, path: impl AsRef<Path>, tokens: &[Token]) -> Result<()> {
-        self.check_rpc()?;
+        self.check_reachable()?;
         let ctx = self.as_ptr();
         write_atomically(
             path.as_ref(),
@@ -223,7 +223,7 @@ impl Context<'_> {
     /// not fit this context.
     #[doc(alias = "llama_state_load_file")]
     pub fn load_state_file(&mut self, path: impl AsRef<Path>) -> Result<Vec<Token>> {
-        self.check_rpc()?;
+        self.check_reachable()?;
         let path = path.as_ref();
         let c_path = check_readable(path)?;
         check_state_file(self, path)?;
@@ -257,7 +257,7 @@ impl Context<'_> {
     /// [`Error::InvalidSeqId`]; [`Error::State`] if serialising fails.
     #[doc(alias = "llama_state_seq_get_data")]
     pub fn save_seq_state(&mut self, seq: SeqId) -> Result<Vec<u8>> {
-        self.check_rpc()?;
+        self.check_reachable()?;
         self.check_seq(seq)?;
         // SAFETY: a valid sequence id.
         let size = unsafe { sys::llama_state_seq_get_size(self.as_ptr(), seq) };
@@ -284,7 +284,7 @@ impl Context<'_> {
     /// fit, after which sequence `dest` may have been emptied.
     #[doc(alias = "llama_state_seq_set_data")]
     pub fn load_seq_state(&mut self, data: &[u8], dest: SeqId) -> Result<()> {
-        self.check_rpc()?;
+        self.check_reachable()?;
         self.check_seq(dest)?;
         // The cache's part follows llama.cpp's magic and the saved
         // sequence id (4 bytes each).
@@ -311,7 +311,7 @@ impl Context<'_> {
     /// partial file is left behind.
     #[doc(alias = "llama_state_seq_save_file")]
     pub fn save_seq_state_file(&mut self, path: impl AsRef<Path>, seq: SeqId, tokens: &[Token]) -> Result<()> {
-        self.check_rpc()?;
+        self.check_reachable()?;
         self.check_seq(seq)?;
         let ctx = self.as_ptr();
         write_atomically(
@@ -333,7 +333,7 @@ impl Context<'_> {
     /// not fit this context.
     #[doc(alias = "llama_state_seq_load_file")]
     pub fn load_seq_state_file(&mut self, path: impl AsRef<Path>, dest: SeqId) -> Result<Vec<Token>> {
-        self.check_rpc()?;
+        self.check_reachable()?;
         self.check_seq(dest)?;
         let path = path.as_ref();
         let c_path = check_readable(path)?;
@@ -374,7 +374,7 @@ impl Context<'_> {
     /// remove the last token (a recurrent model's state: clear the sequence
     /// and decode all of `tokens` again instead); decode errors.
     pub fn redecode_last(&mut self, tokens: &[Token], seq: SeqId) -> Result<()> {
-        self.check_rpc()?;
+        self.check_reachable()?;
         let Some(&last) = tokens.last() else {
             return Err(Error::InvalidArgument("redecode_last needs at least one token".into()));
         };

@@ -5,7 +5,7 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use super::{Attention, Context, ContextParams, ModelRef, NEXT_CONTEXT_ID, OwnedContext, Produced};
+use super::{Attention, Calls, Context, ContextParams, ModelRef, NEXT_CONTEXT_ID, OwnedContext, Produced};
 use crate::backend;
 use crate::error::{Error, Result};
 use crate::model::Model;
@@ -57,41 +57,28 @@ impl<'m> Context<'m> {
 
         backend::clear_last_error();
         let adapters = model.adapters_read();
-        #[cfg(feature = "rpc")]
-        let mut rpc = None;
-        #[cfg(feature = "rpc")]
-        let ptr = match model.rpc_lease() {
-            Some(lease) => {
-                // Creating it allocates buffers on the workers: guarded.
-                let mut runner = crate::rpc::Runner::start()?;
-                let call = crate::thread::SendPtr((model.as_ptr(), raw));
-                let created = runner.run(lease, "creating a context", true, move || {
-                    let call = call;
-                    // SAFETY: as below, on the context's call thread.
-                    unsafe { sys::llama_init_from_model(call.0.0, call.0.1) as usize }
-                });
-                let ptr = match created {
-                    Ok(ptr) => ptr as *mut sys::llama_context,
-                    Err(e) => {
-                        // The abandoned call may still create a context that
-                        // points to the abort flag: it is leaked with it.
-                        std::mem::forget(Arc::clone(&abort));
-                        return Err(e);
-                    }
-                };
-                rpc = Some(runner);
-                ptr
-            }
-            // SAFETY: as below.
-            None => unsafe { sys::llama_init_from_model(model.as_ptr(), raw) },
-        };
-        #[cfg(not(feature = "rpc"))]
+        // Creating it allocates buffers on the workers of a remote model:
+        // then on the context's call thread, guarded.
+        let mut calls = Calls::start(model.remote())?;
+        let call = crate::thread::SendPtr((model.as_ptr(), raw));
         // SAFETY: a live model and parameters built from the defaults with
         // valid enum values; the abort flag lives in `abort`, which the
         // context keeps. llama_init_from_model catches its exceptions. It
         // reads the model's LoRA set (graph size), which the read lock
-        // keeps from changing meanwhile.
-        let ptr = unsafe { sys::llama_init_from_model(model.as_ptr(), raw) };
+        // keeps from changing meanwhile (the caller waits for the call).
+        let created = calls.run(model.remote(), "creating a context", true, move || unsafe {
+            let call = call;
+            sys::llama_init_from_model(call.0.0, call.0.1) as usize
+        });
+        let ptr = match created {
+            Ok(ptr) => ptr as *mut sys::llama_context,
+            Err(e) => {
+                // The abandoned call may still create a context that
+                // points to the abort flag: it is leaked with it.
+                std::mem::forget(Arc::clone(&abort));
+                return Err(e);
+            }
+        };
         drop(adapters);
         let ptr = NonNull::new(ptr)
             .ok_or_else(|| Error::ContextCreate(backend::last_error_or("llama_init_from_model returned NULL")))?;
@@ -146,8 +133,7 @@ impl<'m> Context<'m> {
             id: NEXT_CONTEXT_ID.fetch_add(1, Ordering::Relaxed),
             epochs: vec![0; n_seq_max as usize],
             poisoned: None,
-            #[cfg(feature = "rpc")]
-            rpc,
+            calls,
         };
         if p.embeddings {
             ctx.set_embeddings(true)?;

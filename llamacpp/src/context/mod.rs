@@ -15,6 +15,7 @@ mod create;
 mod outputs;
 mod params;
 mod pass;
+mod remote;
 mod validate;
 
 pub use outputs::Output;
@@ -22,6 +23,7 @@ pub use outputs::Output;
 pub(crate) use params::MAX_TOKENS;
 use params::check_threads;
 pub use params::{Attention, ContextParams, FlashAttention, KvType, Pooling, max_sequences};
+use remote::Calls;
 
 /// Identifies each context ever created in this process (see
 /// [`Context::id`]): a session remembers which context holds its cache.
@@ -139,10 +141,9 @@ pub struct Context<'m> {
     /// flag before the allocations that throw), so the context refuses to
     /// run again.
     poisoned: Option<(&'static str, String)>,
-    /// The thread that makes this context's calls while its model has
-    /// layers on RPC workers (feature `rpc`; see `llamacpp::rpc`).
-    #[cfg(feature = "rpc")]
-    rpc: Option<crate::rpc::Runner>,
+    /// Where its calls into llama.cpp run: a call thread of their own
+    /// while its model has layers on RPC workers, here otherwise.
+    calls: Calls,
 }
 
 /// A context that keeps its model alive through an `Arc`: see
@@ -266,7 +267,7 @@ impl<'m> Context<'m> {
     #[doc(alias = "llama_set_n_threads")]
     pub fn set_n_threads(&mut self, n_threads: i32, n_threads_batch: i32) -> Result<()> {
         check_threads(n_threads, n_threads_batch)?;
-        self.check_rpc()?;
+        self.check_reachable()?;
         // SAFETY: valid counts on a live context we hold exclusively.
         unsafe { sys::llama_set_n_threads(self.ptr.as_ptr(), n_threads, n_threads_batch) };
         Ok(())
@@ -287,7 +288,7 @@ impl<'m> Context<'m> {
                 self.n_ctx, self.n_ubatch, self.n_seq_max
             )));
         }
-        self.check_rpc()?;
+        self.check_reachable()?;
         // SAFETY: a setting change on a context we hold exclusively.
         unsafe { sys::llama_set_embeddings(self.ptr.as_ptr(), on) };
         self.embeddings = on;
@@ -304,7 +305,7 @@ impl<'m> Context<'m> {
     /// synchronize before they return.)
     #[doc(alias = "llama_synchronize")]
     pub fn synchronize(&mut self) {
-        if self.rpc_lost() {
+        if self.is_cut_off() {
             return;
         }
         // SAFETY: a live context we hold exclusively.
@@ -384,7 +385,7 @@ impl<'m> Context<'m> {
     /// lost).
     #[doc(alias = "llama_perf_context")]
     pub fn perf(&mut self) -> PerfCounters {
-        if self.rpc_lost() {
+        if self.is_cut_off() {
             // An abandoned call may still be counting.
             return PerfCounters::default();
         }
@@ -402,7 +403,7 @@ impl<'m> Context<'m> {
     /// Resets the counters of [`Context::perf`].
     #[doc(alias = "llama_perf_context_reset")]
     pub fn reset_perf(&mut self) {
-        if self.rpc_lost() {
+        if self.is_cut_off() {
             return;
         }
         // SAFETY: a live context we hold exclusively.
@@ -412,17 +413,16 @@ impl<'m> Context<'m> {
 
 impl Drop for Context<'_> {
     fn drop(&mut self) {
-        #[cfg(feature = "rpc")]
-        if let (Some(runner), Some(lease)) = (self.rpc.as_mut(), self.model.rpc_lease()) {
+        if self.calls.is_remote() {
             // Freeing sends to the workers: guarded. A context whose worker
             // was lost is leaked (with its abort flag, which it points to).
-            if lease.is_lost() || runner.is_lost() {
+            if self.calls.is_lost(self.model.remote()) {
                 std::mem::forget(self.abort.clone());
                 return;
             }
             let call = crate::thread::SendPtr(self.ptr.as_ptr());
             // SAFETY: as below, on the context's call thread.
-            let freed = runner.run(lease, "freeing a context", false, move || unsafe {
+            let freed = self.calls.run(self.model.remote(), "freeing a context", false, move || unsafe {
                 let call = call;
                 sys::llama_free(call.0)
             });

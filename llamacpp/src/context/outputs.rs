@@ -81,7 +81,7 @@ impl Context<'_> {
     /// context without a KV cache, of a model other than a diffusion one).
     #[doc(alias = "llama_get_logits_ith")]
     pub fn logits(&mut self, at: impl Into<Output>) -> Result<&[f32]> {
-        self.check_rpc()?;
+        self.check_reachable()?;
         let at = at.into();
         let i = self.output_index(at)?;
         if !self.produced.logits {
@@ -111,7 +111,7 @@ impl Context<'_> {
     /// any), or the context pools them.
     #[doc(alias = "llama_get_embeddings_ith")]
     pub fn embeddings(&mut self, at: impl Into<Output>) -> Result<&[f32]> {
-        self.check_rpc()?;
+        self.check_reachable()?;
         let at = at.into();
         let i = self.output_index(at)?;
         if !self.produced.token_embeddings {
@@ -136,7 +136,7 @@ impl Context<'_> {
     /// sequence not in it, or the cache cleared or loaded since).
     #[doc(alias = "llama_get_embeddings_seq")]
     pub fn sequence_embeddings(&mut self, seq: SeqId) -> Result<&[f32]> {
-        self.check_rpc()?;
+        self.check_reachable()?;
         self.check_seq(seq)?;
         if !self.produced.pooled {
             return Err(Error::NoSequenceOutput(seq));

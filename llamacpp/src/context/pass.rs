@@ -16,10 +16,10 @@ impl Context<'_> {
     /// # Safety
     /// `batch` must be valid for this context (see `decode`).
     unsafe fn call_pass(&mut self, batch: &Batch, code: &mut i32, encode: bool) -> Result<std::os::raw::c_int> {
-        #[cfg(feature = "rpc")]
-        if let (Some(runner), Some(lease)) = (self.rpc.as_mut(), self.model.rpc_lease()) {
+        if self.calls.is_remote() {
             let call = crate::thread::SendPtr((self.ptr.as_ptr(), batch.raw()));
-            let (shim, result) = runner.run(lease, if encode { "encoding" } else { "decoding" }, true, move || {
+            let what = if encode { "encoding" } else { "decoding" };
+            let (shim, result) = self.calls.run(self.model.remote(), what, true, move || {
                 let call = call;
                 let mut code = 0;
                 // SAFETY: as for the direct call below; the batch's arrays
@@ -57,25 +57,19 @@ impl Context<'_> {
         result
     }
 
-    /// Whether [`Context::check_rpc`] fails: every call into llama.cpp that
+    /// Whether [`Context::check_reachable`] fails: every call into llama.cpp that
     /// can reach a worker is refused then (synchronizing would wait for a
     /// dead connection for good, and an abandoned call may still hold the
     /// context).
-    pub(super) fn rpc_lost(&self) -> bool {
-        self.check_rpc().is_err()
+    pub(super) fn is_cut_off(&self) -> bool {
+        self.check_reachable().is_err()
     }
 
-    /// `Err` when the context's model lost an RPC worker (every call into
-    /// llama.cpp would reach the dead connection).
-    pub(crate) fn check_rpc(&self) -> Result<()> {
-        #[cfg(feature = "rpc")]
-        if let Some(lease) = self.model.rpc_lease() {
-            lease.check()?;
-            if self.rpc.as_ref().is_some_and(crate::rpc::Runner::is_lost) {
-                return Err(Error::Rpc { endpoint: String::new(), message: "a call of this context was lost".into() });
-            }
-        }
-        Ok(())
+    /// `Err` when a call into llama.cpp could not reach what it needs: the
+    /// model lost an RPC worker (the call would wait on the dead
+    /// connection), or a call of this context was abandoned.
+    pub(crate) fn check_reachable(&self) -> Result<()> {
+        self.calls.check(self.model.remote())
     }
 
     /// Refuses to run a context whose last decode or encode threw.
@@ -118,7 +112,7 @@ impl Context<'_> {
     #[doc(alias = "llama_decode")]
     pub fn decode(&mut self, batch: &Batch) -> Result<()> {
         self.check_not_poisoned()?;
-        self.check_rpc()?;
+        self.check_reachable()?;
         if self.needs_encoder_output && !self.encoded {
             return Err(Error::InvalidArgument(
                 "this encoder-decoder model decodes against the encoder output: call encode first".into(),
@@ -213,7 +207,7 @@ impl Context<'_> {
     #[doc(alias = "llama_encode")]
     pub fn encode(&mut self, batch: &Batch) -> Result<()> {
         self.check_not_poisoned()?;
-        self.check_rpc()?;
+        self.check_reachable()?;
         if !self.model.has_encoder() && self.has_memory {
             return Err(Error::InvalidArgument(
                 "encode needs a model with an encoder (T5-like) or without a KV cache (BERT-like); \

@@ -6,8 +6,8 @@ use std::path::Path;
 use std::ptr::NonNull;
 use std::sync::RwLock;
 
-use super::params::{build_overrides, render_override, rpc_devices};
-use super::{Model, ModelParams, RpcLease, Source, preflight};
+use super::params::{build_overrides, render_override};
+use super::{Model, ModelParams, Remote, Source, preflight};
 use crate::backend;
 use crate::error::{Error, Result};
 use crate::ffi::{self, path_to_cstring};
@@ -149,9 +149,9 @@ impl Model {
         }
 
         // Pointer inputs only need to live for the load call (§1.2).
-        let (rpc_devices, rpc_lease) = rpc_devices(params)?;
+        let (remote_devices, remote) = Remote::prepare(params)?;
         let mut devices: Vec<sys::ggml_backend_dev_t> = Vec::new();
-        if let Some(list) = params.devices.as_ref().or(rpc_devices.as_ref()) {
+        if let Some(list) = params.devices.as_ref().or(remote_devices.as_ref()) {
             devices.extend(list.iter().map(|d| d.raw));
             devices.push(std::ptr::null_mut());
             raw.devices = devices.as_mut_ptr();
@@ -165,7 +165,6 @@ impl Model {
             raw.kv_overrides = overrides.as_ptr();
         }
 
-        #[cfg_attr(not(feature = "rpc"), allow(unused_variables))]
         let with_progress = progress.is_some();
         let mut keep_loading = |_: f32| true;
         let mut state;
@@ -182,22 +181,20 @@ impl Model {
         }
 
         backend::clear_last_error();
-        #[cfg(feature = "rpc")]
-        if rpc_lease.is_some() && with_progress {
+        if remote.is_remote() && with_progress {
             // The guarded load runs on another thread, where the callback
             // (a borrowed, non-`Send` closure) cannot go.
             return Err(Error::Unsupported(
                 "a progress callback while loading onto RPC workers: use Model::load".into(),
             ));
         }
-        #[cfg(feature = "rpc")]
-        if let Some(lease) = &rpc_lease {
+        if remote.is_remote() {
             // Loading sends the offloaded weights to the workers: guarded,
             // so that a worker that dies meanwhile is an error (the load
             // thread then stays blocked in llama.cpp, with what it holds).
             raw.progress_callback_user_data = std::ptr::null_mut();
             let owned = crate::thread::SendPtr((raw, c_paths, devices, overrides, tensor_split));
-            let ptr = crate::rpc::run_once(lease, "loading the model", true, move || {
+            let ptr = remote.run_once("loading the model", true, move || {
                 let owned = owned;
                 let (raw, c_paths, ..) = &owned.0;
                 let ptr = if c_paths.len() == 1 {
@@ -212,13 +209,13 @@ impl Model {
                 ptr as usize
             })? as *mut sys::llama_model;
             if ptr.is_null()
-                && let Some(err) = lease.lost_during("loading the model")
+                && let Some(err) = remote.lost_during("loading the model")
             {
                 // llama.cpp could not connect to a worker that died just
                 // then (the guard turned its abort into a failed load).
                 return Err(err);
             }
-            return Self::loaded(ptr, paths, params, simulate, false, rpc_lease);
+            return Self::loaded(ptr, paths, params, simulate, false, remote);
         }
         let ptr = if c_paths.len() == 1 {
             // SAFETY: the path is NUL-terminated; `raw` came from the
@@ -237,7 +234,7 @@ impl Model {
             }
             ffi::resume(state.panic.take());
         }
-        Self::loaded(ptr, paths, params, simulate, state.cancelled, rpc_lease)
+        Self::loaded(ptr, paths, params, simulate, state.cancelled, remote)
     }
 
     /// The [`Model`] of what llama.cpp's loader returned (NULL: why not).
@@ -247,7 +244,7 @@ impl Model {
         params: &ModelParams,
         simulate: bool,
         cancelled: bool,
-        rpc_lease: RpcLease,
+        remote: Remote,
     ) -> Result<Model> {
         let Some(ptr) = NonNull::new(ptr) else {
             if cancelled {
@@ -273,7 +270,7 @@ impl Model {
             adapters: RwLock::new(()),
             constraint_tokens: std::sync::Mutex::new(None),
             chat: std::panic::AssertUnwindSafe(std::sync::OnceLock::new()),
-            _rpc: rpc_lease,
+            remote,
         };
         let pre = model.metadata("tokenizer.ggml.pre");
         model.vocab.set_pre_tokenizer(pre.as_deref());

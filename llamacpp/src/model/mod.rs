@@ -13,14 +13,10 @@ use crate::vocab::Vocab;
 mod load;
 mod params;
 mod preflight;
+mod remote;
 
 pub(crate) use load::check_gguf_file;
-
-/// The RPC servers a model uses (feature `rpc`).
-#[cfg(feature = "rpc")]
-type RpcLease = Option<crate::rpc::Lease>;
-#[cfg(not(feature = "rpc"))]
-type RpcLease = Option<()>;
+pub(crate) use remote::Remote;
 
 pub use params::{LoadMode, MetadataValue, ModelParams, SplitMode};
 
@@ -122,8 +118,8 @@ pub struct Model {
     /// changed, so a panic cannot leave it half-written and `Model` stays
     /// `UnwindSafe` as before.
     pub(crate) chat: std::panic::AssertUnwindSafe<std::sync::OnceLock<crate::chat::ChatFormat>>,
-    /// The RPC servers it uses (dropped after the model is freed).
-    _rpc: RpcLease,
+    /// The RPC workers it uses, if any (dropped after the model is freed).
+    remote: Remote,
 }
 
 // SAFETY: llama.cpp supports one model shared by many threads, each with its
@@ -139,10 +135,9 @@ unsafe impl Send for Model {}
 unsafe impl Sync for Model {}
 
 impl Model {
-    /// The RPC servers the model uses (feature `rpc`; `None` without).
-    #[cfg(feature = "rpc")]
-    pub(crate) fn rpc_lease(&self) -> Option<&crate::rpc::Lease> {
-        self._rpc.as_ref()
+    /// The RPC workers the model's layers live on, if any.
+    pub(crate) fn remote(&self) -> &Remote {
+        &self.remote
     }
 
     /// Shared access to the model's LoRA adapter set, for the calls that
@@ -448,11 +443,8 @@ impl Model {
     /// cannot be moved into place.
     #[doc(alias = "llama_model_save_to_file")]
     pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
-        #[cfg(feature = "rpc")]
-        if let Some(lease) = self.rpc_lease() {
-            // Reading the weights back goes through the workers' connections.
-            lease.check()?;
-        }
+        // Reading the weights back goes through the workers' connections.
+        self.remote.check()?;
         if self.vocab_only || self.repacked {
             return Err(Error::InvalidArgument(
                 "only a model loaded with vocab_only: false and repack_weights: false can be saved".into(),
@@ -472,15 +464,14 @@ impl Model {
 
 impl Drop for Model {
     fn drop(&mut self) {
-        #[cfg(feature = "rpc")]
-        if let Some(lease) = &self._rpc {
+        if self.remote.is_remote() {
             // Freeing sends to the workers: guarded. A model on a lost
             // worker is leaked instead (its buffers live behind the dead
             // connection, and llama.cpp would abort or wait for ever).
-            if !lease.is_lost() {
+            if !self.remote.is_lost() {
                 let ptr = crate::thread::SendPtr(self.ptr.as_ptr());
                 // SAFETY: as below, on the guarded thread.
-                let _ = crate::rpc::run_once(lease, "freeing the model", false, move || unsafe {
+                let _ = self.remote.run_once("freeing the model", false, move || unsafe {
                     let ptr = ptr;
                     sys::llama_model_free(ptr.0)
                 });

@@ -241,27 +241,6 @@ impl ModelParams {
     }
 }
 
-/// The RPC servers of a model to load
-/// ([`ModelParams::rpc_servers`](field@ModelParams::rpc_servers) and RPC
-/// devices in [`ModelParams::devices`](field@ModelParams::devices)), checked: the device list for
-/// llama.cpp when the caller gave none (`None`: llama.cpp chooses), and
-/// the lease that counts the model as a user of the servers.
-#[cfg(feature = "rpc")]
-pub(super) fn rpc_devices(params: &ModelParams) -> Result<(Option<Vec<Device>>, Option<crate::rpc::Lease>)> {
-    crate::rpc::prepare(&params.rpc_servers, params.devices.as_deref(), crate::rpc::DEFAULT_TIMEOUT)
-}
-
-#[cfg(not(feature = "rpc"))]
-pub(super) fn rpc_devices(params: &ModelParams) -> Result<(Option<Vec<Device>>, Option<()>)> {
-    if params.rpc_servers.is_empty() {
-        return Ok((None, None));
-    }
-    Err(Error::Unsupported(format!(
-        "RPC servers {:?}: this build of llamacpp has no `rpc` feature",
-        params.rpc_servers
-    )))
-}
-
 /// An override value as llama.cpp renders metadata (`gguf_kv_to_str`:
 /// `std::to_string` for numbers, `true`/`false` for booleans).
 pub(super) fn render_override(value: &MetadataValue) -> String {

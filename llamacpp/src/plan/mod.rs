@@ -335,7 +335,7 @@ impl crate::Context<'_> {
     /// [`Error::Exception`] if llama.cpp throws.
     #[doc(alias = "llama_get_memory_breakdown")]
     pub fn memory_breakdown(&mut self) -> Result<MemoryBreakdown> {
-        self.check_rpc()?;
+        self.check_reachable()?;
         let ptr = self.as_ptr();
         // SAFETY: our own live context.
         unsafe { MemoryBreakdown::of_context(ptr) }
