@@ -73,6 +73,8 @@ pub mod chat;
 pub mod constraint;
 mod context;
 pub mod embed;
+#[cfg(feature = "engine")]
+#[cfg_attr(docsrs, doc(cfg(feature = "engine")))]
 pub mod engine;
 mod error;
 mod ffi;
@@ -113,5 +115,7 @@ pub use error::{Error, Result, StateError};
 pub use generate::{CompleteOptions, Completed};
 pub use model::{LoadMode, MetadataValue, Model, ModelParams, RopeType, SplitMode, split_path, split_prefix};
 pub use quantize::{FileType, QuantizeParams, quantize};
-pub use sampler::{Candidates, CustomSampler, SamplePath, Sampler, SamplerChain, SamplingParams, TokenData};
+pub use sampler::{
+    Candidates, CustomSampler, MAX_TOP_LOGPROBS, SamplePath, Sampler, SamplerChain, SamplingParams, TokenData,
+};
 pub use vocab::{AddBos, Detokenizer, Special, Token, TokenAttrs, Vocab};

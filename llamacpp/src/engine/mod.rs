@@ -84,6 +84,7 @@ use std::time::{Duration, Instant};
 use crate::context::PerfCounters;
 use crate::error::{Error, Result};
 use crate::generate::FinishReason;
+pub use crate::generate::Usage;
 use crate::model::Model;
 use crate::vocab::Token;
 
@@ -139,24 +140,6 @@ pub struct TokenLogprob {
     /// first (as many as asked for; the sampled token is among them only
     /// if it ranks there).
     pub top: Vec<(Token, f32)>,
-}
-
-/// Token counts of one request.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Usage {
-    /// Tokens of the prompt.
-    pub prompt_tokens: usize,
-    /// Of those, the ones shared from the prefix cache or a running
-    /// sequence instead of being prefilled.
-    pub cached_tokens: usize,
-    /// Tokens sampled (including a final end-of-generation token).
-    pub completion_tokens: usize,
-    /// Of those, the ones a speculative draft proposed and the sampler
-    /// confirmed (they took no decode step of their own).
-    pub accepted_draft_tokens: usize,
-    /// Draft tokens decoded and then rejected.
-    pub rejected_draft_tokens: usize,
 }
 
 /// Latencies of one request.

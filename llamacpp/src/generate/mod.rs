@@ -47,14 +47,12 @@
 
 mod complete;
 mod options;
-mod session;
+pub(crate) mod session;
 mod stop;
-mod tail;
+pub(crate) mod tail;
 
 pub use complete::{CompleteOptions, Completed, DEFAULT_MAX_TOKENS};
-pub use options::{FinishReason, GenerateOptions, GenerationStats, Overflow};
-pub(crate) use session::swa_window_present;
+pub use options::{FinishReason, GenerateOptions, GenerationStats, Overflow, Usage};
 pub use session::{Generation, Session};
 pub(crate) use stop::check_stops;
 pub use stop::{MAX_STOP_BYTES, MAX_STOPS, StopMatcher, stop_holdback};
-pub(crate) use tail::TextTail;

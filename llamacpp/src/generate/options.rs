@@ -148,6 +148,25 @@ impl GenerateOptions {
     }
 }
 
+/// Token counts of one request: a conversation turn
+/// ([`Reply::usage`](crate::chat::Reply::usage)) or one of the engine's requests.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Usage {
+    /// Tokens of the prompt.
+    pub prompt_tokens: usize,
+    /// Of those, the ones shared from the prefix cache or a running
+    /// sequence instead of being prefilled.
+    pub cached_tokens: usize,
+    /// Tokens sampled (including a final end-of-generation token).
+    pub completion_tokens: usize,
+    /// Of those, the ones a speculative draft proposed and the sampler
+    /// confirmed (they took no decode step of their own).
+    pub accepted_draft_tokens: usize,
+    /// Draft tokens decoded and then rejected.
+    pub rejected_draft_tokens: usize,
+}
+
 /// Why a generation ended.
 #[non_exhaustive]
 #[derive(Clone, Debug, PartialEq, Eq)]

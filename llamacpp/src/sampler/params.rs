@@ -136,7 +136,7 @@ impl SamplingParams {
     }
 
     /// The `top` of [`logprobs`](Self::logprobs), if log-probabilities are on.
-    pub(crate) fn top_logprobs(&self) -> Option<usize> {
+    pub fn top_logprobs(&self) -> Option<usize> {
         self.logprobs
     }
 

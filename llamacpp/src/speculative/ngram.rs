@@ -143,7 +143,9 @@ impl NgramDrafter {
     }
 
     /// The estimated chance that a draft token is accepted once the ones
-    /// before it were (recent drafts count most).
+    /// before it were (recent drafts count most). The engine's cost cut
+    /// reads it, through [`NgramDrafter::confidence`].
+    #[cfg_attr(not(feature = "engine"), allow(dead_code))]
     pub fn acceptance(&self) -> f64 {
         self.accepted / self.tried
     }
@@ -153,6 +155,7 @@ impl NgramDrafter {
     /// stretch that matched says by Laplace's rule of succession (`m`
     /// tokens in a row matched: the next one with `(m + 1) / (m + 2)`). A
     /// long match is a copy in progress whatever the drafts before it did.
+    #[cfg_attr(not(feature = "engine"), allow(dead_code))]
     pub fn confidence(&self) -> f64 {
         let m = self.matched as f64;
         self.acceptance().max((m + 1.0) / (m + 2.0))

@@ -25,7 +25,7 @@ use super::{EngineConfig, Event, Finish, Shared, Timings, Usage, lock};
 use crate::batch::{Batch, Logits, Pos};
 use crate::context::{Context, ContextParams, PerfCounters};
 use crate::error::{Error, Result};
-use crate::generate::swa_window_present;
+use crate::generate::session::swa_window_present;
 use crate::model::Model;
 
 mod cause;

@@ -7,7 +7,7 @@ use crate::batch::{Pos, SeqId};
 use crate::context::Context;
 use crate::engine::EngineConfig;
 use crate::engine::kv::{Cells, PrefixIndex, cells_in_use};
-use crate::generate::swa_window_present;
+use crate::generate::session::swa_window_present;
 use crate::vocab::Token;
 
 /// A follower must gain at least this many positions over what it can
