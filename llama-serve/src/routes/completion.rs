@@ -17,9 +17,8 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::prompt::{chat_prompt, completion_prompts};
-use super::{choices, count, max_tokens, off_runtime, ready};
+use super::{choices, max_tokens, off_runtime, open};
 use crate::generation::{self, Choice, Delta};
-use crate::limits::read_json;
 use crate::openai::{
     ApiError, AssistantMessage, ChatChoice, ChatChunk, ChatChunkChoice, ChatCompletion, ChatDelta, ChatLogprobs,
     ChatRequest, CompletionRequest, FunctionCall, FunctionDelta, Header, Logprob, LogprobEntry, TextChoice,
@@ -31,9 +30,7 @@ pub async fn completions(
     State(state): State<Arc<AppState>>,
     request: axum::extract::Request,
 ) -> Result<Response, ApiError> {
-    count("completions");
-    let req: CompletionRequest = read_json(request, state.config.body_limit, state.config.body_timeout).await?;
-    let ready = ready(&state)?;
+    let (req, ready): (CompletionRequest, _) = open(&state, "completions", request).await?;
     let n = choices(req.sampling.n)?;
     let max_tokens = max_tokens(&state, req.max_tokens, 16)?;
     let answer = Answer::asked_by(&req.sampling, n);
@@ -65,9 +62,7 @@ pub async fn completions(
 }
 
 pub async fn chat(State(state): State<Arc<AppState>>, request: axum::extract::Request) -> Result<Response, ApiError> {
-    count("chat");
-    let req: ChatRequest = read_json(request, state.config.body_limit, state.config.body_timeout).await?;
-    let ready = ready(&state)?;
+    let (req, ready): (ChatRequest, _) = open(&state, "chat", request).await?;
     let n = choices(req.sampling.n)?;
     let top = match (req.logprobs, req.top_logprobs) {
         (true, top) => Some(top.unwrap_or(0)),

@@ -7,9 +7,8 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 
-use super::{count, ready};
+use super::open;
 use crate::generation;
-use crate::limits::read_json;
 use crate::openai::{
     ApiError, EmbeddingData, EmbeddingInput, EmbeddingList, EmbeddingRequest, EmbeddingUsage, EmbeddingVector,
 };
@@ -23,9 +22,7 @@ pub async fn embeddings(
     State(state): State<Arc<AppState>>,
     request: axum::extract::Request,
 ) -> Result<Response, ApiError> {
-    count("embeddings");
-    let req: EmbeddingRequest = read_json(request, state.config.body_limit, state.config.body_timeout).await?;
-    let ready = ready(&state)?;
+    let (req, ready): (EmbeddingRequest, _) = open(&state, "embeddings", request).await?;
     let Some(worker) = &ready.embeddings else {
         return Err(ApiError::new(StatusCode::NOT_FOUND, "embeddings are off: start the server with --embeddings")
             .code("not_found"));

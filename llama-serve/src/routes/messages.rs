@@ -14,10 +14,9 @@ use llamacpp::chat::{ChatEvent, ChatParser};
 use serde_json::{Value, json};
 
 use super::completion::{count_chat_prompt, submit_chat};
-use super::{count, ready};
+use super::open;
 use crate::anthropic::{AnthropicError, MessageResponse, MessageUsage, MessagesRequest, OutBlock, stop_reason};
 use crate::generation::{self, Delta};
-use crate::limits::read_json;
 use crate::openai::ApiError;
 use crate::state::AppState;
 
@@ -34,11 +33,9 @@ pub async fn messages(
     State(state): State<Arc<AppState>>,
     request: axum::extract::Request,
 ) -> Result<Response, AnthropicError> {
-    count("messages");
-    let req: MessagesRequest = read_json(request, state.config.body_limit, state.config.body_timeout).await?;
+    let (req, _): (MessagesRequest, _) = open(&state, "messages", request).await?;
     let max_tokens = required_max_tokens(req.max_tokens)?;
     let chat = req.to_chat(Some(max_tokens))?;
-    ready(&state)?;
     let submitted = submit_chat(&state, chat, 1, None).await?;
     let id = state.id("msg");
     if req.stream {
@@ -77,10 +74,8 @@ pub async fn count_tokens(
     State(state): State<Arc<AppState>>,
     request: axum::extract::Request,
 ) -> Result<Response, AnthropicError> {
-    count("count_tokens");
-    let req: MessagesRequest = read_json(request, state.config.body_limit, state.config.body_timeout).await?;
+    let (req, _): (MessagesRequest, _) = open(&state, "count_tokens", request).await?;
     let chat = req.to_chat(None)?;
-    ready(&state)?;
     let n = count_chat_prompt(&state, chat).await?;
     Ok(axum::Json(json!({"input_tokens": n})).into_response())
 }

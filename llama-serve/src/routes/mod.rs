@@ -1,7 +1,9 @@
 //! The endpoints: `/v1/chat/completions` and `/v1/completions`
-//! ([`completion`]), Anthropic's `/v1/messages` and
-//! `/v1/messages/count_tokens` ([`messages`]), `/v1/embeddings`
-//! ([`embeddings`]), `/v1/models`, `/health`, `/metrics`.
+//! ([`completion`]), OpenAI's `/v1/responses` and
+//! `/v1/responses/input_tokens` ([`responses`]), Anthropic's
+//! `/v1/messages` and `/v1/messages/count_tokens` ([`messages`]),
+//! `/v1/embeddings` ([`embeddings`]), `/v1/models`, `/health`, `/metrics`.
+//! Each model endpoint starts the same way ([`open`]).
 
 mod completion;
 mod embeddings;
@@ -80,6 +82,20 @@ async fn models(State(state): State<Arc<AppState>>) -> Response {
         owned_by: "llama-rs",
     };
     axum::Json(ModelList { object: "list", data: vec![card] }).into_response()
+}
+
+/// What every model endpoint does first: counts the request, reads its
+/// JSON body within the size and time limits (`--body-limit`,
+/// `--body-timeout`), and checks that the model is ready (503 while it
+/// loads).
+async fn open<'s, T: serde::de::DeserializeOwned>(
+    state: &'s AppState,
+    endpoint: &'static str,
+    request: axum::extract::Request,
+) -> Result<(T, &'s Ready), ApiError> {
+    count(endpoint);
+    let body = limits::read_json(request, state.config.body_limit, state.config.body_timeout).await?;
+    Ok((body, ready(state)?))
 }
 
 fn count(endpoint: &'static str) {

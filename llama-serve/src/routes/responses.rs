@@ -14,9 +14,8 @@ use llamacpp::chat::{ChatEvent, ChatParser};
 use serde_json::{Value, json};
 
 use super::completion::{count_chat_prompt, submit_chat};
-use super::{count, ready};
+use super::open;
 use crate::generation::{self, Delta};
-use crate::limits::read_json;
 use crate::openai::{ApiError, ResponsesRequest, Usage};
 use crate::state::{AppState, now};
 
@@ -63,10 +62,8 @@ pub async fn responses(
     State(state): State<Arc<AppState>>,
     request: axum::extract::Request,
 ) -> Result<Response, ApiError> {
-    count("responses");
-    let req: ResponsesRequest = read_json(request, state.config.body_limit, state.config.body_timeout).await?;
+    let (req, _): (ResponsesRequest, _) = open(&state, "responses", request).await?;
     let chat = req.to_chat()?;
-    ready(&state)?;
     let echo = Echo {
         id: state.id("resp"),
         model: state.config.model_name.clone(),
@@ -102,10 +99,8 @@ pub async fn input_tokens(
     State(state): State<Arc<AppState>>,
     request: axum::extract::Request,
 ) -> Result<Response, ApiError> {
-    count("input_tokens");
-    let req: ResponsesRequest = read_json(request, state.config.body_limit, state.config.body_timeout).await?;
+    let (req, _): (ResponsesRequest, _) = open(&state, "input_tokens", request).await?;
     let chat = req.to_chat()?;
-    ready(&state)?;
     let n = count_chat_prompt(&state, chat).await?;
     Ok(axum::Json(json!({"object": "response.input_tokens", "input_tokens": n})).into_response())
 }
