@@ -4,7 +4,7 @@
 //! keep-alive connection left idle, are closed), and at most
 //! `max_connections` are open at once, `max_per_client` of them from one
 //! address (one more is answered 503 and closed at once). The body's own
-//! timeout is `limits::read_json`'s.
+//! timeout is `body::read_json`'s.
 //!
 //! `axum::serve` builds hyper's connections without a timer, and hyper
 //! then has no header timeout at all; this loop builds them itself.

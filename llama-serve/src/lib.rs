@@ -17,11 +17,13 @@
 #![warn(missing_docs)]
 
 mod anthropic;
+mod body;
 mod connections;
 mod embeddings;
-mod generation;
-mod limits;
+mod engine_io;
+mod guard;
 mod openai;
+mod rate;
 mod routes;
 mod state;
 
@@ -37,7 +39,7 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
 use crate::connections::ConnectionLimits;
 use crate::embeddings::EmbeddingWorker;
-use crate::limits::RateLimiter;
+use crate::rate::RateLimiter;
 use crate::state::{ApiKey, AppState, Config, Ready};
 
 /// The command line.
@@ -230,7 +232,7 @@ fn allowed_hosts(args: &Args) -> Option<Vec<String>> {
         if args.allowed_hosts.iter().any(|h| h.trim() == "*") {
             return None;
         }
-        return Some(args.allowed_hosts.iter().map(|h| limits::host_name(h.trim()).to_owned()).collect());
+        return Some(args.allowed_hosts.iter().map(|h| guard::host_name(h.trim()).to_owned()).collect());
     }
     let host = args.host.trim_start_matches('[').trim_end_matches(']');
     let loopback =
@@ -511,7 +513,7 @@ mod tests {
             ("example.com.", "example.com"),
             ("127.0.0.1", "127.0.0.1"),
         ] {
-            assert_eq!(limits::host_name(host), name);
+            assert_eq!(guard::host_name(host), name);
         }
         let loopback = Args::parse_from(["llama-serve", "--model", "m.gguf"]);
         assert_eq!(allowed_hosts(&loopback).unwrap().len(), 3);

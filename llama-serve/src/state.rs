@@ -9,7 +9,7 @@ use llamacpp::{ChatFormat, Model};
 use metrics_exporter_prometheus::PrometheusHandle;
 
 use crate::embeddings::EmbeddingWorker;
-use crate::limits::RateLimiter;
+use crate::rate::RateLimiter;
 
 /// The API key: its `Debug` never shows it (settings and arguments are
 /// printed in logs and panics).

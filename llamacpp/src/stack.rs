@@ -18,10 +18,10 @@
 //! The stack estimates per input element live beside their inputs (the
 //! grammar's in `crate::sampler`), except [`REGEX_STACK_PER_BYTE`], which
 //! both the vocabulary and the samplers use. The kept helper thread is a
-//! [`Worker`] of `crate::thread`.
+//! [`CallThread`] of `crate::thread`.
 
 use crate::error::{Error, Result};
-use crate::thread::{OnDrop, Worker};
+use crate::thread::{CallThread, OnDrop};
 
 /// Inputs needing at most this much stack run on the caller's thread.
 /// Rust's spawned threads (and tokio's workers) get 2 MiB, the main thread
@@ -75,7 +75,7 @@ pub(crate) fn with_stack<R: Send>(what: &'static str, needed: usize, f: impl FnO
 #[derive(Default)]
 pub(crate) struct DeepStack {
     /// The thread and its stack size.
-    worker: Option<(Worker, usize)>,
+    worker: Option<(CallThread, usize)>,
 }
 
 impl std::fmt::Debug for DeepStack {
@@ -101,7 +101,8 @@ impl DeepStack {
         };
         if self.worker.as_ref().is_none_or(|w| w.1 < size) {
             self.worker = None;
-            let worker = Worker::spawn("llama-deep-stack", Some(size), OnDrop::Join).map_err(|_| too_large(what))?;
+            let worker =
+                CallThread::spawn("llama-deep-stack", Some(size), OnDrop::Join).map_err(|_| too_large(what))?;
             self.worker = Some((worker, size));
         }
         let (worker, _) = self.worker.as_ref().unwrap_or_else(|| unreachable!("spawned above"));

@@ -7,14 +7,14 @@
 
 use std::path::Path;
 
-use crate::batch::{Batch, Logits, SeqId};
+use crate::batch::{Batch, Logits};
 use crate::context::Context;
 use crate::error::StateError;
 use crate::error::{Error, Result, try_reserve};
 use crate::ffi::path_to_cstring;
 use crate::model::{publish, temp_sibling};
 use crate::sys;
-use crate::vocab::Token;
+use crate::types::{SeqId, Token};
 
 /// Writes a file through `write(temp)` and renames it into place, so a
 /// failure never leaves a half-written file under `path`.

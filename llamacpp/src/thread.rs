@@ -1,5 +1,5 @@
 //! Calls made on another thread: a kept thread that runs the jobs sent to
-//! it ([`Worker`]), and the wrapper that moves raw pointers to it
+//! it ([`CallThread`]), and the wrapper that moves raw pointers to it
 //! ([`SendPtr`]).
 //!
 //! Two parts of the crate run llama.cpp calls off the caller's thread: the
@@ -11,10 +11,10 @@
 
 use std::sync::mpsc;
 
-/// A job for a [`Worker`].
+/// A job for a [`CallThread`].
 pub(crate) type Job = Box<dyn FnOnce() + Send + 'static>;
 
-/// What dropping a [`Worker`] does with its thread once the job channel is
+/// What dropping a [`CallThread`] does with its thread once the job channel is
 /// closed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum OnDrop {
@@ -27,21 +27,21 @@ pub(crate) enum OnDrop {
 }
 
 /// A thread, kept for repeated calls, that runs the jobs sent to it one
-/// at a time, in order, until the [`Worker`] is dropped.
+/// at a time, in order, until the [`CallThread`] is dropped.
 #[derive(Debug)]
-pub(crate) struct Worker {
+pub(crate) struct CallThread {
     jobs: Option<mpsc::Sender<Job>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
-impl Worker {
+impl CallThread {
     /// Starts the thread, named `name`, with a stack of `stack` bytes (the
     /// standard library's default for `None`).
     ///
     /// # Errors
     /// The thread cannot be created (no address space for its stack, or
     /// the system's thread limit).
-    pub(crate) fn spawn(name: &str, stack: Option<usize>, on_drop: OnDrop) -> std::io::Result<Worker> {
+    pub(crate) fn spawn(name: &str, stack: Option<usize>, on_drop: OnDrop) -> std::io::Result<CallThread> {
         let (jobs, job_rx) = mpsc::channel::<Job>();
         let mut builder = std::thread::Builder::new().name(name.into());
         if let Some(stack) = stack {
@@ -52,7 +52,7 @@ impl Worker {
                 job();
             }
         })?;
-        Ok(Worker { jobs: Some(jobs), thread: (on_drop == OnDrop::Join).then_some(thread) })
+        Ok(CallThread { jobs: Some(jobs), thread: (on_drop == OnDrop::Join).then_some(thread) })
     }
 
     /// Queues `job` on the thread without waiting for it.
@@ -67,7 +67,7 @@ impl Worker {
     }
 
     /// Runs `f` on the thread and waits for it: its result, or its panic as
-    /// `Err`, inside `Some`. Unlike [`Worker::send`], `f` may borrow from
+    /// `Err`, inside `Some`. Unlike [`CallThread::send`], `f` may borrow from
     /// the caller. `None` if the thread is gone (`f` was dropped unrun).
     pub(crate) fn call<R: Send>(&self, f: impl FnOnce() -> R + Send) -> Option<std::thread::Result<R>> {
         let mut result: Option<std::thread::Result<R>> = None;
@@ -101,7 +101,7 @@ impl Worker {
     }
 }
 
-impl Drop for Worker {
+impl Drop for CallThread {
     fn drop(&mut self) {
         // Closing the job channel ends the thread's loop (after the job it
         // runs, if any).
@@ -114,7 +114,7 @@ impl Drop for Worker {
 
 /// A value holding raw pointers (one pointer, or a tuple of them with what
 /// they point into) moved to a thread that uses it only while its owner
-/// waits for that thread: a scoped thread of `crate::stack`, a [`Worker`]
+/// waits for that thread: a scoped thread of `crate::stack`, a [`CallThread`]
 /// call, or a guarded RPC call (which, once abandoned, its owner never
 /// touches again). The pointees are used by one thread at a time, as on the
 /// owner's thread.
@@ -123,7 +123,7 @@ pub(crate) struct SendPtr<T>(pub(crate) T);
 
 // SAFETY: see the type's doc: every use hands the value to one other
 // thread while the owning thread waits for it (`with_stack` joins its
-// scoped thread, `Worker::call` and the RPC guard wait for the call's
+// scoped thread, `CallThread::call` and the RPC guard wait for the call's
 // result), so the pointees are never used by two threads at once; and they
 // (llama.cpp models, contexts, samplers, vocabularies, batches, parameter
 // structs) have no thread affinity.
@@ -143,7 +143,7 @@ mod tests {
 
     #[test]
     fn a_worker_runs_borrowing_calls_and_queued_jobs_in_order() {
-        let worker = Worker::spawn("test-worker", None, OnDrop::Join).unwrap();
+        let worker = CallThread::spawn("test-worker", None, OnDrop::Join).unwrap();
         let me = std::thread::current().id();
         let mut data = vec![1, 2];
         let id = worker.call(|| {
@@ -167,7 +167,7 @@ mod tests {
 
     #[test]
     fn a_detached_worker_is_not_waited_for() {
-        let worker = Worker::spawn("test-detached", None, OnDrop::Detach).unwrap();
+        let worker = CallThread::spawn("test-detached", None, OnDrop::Detach).unwrap();
         let (release, wait) = mpsc::channel::<()>();
         let job: Job = Box::new(move || {
             let _ = wait.recv();

@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 
 use super::prompt::{chat_prompt, completion_prompts};
 use super::{choices, max_tokens, off_runtime, open};
-use crate::generation::{self, Choice, Delta};
+use crate::engine_io::{self, Choice, Delta};
 use crate::openai::{
     ApiError, AssistantMessage, ChatChoice, ChatChunk, ChatChunkChoice, ChatCompletion, ChatDelta, ChatLogprobs,
     ChatRequest, CompletionRequest, FunctionCall, FunctionDelta, Header, Logprob, LogprobEntry, TextChoice,
@@ -45,16 +45,16 @@ pub async fn completions(
             let mut requests = Vec::with_capacity(prompts.len() * n);
             for prompt in &prompts {
                 for j in 0..n {
-                    let sampling = generation::sampling_params(&req.sampling, vocab, req.logprobs, None, j)?;
+                    let sampling = engine_io::sampling_params(&req.sampling, vocab, req.logprobs, None, j)?;
                     let request = Request::new(prompt.clone())
                         .max_tokens(max_tokens)
                         .stop(stops.clone())
                         .stop_at_eog(!req.sampling.ignore_eos)
                         .sampling(sampling);
-                    requests.push(generation::with_speculation(request, &req.sampling, state.config.speculation));
+                    requests.push(engine_io::with_speculation(request, &req.sampling, state.config.speculation));
                 }
             }
-            Ok((generation::submit_all(&ready.engine, requests)?, echoes))
+            Ok((engine_io::submit_all(&ready.engine, requests)?, echoes))
         })
         .await?
     };
@@ -80,7 +80,7 @@ pub async fn chat(State(state): State<Arc<AppState>>, request: axum::extract::Re
 /// would render it (`count_tokens`, `input_tokens`).
 pub(super) async fn count_chat_prompt(state: &Arc<AppState>, req: ChatRequest) -> Result<usize, ApiError> {
     let tools = Tools::from_openai(req.tools.as_deref(), req.tool_choice.as_ref(), req.parallel_tool_calls)
-        .map_err(generation::engine_error)?;
+        .map_err(engine_io::engine_error)?;
     let state = state.clone();
     off_runtime(move || Ok(chat_prompt(super::ready(&state)?, &state.config, &req, tools)?.prompt_tokens)).await
 }
@@ -104,7 +104,7 @@ pub(super) async fn submit_chat(
 ) -> Result<SubmittedChat, ApiError> {
     let max_tokens = max_tokens(state, req.max_completion_tokens.or(req.max_tokens), state.config.max_tokens_cap)?;
     let tools = Tools::from_openai(req.tools.as_deref(), req.tool_choice.as_ref(), req.parallel_tool_calls)
-        .map_err(generation::engine_error)?;
+        .map_err(engine_io::engine_error)?;
     if tools.as_ref().is_some_and(Tools::forced) && req.response_format.is_some() {
         return Err(ApiError::bad_request("tool_choice that requires a call cannot be combined with response_format")
             .param("tool_choice"));
@@ -116,7 +116,7 @@ pub(super) async fn submit_chat(
         let stops = req.sampling.stop_list();
         let requests = (0..n)
             .map(|j| {
-                let sampling = generation::sampling_params(
+                let sampling = engine_io::sampling_params(
                     &req.sampling,
                     ready.model.vocab(),
                     top,
@@ -130,11 +130,11 @@ pub(super) async fn submit_chat(
                     .stop(stops.clone())
                     .stop_at_eog(!req.sampling.ignore_eos)
                     .sampling(sampling);
-                Ok(generation::with_speculation(request, &req.sampling, state.config.speculation))
+                Ok(engine_io::with_speculation(request, &req.sampling, state.config.speculation))
             })
             .collect::<Result<Vec<_>, ApiError>>()?;
         Ok(SubmittedChat {
-            completions: generation::submit_all(&ready.engine, requests)?,
+            completions: engine_io::submit_all(&ready.engine, requests)?,
             parser: setup.parser,
             prompt_tokens: setup.prompt_tokens,
         })
@@ -187,8 +187,8 @@ async fn respond(
         let frames = Frames { header, kind, answer, model: ready.model.clone(), state: state.clone() };
         return Ok(sse(frames, completions));
     }
-    let choices: Vec<Choice> = generation::collect(completions).await?;
-    let usage = generation::combined_usage(choices.iter().map(|c| c.usage), answer.n);
+    let choices: Vec<Choice> = engine_io::collect(completions).await?;
+    let usage = engine_io::combined_usage(choices.iter().map(|c| c.usage), answer.n);
     let vocab = ready.model.vocab();
     Ok(match kind {
         Kind::Text { echoes, logprobs } => {
@@ -439,7 +439,7 @@ fn sse(frames: Frames, completions: Vec<Completion>) -> Response {
             Kind::Text { .. } => None,
         })
         .collect();
-    let body = generation::merged(completions).flat_map({
+    let body = engine_io::merged(completions).flat_map({
         let (frames, usages) = (frames.clone(), usages.clone());
         move |(index, delta)| {
             let reader = readers.get_mut(index).and_then(Option::as_mut);
@@ -450,7 +450,7 @@ fn sse(frames: Frames, completions: Vec<Completion>) -> Response {
                 }
                 (Delta::Done(Ok(finish)), reader) => {
                     usages.lock().unwrap_or_else(PoisonError::into_inner).push((index, Usage::from(finish.usage)));
-                    let reason = generation::finish_reason(&finish.reason).unwrap_or("stop");
+                    let reason = engine_io::finish_reason(&finish.reason).unwrap_or("stop");
                     let mut chunks = Vec::new();
                     let mut called = false;
                     if let Some((reader, calls)) = reader {
@@ -469,7 +469,7 @@ fn sse(frames: Frames, completions: Vec<Completion>) -> Response {
         frames.answer.include_usage.then(|| {
             let mut all = usages.lock().unwrap_or_else(PoisonError::into_inner).clone();
             all.sort_by_key(|&(index, _)| index);
-            data(frames.total(generation::combined_usage(all.into_iter().map(|(_, u)| u), frames.answer.n)))
+            data(frames.total(engine_io::combined_usage(all.into_iter().map(|(_, u)| u), frames.answer.n)))
         })
     })
     .filter_map(|chunk| async move { chunk });
@@ -483,13 +483,13 @@ fn text_logprobs(vocab: &Vocab, lps: &[(Token, TokenLogprob)], offset: usize) ->
     let mut out = TextLogprobs::default();
     let mut at = offset;
     for (t, lp) in lps {
-        let (text, _) = generation::token_text(vocab, *t);
+        let (text, _) = engine_io::token_text(vocab, *t);
         out.text_offset.push(at);
         at += text.len();
         out.tokens.push(text);
         out.token_logprobs.push(lp.logprob);
         out.top_logprobs
-            .push(lp.top.iter().map(|&(t, l)| (generation::token_text(vocab, t).0, Value::from(l))).collect());
+            .push(lp.top.iter().map(|&(t, l)| (engine_io::token_text(vocab, t).0, Value::from(l))).collect());
     }
     out
 }
@@ -497,7 +497,7 @@ fn text_logprobs(vocab: &Vocab, lps: &[(Token, TokenLogprob)], offset: usize) ->
 /// The chat `logprobs` object.
 fn chat_logprobs(vocab: &Vocab, lps: &[(Token, TokenLogprob)]) -> ChatLogprobs {
     let entry = |t: Token, logprob: f32| {
-        let (token, bytes) = generation::token_text(vocab, t);
+        let (token, bytes) = engine_io::token_text(vocab, t);
         Logprob { token, logprob, bytes }
     };
     let content = lps

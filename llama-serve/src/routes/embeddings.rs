@@ -8,7 +8,7 @@ use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 
 use super::open;
-use crate::generation;
+use crate::engine_io;
 use crate::openai::{
     ApiError, EmbeddingData, EmbeddingInput, EmbeddingList, EmbeddingRequest, EmbeddingUsage, EmbeddingVector,
 };
@@ -49,7 +49,7 @@ pub async fn embeddings(
         ))
         .param("input"));
     }
-    let (vectors, tokens) = worker.embed(texts).await.map_err(generation::engine_error)?;
+    let (vectors, tokens) = worker.embed(texts).await.map_err(engine_io::engine_error)?;
     let data = vectors
         .into_iter()
         .enumerate()

@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 use super::completion::{count_chat_prompt, submit_chat};
 use super::open;
 use crate::anthropic::{AnthropicError, MessageResponse, MessageUsage, MessagesRequest, OutBlock, stop_reason};
-use crate::generation::{self, Delta};
+use crate::engine_io::{self, Delta};
 use crate::openai::ApiError;
 use crate::state::AppState;
 
@@ -41,7 +41,7 @@ pub async fn messages(
     if req.stream {
         return Ok(stream(state, id, submitted.prompt_tokens, submitted.parser, submitted.completions));
     }
-    let choice = generation::collect(submitted.completions)
+    let choice = engine_io::collect(submitted.completions)
         .await?
         .pop()
         .ok_or_else(|| ApiError::internal("no choice was collected"))?;
@@ -234,14 +234,14 @@ fn stream(
     let head = futures::stream::iter([Ok::<_, Infallible>(event("message_start", start))]);
     let mut reader = parser;
     let mut writer = Writer { open: Open::None, index: 0, called: false, state };
-    let body = generation::merged(completions).flat_map(move |(_, delta)| {
+    let body = engine_io::merged(completions).flat_map(move |(_, delta)| {
         let events = match delta {
             Delta::Piece { text, .. } => writer.write(reader.push(&text)),
             Delta::Done(Ok(finish)) => {
                 let mut out = writer.write(reader.finish());
                 writer.close(&mut out);
-                let finish_reason = generation::finish_reason(&finish.reason).unwrap_or("stop");
-                let stop = generation::stop_string(&finish.reason);
+                let finish_reason = engine_io::finish_reason(&finish.reason).unwrap_or("stop");
+                let stop = engine_io::stop_string(&finish.reason);
                 let reason = stop_reason(finish_reason, stop.as_deref(), writer.called);
                 let delta = json!({"type": "message_delta",
                     "delta": {"stop_reason": reason, "stop_sequence": stop.filter(|_| reason == "stop_sequence")},

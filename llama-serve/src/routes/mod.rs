@@ -19,10 +19,10 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 
-use crate::generation::MAX_CHOICES;
-use crate::limits;
+use crate::engine_io::MAX_CHOICES;
 use crate::openai::{ApiError, Health, ModelCard, ModelList};
 use crate::state::{AppState, Lifecycle, Ready};
+use crate::{body, guard};
 
 pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
@@ -40,7 +40,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .method_not_allowed_fallback(|| async {
             ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method not allowed for this endpoint")
         })
-        .layer(axum::middleware::from_fn_with_state(state.clone(), limits::guard))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), guard::guard))
         .with_state(state)
 }
 
@@ -94,7 +94,7 @@ async fn open<'s, T: serde::de::DeserializeOwned>(
     request: axum::extract::Request,
 ) -> Result<(T, &'s Ready), ApiError> {
     count(endpoint);
-    let body = limits::read_json(request, state.config.body_limit, state.config.body_timeout).await?;
+    let body = body::read_json(request, state.config.body_limit, state.config.body_timeout).await?;
     Ok((body, ready(state)?))
 }
 

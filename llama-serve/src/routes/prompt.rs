@@ -10,7 +10,7 @@ use llamacpp::engine::{Prompt, Request};
 use llamacpp::{AddBos, Special, Token, Vocab};
 use serde_json::{Value, json};
 
-use crate::generation::{self, MAX_CHOICES};
+use crate::engine_io::{self, MAX_CHOICES};
 use crate::openai::{ApiError, ChatRequest, CompletionRequest, PromptInput, ResponseFormat};
 use crate::state::{Config, Ready};
 
@@ -40,7 +40,7 @@ pub(super) fn completion_prompts(
             .iter()
             .map(|p| match p {
                 Prompt::Text { text, .. } => Ok(text.clone()),
-                Prompt::Tokens(t) => vocab.detokenize(t, AddBos::No, Special::Plain).map_err(generation::engine_error),
+                Prompt::Tokens(t) => vocab.detokenize(t, AddBos::No, Special::Plain).map_err(engine_io::engine_error),
                 _ => Ok(String::new()),
             })
             .collect::<Result<_, _>>()?
@@ -135,7 +135,7 @@ pub(super) fn chat_prompt(
     // unless the operator asked for llama.cpp's behaviour.
     let options = options.control_tokens_in_text(config.special_in_content);
     let messages = Value::Array(req.messages.clone());
-    let prompt = ready.chat.prompt_json(&ready.model, &messages, &options).map_err(generation::engine_error)?;
+    let prompt = ready.chat.prompt_json(&ready.model, &messages, &options).map_err(engine_io::engine_error)?;
     Ok(ChatSetup {
         request: Request::chat(&prompt),
         prompt_tokens: prompt.tokens.len(),

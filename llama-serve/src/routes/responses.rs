@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 
 use super::completion::{count_chat_prompt, submit_chat};
 use super::open;
-use crate::generation::{self, Delta};
+use crate::engine_io::{self, Delta};
 use crate::openai::{ApiError, ResponsesRequest, Usage};
 use crate::state::{AppState, now};
 
@@ -78,7 +78,7 @@ pub async fn responses(
     if req.stream {
         return Ok(stream(state, echo, submitted.parser, submitted.completions));
     }
-    let choice = generation::collect(submitted.completions)
+    let choice = engine_io::collect(submitted.completions)
         .await?
         .pop()
         .ok_or_else(|| ApiError::internal("no choice was collected"))?;
@@ -328,13 +328,13 @@ fn stream(
     ];
     let head = futures::stream::iter(head.into_iter().map(Ok::<_, Infallible>).collect::<Vec<_>>());
     let mut reader = parser;
-    let body = generation::merged(completions).flat_map(move |(_, delta)| {
+    let body = engine_io::merged(completions).flat_map(move |(_, delta)| {
         let events = match delta {
             Delta::Piece { text, .. } => writer.write(reader.push(&text)),
             Delta::Done(Ok(finish)) => {
                 let mut out = writer.write(reader.finish());
                 writer.close(&mut out);
-                let reason = generation::finish_reason(&finish.reason).unwrap_or("stop");
+                let reason = engine_io::finish_reason(&finish.reason).unwrap_or("stop");
                 let usage = Usage::from(finish.usage);
                 let response = writer.echo.response(writer.done.clone(), Some(reason), Some(&usage));
                 let kind = if reason == "length" { "response.incomplete" } else { "response.completed" };

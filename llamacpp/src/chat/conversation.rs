@@ -16,7 +16,7 @@ use crate::generate::Usage;
 use crate::generate::{FinishReason, GenerateOptions, Generation, GenerationStats, Session};
 use crate::model::Model;
 use crate::sampler::{Sampler, SamplingParams};
-use crate::vocab::Token;
+use crate::types::Token;
 
 /// The context a [`Conversation::new`] creates: this many tokens, or the
 /// model's training length if that is smaller.

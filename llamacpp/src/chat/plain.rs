@@ -42,7 +42,8 @@ use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
 use serde_json::Value;
 
 use crate::error::{Error, Result};
-use crate::vocab::{AddBos, Token, TokenAttrs, Vocab};
+use crate::types::Token;
+use crate::vocab::{AddBos, TokenAttrs, Vocab};
 
 use super::{ChatFormat, RenderOptions, apply_chat_template};
 

@@ -13,7 +13,8 @@ use crate::constraint::Constraint;
 use crate::error::{Error, Result};
 use crate::model::Model;
 use crate::sampler::SamplingParams;
-use crate::vocab::{AddBos, Special, Token, Vocab};
+use crate::types::Token;
+use crate::vocab::{AddBos, Special, Vocab};
 
 /// What a conversation is rendered with besides its messages, as a
 /// builder: the tools, the reasoning settings and extra template

@@ -6,7 +6,8 @@
 
 use crate::error::Result;
 use crate::sampler::{Candidates, CustomSampler};
-use crate::vocab::{AddBos, Token, Vocab};
+use crate::types::Token;
+use crate::vocab::{AddBos, Vocab};
 
 /// How a model marks its thoughts, told by the markers its chat template
 /// writes ([`ReasoningFormat::from_template`]).

@@ -12,7 +12,7 @@ use super::closing::Closing;
 use super::{Constraint, TokenTable, prepared_schema};
 use crate::error::{Error, Result};
 use crate::stack::with_stack;
-use crate::vocab::Token;
+use crate::types::Token;
 
 // `Sampler` is `Send` (its `unsafe impl` covers llama.cpp's chain); the
 // guide it holds must be `Send` on its own account, which this checks at

@@ -9,7 +9,8 @@ use llguidance::toktrie::{ApproximateTokEnv, TokEnv, TokRxInfo, TokTrie};
 
 use super::closing::ClosingSets;
 use crate::error::{Error, Result};
-use crate::vocab::{Special, Token, Vocab};
+use crate::types::Token;
+use crate::vocab::{Special, Vocab};
 
 /// The budget of one token mask (llguidance's [`ParserLimits`]): Earley
 /// items and lexer fuel spent computing it. A mask that would cost more

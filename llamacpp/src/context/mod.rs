@@ -6,10 +6,10 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use crate::batch::SeqId;
 use crate::error::{Error, Result};
 use crate::model::Model;
 use crate::sys;
+use crate::types::SeqId;
 
 mod create;
 mod outputs;

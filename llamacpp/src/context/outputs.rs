@@ -2,9 +2,10 @@
 //! logits and embeddings read from them.
 
 use super::{Context, Produced};
-use crate::batch::{Batch, SeqId};
+use crate::batch::Batch;
 use crate::error::{Error, Result};
 use crate::sys;
+use crate::types::SeqId;
 // Defined in the leaf module `types` (errors name it too); kept here at
 // its old path.
 pub use crate::types::Output;

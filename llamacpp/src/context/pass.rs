@@ -2,10 +2,10 @@
 //! checks around each pass (poisoned contexts, lost RPC workers).
 
 use super::Context;
-use crate::batch::{Batch, Logits, Pos, SeqId};
+use crate::batch::{Batch, Logits};
 use crate::error::{Error, Result, check_decode, check_shim};
 use crate::sys;
-use crate::vocab::Token;
+use crate::types::{Pos, SeqId, Token};
 
 impl Context<'_> {
     /// Runs llama_decode (or, `encode`, llama_encode) on `batch` through

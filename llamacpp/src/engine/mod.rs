@@ -86,7 +86,7 @@ use crate::error::{Error, Result};
 use crate::generate::FinishReason;
 pub use crate::generate::Usage;
 use crate::model::Model;
-use crate::vocab::Token;
+use crate::types::Token;
 
 mod chat;
 mod config;

@@ -7,7 +7,8 @@ use crate::generate::GenerateOptions;
 use crate::model::Model;
 use crate::sampler::{SamplerChain, SamplingParams};
 use crate::speculative::Speculation;
-use crate::vocab::{AddBos, Special, Token};
+use crate::types::Token;
+use crate::vocab::{AddBos, Special};
 
 /// A prompt: token ids, or text the engine tokenizes at submit.
 #[derive(Clone, Debug, PartialEq)]

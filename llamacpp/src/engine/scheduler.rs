@@ -2,7 +2,7 @@
 //! budget is shared, and whom to preempt. No FFI, no model: the unit tests
 //! below check fairness and preemption order in microseconds.
 
-/// What the planner knows about one admitted sequence.
+/// What the scheduler knows about one admitted sequence.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Load {
     /// Tokens that still have to go through the model before the next
@@ -35,7 +35,7 @@ pub(crate) struct Load {
 ///
 /// `loads` are in admission order (oldest first); `out[i]` receives the
 /// tokens of `loads[i]` in this step (0: none).
-pub(crate) fn plan(budget: usize, prefill_cap: usize, loads: &[Load], out: &mut Vec<usize>) {
+pub(crate) fn split_budget(budget: usize, prefill_cap: usize, loads: &[Load], out: &mut Vec<usize>) {
     out.clear();
     out.resize(loads.len(), 0);
     let mut left = budget;
@@ -96,7 +96,7 @@ mod tests {
     }
     fn run(budget: usize, cap: usize, loads: &[Load]) -> Vec<usize> {
         let mut out = Vec::new();
-        plan(budget, cap, loads, &mut out);
+        split_budget(budget, cap, loads, &mut out);
         let total: usize = out.iter().sum();
         assert!(total <= budget, "{out:?} exceeds {budget}");
         for (o, l) in out.iter().zip(loads) {

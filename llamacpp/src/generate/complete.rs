@@ -8,7 +8,8 @@ use crate::error::{Error, Result};
 use crate::model::Model;
 use crate::sampler::SamplingParams;
 use crate::speculative::Speculation;
-use crate::vocab::{AddBos, Token};
+use crate::types::Token;
+use crate::vocab::AddBos;
 
 use super::{FinishReason, GenerateOptions, GenerationStats, Session};
 

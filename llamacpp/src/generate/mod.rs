@@ -49,7 +49,7 @@ mod complete;
 mod options;
 pub(crate) mod session;
 mod stop;
-pub(crate) mod tail;
+pub(crate) mod text_tail;
 
 pub use complete::{CompleteOptions, Completed, DEFAULT_MAX_TOKENS};
 pub use options::{FinishReason, GenerateOptions, GenerationStats, Overflow, Usage};

@@ -3,8 +3,8 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::batch::SeqId;
 use crate::speculative::Speculation;
+use crate::types::SeqId;
 use crate::vocab::Special;
 
 /// What to do when the context is full and another token must be decoded.

@@ -3,7 +3,7 @@
 //! call, not the process.
 //!
 //! A context's call thread is the crate's plain kept thread
-//! (`crate::thread::Worker`), and the pointers go to it in
+//! (`crate::thread::CallThread`), and the pointers go to it in
 //! `crate::thread::SendPtr`; what this module adds is the guard around
 //! each call and the wait that gives up on a call lost with its worker.
 
@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use super::Lease;
 use crate::error::{Error, Result};
 use crate::sys;
-use crate::thread::{Job, OnDrop, Worker};
+use crate::thread::{CallThread, Job, OnDrop};
 
 /// Installs the shim's RPC guard (once).
 pub(super) fn install_guard() {
@@ -35,14 +35,14 @@ const GRACE: Duration = Duration::from_secs(30);
 /// (unless it is blocked for good); it is not joined.
 #[derive(Debug)]
 pub(crate) struct Runner {
-    worker: Worker,
+    worker: CallThread,
     /// A call was abandoned: the thread is blocked for good.
     lost: bool,
 }
 
 impl Runner {
     pub(crate) fn start() -> Result<Runner> {
-        let worker = Worker::spawn("llama-rpc-calls", None, OnDrop::Detach)
+        let worker = CallThread::spawn("llama-rpc-calls", None, OnDrop::Detach)
             .map_err(|e| Error::Rpc { endpoint: String::new(), message: format!("cannot start a thread: {e}") })?;
         Ok(Runner { worker, lost: false })
     }

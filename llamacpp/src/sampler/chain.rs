@@ -10,10 +10,11 @@ use crate::error::{Error, Result};
 use crate::model::Model;
 use crate::sys;
 use crate::thread::SendPtr;
-use crate::vocab::{Token, Vocab};
+use crate::types::Token;
+use crate::vocab::Vocab;
 
 use super::custom::{CustomSampler, custom_sampler_new, resume_pending_panic_in_drop, sampler_name};
-use super::{Kind, MAX_PENALTY_WINDOW, Sampler, deep, init_grammar};
+use super::{Kind, MAX_PENALTY_WINDOW, Sampler, init_grammar, stack_estimate};
 
 /// Builds a [`Sampler`] chain, sampler by sampler, in order.
 ///
@@ -354,7 +355,7 @@ impl<'m> SamplerChain<'m> {
         vocab.check_has_tokenizer()?;
         self.bind_vocab(vocab)?;
         let (g, r) = (CString::new(gbnf)?, CString::new(root)?);
-        let stack = deep::grammar_stack(gbnf).map_err(Error::Grammar)?;
+        let stack = stack_estimate::grammar_stack(gbnf).map_err(Error::Grammar)?;
         let vocab_ptr = SendPtr(vocab.as_ptr().cast_mut());
         let raw = init_grammar(stack, "llama_sampler_init_grammar", move |raw| {
             // SAFETY: NUL-terminated strings; the vocab outlives the chain
@@ -416,9 +417,11 @@ impl<'m> SamplerChain<'m> {
         let (g, r) = (CString::new(gbnf)?, CString::new(root)?);
         let patterns = trigger_patterns.iter().map(|s| CString::new(*s)).collect::<Result<Vec<_>, _>>()?;
         for pattern in trigger_patterns {
-            deep::check_pattern(pattern).map_err(Error::Grammar)?;
+            stack_estimate::check_pattern(pattern).map_err(Error::Grammar)?;
         }
-        let stack = deep::grammar_stack(gbnf).map_err(Error::Grammar)?.max(deep::patterns_stack(trigger_patterns));
+        let stack = stack_estimate::grammar_stack(gbnf)
+            .map_err(Error::Grammar)?
+            .max(stack_estimate::patterns_stack(trigger_patterns));
         let vocab_ptr = SendPtr(vocab.as_ptr().cast_mut());
         let raw = init_grammar(stack, "llama_sampler_init_grammar_lazy_patterns", move |raw| {
             let mut ptrs: Vec<*const c_char> = patterns.iter().map(|s| s.as_ptr()).collect();

@@ -7,7 +7,7 @@ use std::ffi::{CString, c_char};
 use crate::error::{Error, Result};
 use crate::ffi;
 use crate::sys;
-use crate::vocab::Token;
+use crate::types::Token;
 
 /// One candidate token: id, logit and (after softmax-based samplers) its
 /// probability. Same layout as `llama_token_data`.

@@ -22,11 +22,12 @@ use crate::error::{Error, Result, check_shim};
 use crate::stack::{DeepStack, REGEX_STACK_PER_BYTE, with_stack};
 use crate::sys;
 use crate::thread::SendPtr;
-use crate::vocab::{Token, Vocab};
+use crate::types::Token;
+use crate::vocab::Vocab;
 
-mod deep;
+mod from_logits;
 mod scan;
-mod select;
+mod stack_estimate;
 
 /// The longest penalty window accepted (llama.cpp allocates it up front,
 /// and a huge one throws `bad_alloc` through the C API).

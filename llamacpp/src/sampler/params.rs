@@ -4,7 +4,8 @@
 use crate::constraint::Constraint;
 use crate::error::{Error, Result};
 use crate::model::Model;
-use crate::vocab::{Token, Vocab};
+use crate::types::Token;
+use crate::vocab::Vocab;
 
 use super::{MAX_PENALTY_WINDOW, Sampler, SamplerChain};
 

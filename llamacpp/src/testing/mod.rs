@@ -49,10 +49,10 @@ use std::sync::{Mutex, PoisonError};
 
 use crate::sys;
 
-mod plan;
+mod tensors;
 mod writer;
 
-use plan::*;
+use tensors::*;
 pub use writer::GgufWriter;
 
 /// Id of `<unk>`.

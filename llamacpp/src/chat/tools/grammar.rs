@@ -147,7 +147,7 @@ mod tests {
     use super::*;
     use crate::model::ModelParams;
     use crate::testing::{TINY_CONTROL_TOKEN, TINY_CONTROL_TOKEN_ID, TinyModelSpec, tiny_llama_path};
-    use crate::vocab::Token;
+    use crate::types::Token;
 
     fn tiny() -> Model {
         Model::load(tiny_llama_path(&TinyModelSpec::default()).unwrap(), &ModelParams::default()).unwrap()

@@ -2,7 +2,7 @@
 //! take new requests → drop cancelled ones → admit waiting ones → plan the
 //! step → make room in the pool → one decode → sample → send events →
 //! publish stats. Requests with a grammar are sampled off the step, on a
-//! helper thread (`offstep`).
+//! helper thread (`grammar_helpers`).
 //!
 //! The [`Worker`] here decides and moves requests between its lists;
 //! policy lives in `scheduler`, cell accounting in `kv`, what the pool
@@ -22,22 +22,23 @@ use super::request::Checked;
 use super::scheduler::{self, Candidate, Load};
 use super::step_cost::StepCost;
 use super::{EngineConfig, Event, Finish, Shared, Timings, Usage, lock};
-use crate::batch::{Batch, Logits, Pos};
+use crate::batch::{Batch, Logits};
 use crate::context::{Context, ContextParams, PerfCounters};
 use crate::error::{Error, Result};
 use crate::generate::session::swa_window_present;
 use crate::model::Model;
+use crate::types::Pos;
 
 mod cause;
-mod offstep;
-pub(crate) use offstep::lower_priority;
+mod grammar_helpers;
+pub(crate) use grammar_helpers::lower_priority;
 mod pool;
 mod seq;
 mod speculate;
 
 pub(crate) use cause::Exit;
 use cause::{Cause, Failure};
-use offstep::OffStep;
+use grammar_helpers::GrammarHelpers;
 use pool::{Pool, Share};
 use seq::{Sampled, Seq};
 
@@ -94,7 +95,8 @@ pub(crate) fn run(
         };
         // One helper per request that can run: a slow grammar holds up its
         // own request only.
-        worker.offstep = OffStep::start(scope, model.vocab(), config.grammar_wait, config.max_running as usize);
+        worker.grammar_helpers =
+            GrammarHelpers::start(scope, model.vocab(), config.grammar_wait, config.max_running as usize);
         serve(worker, &inbox, shared, ready);
         drop(served);
         // Leaving the scope joins the sampling helpers, which end once the
@@ -151,7 +153,9 @@ struct Worker<'m> {
     pool: Pool,
     batch: Batch,
     loads: Vec<Load>,
-    plan: Vec<usize>,
+    /// Tokens each running sequence decodes in this step (the split of
+    /// the step's budget, `scheduler::split_budget`).
+    step_tokens: Vec<usize>,
     /// Draft tokens of each running sequence in this step (speculative
     /// decoding), decoded after its planned token.
     drafts: Vec<usize>,
@@ -170,7 +174,7 @@ struct Worker<'m> {
     /// who got an event sees stats that include the step that made it.
     outbox: Vec<(async_channel::Sender<Event>, Event)>,
     /// Where requests with a grammar are sampled (`None`: on the step).
-    offstep: Option<OffStep<'m>>,
+    grammar_helpers: Option<GrammarHelpers<'m>>,
 }
 
 impl<'m> Worker<'m> {
@@ -193,7 +197,7 @@ impl<'m> Worker<'m> {
             pool: Pool::new(config, capacity, n_seq, sharing),
             batch: Batch::new(config.n_batch as usize, 1),
             loads: Vec::new(),
-            plan: Vec::new(),
+            step_tokens: Vec::new(),
             drafts: Vec::new(),
             step_cost: StepCost::default(),
             draft_by_cost: config.draft_by_cost,
@@ -201,7 +205,7 @@ impl<'m> Worker<'m> {
             admissions: 0,
             meter: Meter::default(),
             outbox: Vec::new(),
-            offstep: None,
+            grammar_helpers: None,
         })
     }
 
@@ -369,13 +373,13 @@ impl<'m> Worker<'m> {
     /// Plans the step until its new tokens fit in the pool, evicting
     /// cached prefixes and then preempting sequences as needed. Returns
     /// false when nothing is left to run.
-    fn plan_with_room(&mut self) -> bool {
+    fn schedule_with_room(&mut self) -> bool {
         loop {
             self.catch_up();
             self.loads.clear();
             self.loads.extend(self.running.iter().map(|s| Load { remaining: s.remaining(), decoding: s.decoding() }));
-            scheduler::plan(self.budget, self.prefill_cap, &self.loads, &mut self.plan);
-            let needed: usize = self.plan.iter().sum();
+            scheduler::split_budget(self.budget, self.prefill_cap, &self.loads, &mut self.step_tokens);
+            let needed: usize = self.step_tokens.iter().sum();
             if needed == 0 {
                 return false;
             }
@@ -400,7 +404,7 @@ impl<'m> Worker<'m> {
             // this step; one with neither would be preempted for nothing.
             let frees = |i: usize| {
                 let s = &self.running[i];
-                self.plan.get(i).is_some_and(|&n| n > 0) || s.kv.cells.own(s.kv.own_run) > 0
+                self.step_tokens.get(i).is_some_and(|&n| n > 0) || s.kv.cells.own(s.kv.own_run) > 0
             };
             let mut pool: Vec<usize> = (0..self.running.len()).filter(|&i| frees(i)).collect();
             if pool.is_empty() {
@@ -433,7 +437,7 @@ impl<'m> Worker<'m> {
         // Record what went in, and sample where the batch asked for logits.
         let mut row = 0usize;
         let mut to_sample = Vec::new();
-        for (i, (seq, &n)) in self.running.iter_mut().zip(&self.plan).enumerate() {
+        for (i, (seq, &n)) in self.running.iter_mut().zip(&self.step_tokens).enumerate() {
             if n == 0 {
                 continue;
             }
@@ -485,12 +489,12 @@ impl<'m> Worker<'m> {
     fn decode(&mut self) -> Result<bool> {
         let mut attempts = 0;
         loop {
-            if !self.plan_with_room() {
+            if !self.schedule_with_room() {
                 return Ok(false);
             }
-            self.plan_drafts();
+            self.choose_drafts();
             self.batch.clear();
-            for ((seq, &n), &k) in self.running.iter().zip(&self.plan).zip(&self.drafts) {
+            for ((seq, &n), &k) in self.running.iter().zip(&self.step_tokens).zip(&self.drafts) {
                 if n == 0 {
                     continue;
                 }
@@ -518,7 +522,8 @@ impl<'m> Worker<'m> {
                 Err(e) => {
                     // This batch's sequences fail; the others go on.
                     let failure = Failure::from(e);
-                    let planned: Vec<usize> = (0..self.running.len()).filter(|&i| self.plan[i] > 0).rev().collect();
+                    let planned: Vec<usize> =
+                        (0..self.running.len()).filter(|&i| self.step_tokens[i] > 0).rev().collect();
                     for i in planned {
                         let mut seq = self.running.remove(i);
                         if let Some(slot) = seq.kv.slot.take() {

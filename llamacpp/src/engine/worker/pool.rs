@@ -3,12 +3,11 @@
 //! requests leave behind (evicted least recently used first).
 
 use super::seq::{Follow, Saved, Seq};
-use crate::batch::{Pos, SeqId};
 use crate::context::Context;
 use crate::engine::EngineConfig;
 use crate::engine::kv::{Cells, PrefixIndex, cells_in_use};
 use crate::generate::session::swa_window_present;
-use crate::vocab::Token;
+use crate::types::{Pos, SeqId, Token};
 
 /// A follower must gain at least this many positions over what it can
 /// share at once, or it prefills them itself instead of waiting.

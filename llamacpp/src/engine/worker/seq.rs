@@ -7,18 +7,17 @@ use std::time::{Duration, Instant};
 
 use super::Submission;
 use super::cause::Cause;
-use crate::batch::SeqId;
 use crate::context::Context;
 use crate::engine::kv::Cells;
 use crate::engine::request::Request;
 use crate::engine::{Event, Finish, Piece, Timings, TokenLogprob, Usage};
 use crate::error::Result;
 use crate::generate::GenerateOptions;
-use crate::generate::tail::TextTail;
+use crate::generate::text_tail::TextTail;
 use crate::model::Model;
 use crate::sampler::Sampler;
 use crate::speculative::NgramDrafter;
-use crate::vocab::Token;
+use crate::types::{SeqId, Token};
 
 /// A request the worker has accepted: waiting, prefilling or generating.
 pub(super) struct Seq<'m> {
@@ -31,7 +30,7 @@ pub(super) struct Seq<'m> {
     pub tokens: Vec<Token>,
     pub kv: Placement,
     /// `None` while the sampler is out on the helper thread (see
-    /// `offstep`): the sequence then sits out the steps.
+    /// `grammar_helpers`): the sequence then sits out the steps.
     sampler: Option<Sampler<'m>>,
     /// How long its last sample off the step took.
     pub last_sample: Option<Duration>,

@@ -5,8 +5,8 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use super::cause::{Cause, Failure};
 use super::{Worker, took};
-use crate::batch::Pos;
 use crate::engine::metrics::Counter;
+use crate::types::Pos;
 
 impl Worker<'_> {
     /// Gives the sequences that can draft what the planned step leaves:
@@ -18,15 +18,15 @@ impl Worker<'_> {
     /// step cost fitted so far and the chance its tokens hold (the
     /// sequence's acceptance rate, or what its match length says)
     /// ([`StepCost::draft_limit`](crate::engine::step_cost::StepCost::draft_limit)).
-    pub(super) fn plan_drafts(&mut self) {
+    pub(super) fn choose_drafts(&mut self) {
         self.drafts.clear();
         self.drafts.resize(self.running.len(), 0);
-        let planned: usize = self.plan.iter().sum();
-        let prefilling = self.running.iter().zip(&self.plan).any(|(s, &n)| n > 0 && !s.decoding());
-        let streams = self.plan.iter().filter(|&&n| n > 0).count();
+        let planned: usize = self.step_tokens.iter().sum();
+        let prefilling = self.running.iter().zip(&self.step_tokens).any(|(s, &n)| n > 0 && !s.decoding());
+        let streams = self.step_tokens.iter().filter(|&&n| n > 0).count();
         self.decode_rows = (!prefilling).then_some(streams);
         let eligible: Vec<usize> =
-            (0..self.running.len()).filter(|&i| self.plan[i] == 1 && self.running[i].can_draft()).collect();
+            (0..self.running.len()).filter(|&i| self.step_tokens[i] == 1 && self.running[i].can_draft()).collect();
         if eligible.is_empty() {
             return;
         }

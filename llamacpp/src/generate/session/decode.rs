@@ -5,10 +5,10 @@
 use std::time::Instant;
 
 use super::Generation;
-use crate::batch::{Logits, Pos};
+use crate::batch::Logits;
 use crate::error::{Error, Result};
 use crate::generate::{FinishReason, Overflow};
-use crate::vocab::Token;
+use crate::types::{Pos, Token};
 
 impl Generation<'_, '_, '_> {
     /// Decodes the uncached part of the prompt in chunks of `n_batch`,

@@ -4,16 +4,16 @@ use std::fmt;
 use std::ops::ControlFlow;
 use std::time::Instant;
 
-use crate::batch::{Batch, Pos, SeqId};
+use crate::batch::Batch;
 use crate::context::{AbortHandle, Context, Output};
 use crate::error::{Error, Result};
 use crate::sampler::Sampler;
 use crate::speculative::NgramDrafter;
-use crate::vocab::Token;
+use crate::types::{Pos, SeqId, Token};
 
 mod decode;
 
-use super::tail::{TailBuffers, TextTail};
+use super::text_tail::{TailBuffers, TextTail};
 use super::{FinishReason, GenerateOptions, GenerationStats, Overflow};
 
 /// The tokens in the KV cache of one sequence, remembered across runs so

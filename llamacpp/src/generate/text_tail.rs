@@ -7,7 +7,8 @@
 //! the end of a run that no stop string ended, flush what is held back.
 
 use crate::error::Result;
-use crate::vocab::{Detokenizer, Special, Token, Vocab};
+use crate::types::Token;
+use crate::vocab::{Detokenizer, Special, Vocab};
 
 use super::StopMatcher;
 

@@ -27,7 +27,8 @@ use super::seq::token_logprob;
 use super::{Worker, took};
 use crate::engine::TokenLogprob;
 use crate::sampler::Sampler;
-use crate::vocab::{Token, Vocab};
+use crate::types::Token;
+use crate::vocab::Vocab;
 
 /// A request's sampler and logits row, sent out.
 pub(super) struct Job<'m> {
@@ -54,7 +55,7 @@ pub(super) struct Sample<'m> {
 
 /// The worker's side: where jobs go, where samples come back, and which
 /// are out.
-pub(super) struct OffStep<'m> {
+pub(super) struct GrammarHelpers<'m> {
     /// Each helper's job channel.
     helpers: Vec<mpsc::Sender<Job<'m>>>,
     /// Helpers with no job.
@@ -68,7 +69,7 @@ pub(super) struct OffStep<'m> {
     wait: Duration,
 }
 
-impl<'m> OffStep<'m> {
+impl<'m> GrammarHelpers<'m> {
     /// Starts `count` helper threads in `scope`; `None` if none can be
     /// started (requests with a grammar are then sampled on the step).
     pub fn start<'scope>(
@@ -76,7 +77,7 @@ impl<'m> OffStep<'m> {
         vocab: &'m Vocab,
         wait: Duration,
         count: usize,
-    ) -> Option<OffStep<'m>>
+    ) -> Option<GrammarHelpers<'m>>
     where
         'm: 'scope,
     {
@@ -97,7 +98,7 @@ impl<'m> OffStep<'m> {
             return None;
         }
         let idle = (0..helpers.len()).rev().collect();
-        Some(OffStep { helpers, idle, queued: VecDeque::new(), samples, out: Vec::new(), wait })
+        Some(GrammarHelpers { helpers, idle, queued: VecDeque::new(), samples, out: Vec::new(), wait })
     }
 
     /// Sends `job` out (to an idle helper, or the queue for the next one);
@@ -179,13 +180,13 @@ impl<'m> Worker<'m> {
     /// Sends sequence `i`'s sampler and logits row `row` to the helper.
     /// False if there is none (or it is gone): sample on the step.
     pub(super) fn send_off(&mut self, i: usize, row: usize) -> bool {
-        let Some(offstep) = self.offstep.as_mut() else { return false };
+        let Some(grammar_helpers) = self.grammar_helpers.as_mut() else { return false };
         let seq = &mut self.running[i];
         // A missing row fails on the step, with its error.
         let Ok(logits) = self.ctx.logits(row).map(<[f32]>::to_vec) else { return false };
         let Some(sampler) = seq.lend_sampler() else { return false };
         let job = Job { id: seq.id, sampler, logits, top: seq.top_logprobs(), cancel: seq.cancel_flag() };
-        match offstep.send(job, seq.last_sample) {
+        match grammar_helpers.send(job, seq.last_sample) {
             None => true,
             Some(job) => {
                 seq.return_sampler(job.sampler);
@@ -195,11 +196,11 @@ impl<'m> Worker<'m> {
     }
 
     /// Takes the samples that are back from off the step (waiting as
-    /// `OffStep::collect` says) into their sequences, running or
+    /// `GrammarHelpers::collect` says) into their sequences, running or
     /// preempted; a request that ended meanwhile drops its sampler here.
     pub(super) fn collect_samples(&mut self, at_least: Option<Duration>) {
-        let Some(offstep) = self.offstep.as_mut().filter(|o| o.busy()) else { return };
-        let samples = offstep.collect(at_least);
+        let Some(grammar_helpers) = self.grammar_helpers.as_mut().filter(|o| o.busy()) else { return };
+        let samples = grammar_helpers.collect(at_least);
         let step = self.meter.stats().steps;
         let vocab = self.model.vocab();
         for Sample { id, sampler, token, logprob, took: duration, .. } in samples {

@@ -7,7 +7,7 @@ use crate::constraint::Guide;
 use crate::error::{Error, Result, check_shim};
 use crate::sys;
 use crate::thread::SendPtr;
-use crate::vocab::Token;
+use crate::types::Token;
 
 /// How many of the best tokens a greedy chain behind grammars checks one
 /// by one, when the best is refused, before masking the vocabulary.
