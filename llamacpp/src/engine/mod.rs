@@ -242,8 +242,8 @@ impl Completion {
     }
 
     /// Waits for the whole output: the text, the tokens and the finish.
-    pub fn wait(self) -> Output {
-        let mut out = Output {
+    pub fn wait(self) -> Completed {
+        let mut out = Completed {
             text: String::new(),
             tokens: Vec::new(),
             finish: Finish { reason: FinishReason::Cancelled, usage: Usage::default(), timings: Timings::default() },
@@ -261,10 +261,11 @@ impl Completion {
     }
 }
 
-/// A request's whole output ([`Completion::wait`]).
+/// A request's whole output ([`Completion::wait`]), as
+/// [`Completed`](crate::Completed) is [`Model::complete`]'s.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct Output {
+pub struct Completed {
     /// The text.
     pub text: String,
     /// Every sampled token (a final end-of-generation token excluded).
@@ -272,6 +273,11 @@ pub struct Output {
     /// How it ended.
     pub finish: Finish,
 }
+
+/// The former name of [`Completed`] (it was not the crate's
+/// [`Output`](crate::Output), which picks a row of a decode's outputs).
+#[deprecated(since = "0.3.0", note = "renamed `Completed`")]
+pub type Output = Completed;
 
 impl Iterator for Completion {
     type Item = Event;
