@@ -189,44 +189,39 @@ impl Model {
             ));
         }
         if remote.is_remote() {
-            // Loading sends the offloaded weights to the workers: guarded,
-            // so that a worker that dies meanwhile is an error (the load
-            // thread then stays blocked in llama.cpp, with what it holds).
+            // The load runs on another thread: no user data for the
+            // progress callback (silent_progress reads none).
             raw.progress_callback_user_data = std::ptr::null_mut();
-            let owned = crate::thread::SendPtr((raw, c_paths, devices, overrides, tensor_split));
-            let ptr = remote.run_once("loading the model", true, move || {
-                let owned = owned;
-                let (raw, c_paths, ..) = &owned.0;
-                let ptr = if c_paths.len() == 1 {
-                    // SAFETY: as below; the closure owns every array `raw`
-                    // points into, and silent_progress reads no user data.
-                    unsafe { sys::llama_model_load_from_file(c_paths[0].as_ptr(), *raw) }
-                } else {
-                    let mut ptrs: Vec<*const c_char> = c_paths.iter().map(|c| c.as_ptr()).collect();
-                    // SAFETY: as above.
-                    unsafe { sys::llama_model_load_from_splits(ptrs.as_mut_ptr(), ptrs.len(), *raw) }
-                };
-                ptr as usize
-            })? as *mut sys::llama_model;
-            if ptr.is_null()
-                && let Some(err) = remote.lost_during("loading the model")
-            {
-                // llama.cpp could not connect to a worker that died just
-                // then (the guard turned its abort into a failed load).
-                return Err(err);
-            }
-            return Self::loaded(ptr, paths, params, simulate, false, remote);
         }
-        let ptr = if c_paths.len() == 1 {
-            // SAFETY: the path is NUL-terminated; `raw` came from the
-            // defaults with valid enum values; `devices`, `overrides` and
-            // `state` outlive this synchronous call.
-            unsafe { sys::llama_model_load_from_file(c_paths[0].as_ptr(), raw) }
-        } else {
-            let mut ptrs: Vec<*const c_char> = c_paths.iter().map(|c| c.as_ptr()).collect();
-            // SAFETY: as above; `ptrs` holds `ptrs.len()` valid C strings.
-            unsafe { sys::llama_model_load_from_splits(ptrs.as_mut_ptr(), ptrs.len(), raw) }
-        };
+        // Loading onto RPC workers sends the offloaded weights to them:
+        // guarded, so that a worker that dies meanwhile is an error (the
+        // load thread then stays blocked in llama.cpp, with what it holds).
+        // A local load runs here.
+        let owned = crate::thread::SendPtr((raw, c_paths, devices, overrides, tensor_split));
+        let ptr = remote.run_once("loading the model", true, move || {
+            let owned = owned;
+            let (raw, c_paths, ..) = &owned.0;
+            let ptr = if c_paths.len() == 1 {
+                // SAFETY: the path is NUL-terminated; `raw` came from the
+                // defaults with valid enum values; the closure owns every
+                // array `raw` points into, and the progress state it may
+                // point to (`state`) outlives the call (a local load runs
+                // before `run_once` returns; a remote one has none).
+                unsafe { sys::llama_model_load_from_file(c_paths[0].as_ptr(), *raw) }
+            } else {
+                let mut ptrs: Vec<*const c_char> = c_paths.iter().map(|c| c.as_ptr()).collect();
+                // SAFETY: as above; `ptrs` holds `ptrs.len()` valid C strings.
+                unsafe { sys::llama_model_load_from_splits(ptrs.as_mut_ptr(), ptrs.len(), *raw) }
+            };
+            ptr as usize
+        })? as *mut sys::llama_model;
+        if ptr.is_null()
+            && let Some(err) = remote.lost_during("loading the model")
+        {
+            // llama.cpp could not connect to a worker that died just then
+            // (the guard turned its abort into a failed load).
+            return Err(err);
+        }
         if state.panic.is_some() {
             if let Some(p) = NonNull::new(ptr) {
                 // SAFETY: a model we own and have not shared.
