@@ -1,6 +1,6 @@
 //! The engine's settings: pool, step budget, limits.
 
-use crate::context::{FlashAttention, KvType};
+use crate::context::{ContextParams, FlashAttention, KvType};
 use crate::error::{Error, Result};
 use crate::speculative::Speculation;
 
@@ -59,6 +59,26 @@ impl Default for EngineConfig {
 }
 
 impl EngineConfig {
+    /// The context an engine with this configuration creates: `n_ctx`
+    /// cells shared by `max_running + max_cached_prefixes` sequences
+    /// (`kv_unified`), full-size sliding-window cache.
+    pub(crate) fn context_params(&self) -> ContextParams {
+        let n_seq = self.max_running + self.max_cached_prefixes;
+        let mut params = ContextParams::default()
+            .n_ctx(self.n_ctx)
+            .n_batch(self.n_batch)
+            .n_ubatch(self.n_ubatch.min(self.n_batch))
+            .n_seq_max(n_seq)
+            .kv_unified(true)
+            .swa_full(true)
+            .kv_type(self.kv_type)
+            .flash_attention(self.flash_attention);
+        if let Some(n) = self.n_threads {
+            params = params.n_threads(n).n_threads_batch(n);
+        }
+        params
+    }
+
     setters! {
         /// KV cells shared by all sequences (the context's `n_ctx`;
         /// llama.cpp pads it up to a multiple of 256).

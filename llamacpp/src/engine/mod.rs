@@ -459,7 +459,7 @@ fn pool_for_budget(model: &Model, config: &EngineConfig, bytes: u64) -> Result<u
     let planner = crate::plan::Planner::for_model(model)?;
     let n_seq = config.max_running + config.max_cached_prefixes;
     let fit = planner.fit(
-        &worker::context_params(config),
+        &config.context_params(),
         &crate::plan::Budget::total(bytes),
         crate::plan::FitGoal::MaxContext { n_seq },
     )?;

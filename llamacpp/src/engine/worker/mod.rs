@@ -23,7 +23,7 @@ use super::scheduler::{self, Candidate, Load};
 use super::step_cost::StepCost;
 use super::{EngineConfig, Event, Finish, Shared, Timings, Usage, lock};
 use crate::batch::{Batch, Logits};
-use crate::context::{Context, ContextParams, PerfCounters};
+use crate::context::{Context, PerfCounters};
 use crate::error::{Error, Result};
 use crate::generate::session::swa_window_present;
 use crate::model::Model;
@@ -51,26 +51,6 @@ pub(crate) struct Submission {
     pub cancel: Arc<AtomicBool>,
     pub submitted: Instant,
     pub submit_step: u64,
-}
-
-/// The context an engine with `config` creates: `n_ctx` cells shared by
-/// `max_running + max_cached_prefixes` sequences (`kv_unified`), full-size
-/// sliding-window cache.
-pub(crate) fn context_params(config: &EngineConfig) -> ContextParams {
-    let n_seq = config.max_running + config.max_cached_prefixes;
-    let mut params = ContextParams::default()
-        .n_ctx(config.n_ctx)
-        .n_batch(config.n_batch)
-        .n_ubatch(config.n_ubatch.min(config.n_batch))
-        .n_seq_max(n_seq)
-        .kv_unified(true)
-        .swa_full(true)
-        .kv_type(config.kv_type)
-        .flash_attention(config.flash_attention);
-    if let Some(n) = config.n_threads {
-        params = params.n_threads(n).n_threads_batch(n);
-    }
-    params
 }
 
 /// The worker thread's body: creates the context, reports the pool size
@@ -179,7 +159,7 @@ struct Worker<'m> {
 
 impl<'m> Worker<'m> {
     fn new(model: &'m Model, config: &EngineConfig, shared: &'m Shared) -> Result<Self> {
-        let ctx = model.new_context(&context_params(config))?;
+        let ctx = model.new_context(&config.context_params())?;
         let capacity = ctx.n_ctx() as usize;
         let n_seq = (config.max_running + config.max_cached_prefixes) as usize;
         // A recurrent state cannot be shared in part.
