@@ -278,7 +278,7 @@ impl<'m> Worker<'m> {
             // A preempted sequence with saved cells restores them (every
             // cell its own); others look for a prefix to share, now or
             // once a running sequence has prefilled it.
-            let (share, follow) = if next.kv.saved.is_some() {
+            let (share, follow) = if next.placement.saved.is_some() {
                 (None, None)
             } else {
                 let share = self.pool.longest_prefix(&mut self.ctx, &self.running, &next.tokens);
@@ -291,14 +291,11 @@ impl<'m> Worker<'m> {
                 break;
             }
             let mut seq = self.waiting.remove(at).expect("found above");
-            let restoring = seq.kv.saved.is_some();
-            let shared = self.pool.place(&mut self.ctx, &self.running, &mut seq, share);
+            let restoring = seq.placement.saved.is_some();
+            let shared = self.pool.place(&mut self.ctx, &self.running, &mut seq, share, follow, self.admissions);
             if !restoring {
                 self.meter.count(Counter::PrefixLookups, u64::from(self.pool.sharing()));
             }
-            seq.kv.follow = follow.filter(|f| f.to > seq.kv.n_cached);
-            seq.kv.prefill_to = seq.tokens.len();
-            seq.kv.admitted_order = self.admissions;
             self.admissions += 1;
             if !seq.clock.ever_admitted() {
                 self.shared.queued.fetch_sub(1, Ordering::AcqRel);
@@ -316,17 +313,22 @@ impl<'m> Worker<'m> {
     /// takes what the prefix index offers and prefills the rest itself.
     fn catch_up(&mut self) {
         for i in 0..self.running.len() {
-            let Some(follow) = self.running[i].kv.follow else { continue };
-            let leader =
-                self.running.iter().find(|s| s.id == follow.leader).and_then(|s| Some((s.kv.slot?, s.kv.n_cached)));
+            let Some(follow) = self.running[i].placement.follow else { continue };
+            let leader = self
+                .running
+                .iter()
+                .find(|s| s.id == follow.leader)
+                .and_then(|s| Some((s.placement.slot?, s.placement.n_cached)));
             let source = match leader {
                 Some((_, held)) if held < follow.to => continue, // not there yet
                 Some((slot, _)) => Some(Share { slot, len: follow.to }),
                 None => self.pool.longest_prefix(&mut self.ctx, &self.running, &self.running[i].tokens),
             };
-            self.running[i].kv.follow = None;
+            self.pool.stop_following(&mut self.running[i]);
             let Some(Share { slot: src, len }) = source else { continue };
-            if len <= self.running[i].kv.n_cached || !swa_window_present(&mut self.ctx, src, len).unwrap_or(false) {
+            if len <= self.running[i].placement.n_cached
+                || !swa_window_present(&mut self.ctx, src, len).unwrap_or(false)
+            {
                 continue;
             }
             let Some(src_cells) = self.pool.source_cells(&self.running, src) else { continue };
@@ -384,7 +386,7 @@ impl<'m> Worker<'m> {
             // this step; one with neither would be preempted for nothing.
             let frees = |i: usize| {
                 let s = &self.running[i];
-                self.step_tokens.get(i).is_some_and(|&n| n > 0) || s.kv.cells.own(s.kv.own_run) > 0
+                self.step_tokens.get(i).is_some_and(|&n| n > 0) || s.placement.cells.own(s.placement.own_run) > 0
             };
             let mut pool: Vec<usize> = (0..self.running.len()).filter(|&i| frees(i)).collect();
             if pool.is_empty() {
@@ -392,7 +394,10 @@ impl<'m> Worker<'m> {
             }
             let candidates: Vec<Candidate> = pool
                 .iter()
-                .map(|&i| Candidate { priority: self.running[i].priority, admitted: self.running[i].kv.admitted_order })
+                .map(|&i| Candidate {
+                    priority: self.running[i].priority,
+                    admitted: self.running[i].placement.admitted_order,
+                })
                 .collect();
             let i = pool[scheduler::victim(&candidates).expect("running is not empty")];
             self.preempt(i);
@@ -424,11 +429,9 @@ impl<'m> Worker<'m> {
             if !seq.decoding() {
                 self.meter.count(Counter::PromptTokensEvaluated, n as u64);
             }
-            seq.kv.n_cached += n;
-            seq.kv.cells.append(seq.kv.own_run, n);
-            self.pool.indexed(seq.kv.slot.expect("running sequences have a slot"), seq.held());
+            self.pool.decoded(seq, n);
             row += n;
-            if seq.kv.n_cached == seq.tokens.len() {
+            if seq.placement.n_cached == seq.tokens.len() {
                 to_sample.push((i, row - 1));
             }
             row += self.drafts[i];
@@ -478,8 +481,8 @@ impl<'m> Worker<'m> {
                 if n == 0 {
                     continue;
                 }
-                let from = seq.kv.n_cached;
-                let slot = seq.kv.slot.expect("running sequences have a slot");
+                let from = seq.placement.n_cached;
+                let slot = seq.placement.slot.expect("running sequences have a slot");
                 let last = from + n == seq.tokens.len();
                 self.batch.push_sequence(&seq.tokens[from..from + n], from as Pos, slot, Logits::from(last))?;
                 // A draft follows its sequence's pending token, each with
@@ -506,9 +509,7 @@ impl<'m> Worker<'m> {
                         (0..self.running.len()).filter(|&i| self.step_tokens[i] > 0).rev().collect();
                     for i in planned {
                         let mut seq = self.running.remove(i);
-                        if let Some(slot) = seq.kv.slot.take() {
-                            self.pool.release(&mut self.ctx, slot);
-                        }
+                        self.pool.drop_failed(&mut self.ctx, &mut seq);
                         self.finish(seq, Cause::Failed(failure.clone()));
                     }
                     return Ok(false);

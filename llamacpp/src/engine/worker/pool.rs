@@ -83,8 +83,8 @@ impl Pool {
 
     /// The running sequence or cached prefix in `slot`.
     fn holder<'a>(&'a self, running: &'a [Seq<'_>], slot: SeqId) -> Option<Holder<'a>> {
-        if let Some(s) = running.iter().find(|s| s.kv.slot == Some(slot)) {
-            return Some(Holder { tokens: s.held(), cells: &s.kv.cells, cached: None });
+        if let Some(s) = running.iter().find(|s| s.placement.slot == Some(slot)) {
+            return Some(Holder { tokens: s.held(), cells: &s.placement.cells, cached: None });
         }
         let i = self.cached.iter().position(|c| c.slot == slot)?;
         Some(Holder { tokens: &self.cached[i].tokens, cells: &self.cached[i].cells, cached: Some(i) })
@@ -92,14 +92,14 @@ impl Pool {
 
     /// Cells in use, by running sequences and cached prefixes.
     pub fn cells_used(&self, running: &[Seq<'_>]) -> usize {
-        cells_in_use(running.iter().map(|s| &s.kv.cells).chain(self.cached.iter().map(|c| &c.cells)))
+        cells_in_use(running.iter().map(|s| &s.placement.cells).chain(self.cached.iter().map(|c| &c.cells)))
     }
 
     /// Cells in use once every cached prefix but the one in `keep` is
     /// evicted.
     fn cells_kept(&self, running: &[Seq<'_>], keep: Option<SeqId>) -> usize {
         let kept = self.cached.iter().filter(|c| Some(c.slot) == keep).map(|c| &c.cells);
-        cells_in_use(running.iter().map(|s| &s.kv.cells).chain(kept))
+        cells_in_use(running.iter().map(|s| &s.placement.cells).chain(kept))
     }
 
     pub fn cached_cells(&self) -> usize {
@@ -132,29 +132,55 @@ impl Pool {
         self.has_free_slot() && (fits(self.cells_used(running)) || running.is_empty())
     }
 
-    /// Gives an admitted `seq` a free slot (there is one: see
-    /// [`Pool::room_for`]) and what it can have without decoding: its
-    /// saved cells if it was preempted, else the prefix `share`. Returns
-    /// the positions shared.
+    /// Gives an admitted `seq` (the `order`th admission) a free slot
+    /// (there is one: see [`Pool::room_for`]) and what it can have without
+    /// decoding: its saved cells if it was preempted, else the prefix
+    /// `share`, or later what it `follow`s. Returns the positions shared.
     pub fn place(
         &mut self,
         ctx: &mut Context<'_>,
         running: &[Seq<'_>],
         seq: &mut Seq<'_>,
         share: Option<Share>,
+        follow: Option<Follow>,
+        order: u64,
     ) -> usize {
         let slot = self.free_slots.pop().expect("a free slot");
-        seq.kv.slot = Some(slot);
-        seq.kv.n_cached = 0;
-        seq.kv.cells.clear();
-        seq.kv.own_run = self.next_run;
+        seq.placement.slot = Some(slot);
+        seq.placement.n_cached = 0;
+        seq.placement.cells.clear();
+        seq.placement.own_run = self.next_run;
+        seq.placement.prefill_to = seq.tokens.len();
+        seq.placement.admitted_order = order;
         self.next_run += 1;
-        if let Some(saved) = seq.kv.saved.take() {
+        if let Some(saved) = seq.placement.saved.take() {
             self.restore(ctx, seq, slot, saved);
         }
-        let Some(Share { slot: src, len }) = share else { return 0 };
-        let src_cells = self.source_cells(running, src).expect("the holder just found");
-        self.share(ctx, src, &src_cells, seq, len)
+        let shared = match share {
+            Some(Share { slot: src, len }) => {
+                let src_cells = self.source_cells(running, src).expect("the holder just found");
+                self.share(ctx, src, &src_cells, seq, len)
+            }
+            None => 0,
+        };
+        seq.placement.follow = follow.filter(|f| f.to > seq.placement.n_cached);
+        shared
+    }
+
+    /// Records that `n` more of `seq`'s tokens are in its cells (decoded
+    /// by itself: its own run).
+    pub fn decoded(&mut self, seq: &mut Seq<'_>, n: usize) {
+        let placement = &mut seq.placement;
+        placement.n_cached += n;
+        placement.cells.append(placement.own_run, n);
+        let slot = placement.slot.expect("running sequences have a slot");
+        self.index.extend(slot, seq.held());
+    }
+
+    /// `seq` stops waiting for its leader (it took the cells, or will
+    /// prefill them itself).
+    pub fn stop_following(&mut self, seq: &mut Seq<'_>) {
+        seq.placement.follow = None;
     }
 
     /// Loads a preempted sequence's saved cells into its new slot, or
@@ -164,8 +190,8 @@ impl Pool {
         let restored = ctx.load_seq_state(&saved.state, slot).is_ok()
             && ctx.seq_pos_max(slot).ok().flatten() == Some(n as Pos - 1);
         if restored {
-            seq.kv.n_cached = n;
-            seq.kv.cells.append(seq.kv.own_run, n);
+            seq.placement.n_cached = n;
+            seq.placement.cells.append(seq.placement.own_run, n);
             self.index.extend(slot, seq.held());
         } else {
             // Removing a whole sequence never fails.
@@ -178,16 +204,28 @@ impl Pool {
     /// readmission, unless they are mostly shared with others: then it is
     /// recomputed instead, since its readmission shares them again where a
     /// restore would copy them.
+    /// The sequence forgets its place (its saved cells, if any, stay): it
+    /// is restored or prefills again at readmission.
     pub fn vacate(&mut self, ctx: &mut Context<'_>, seq: &mut Seq<'_>) {
-        let Some(slot) = seq.kv.slot.take() else { return };
-        let n = seq.kv.n_cached;
+        let Some(slot) = seq.placement.slot.take() else { return };
+        let n = seq.placement.n_cached;
         if n > 0
-            && seq.kv.cells.own(seq.kv.own_run) * 2 >= n
+            && seq.placement.cells.own(seq.placement.own_run) * 2 >= n
             && let Ok(state) = ctx.save_seq_state(slot)
         {
-            seq.kv.saved = Some(Saved { state, positions: n });
+            seq.placement.saved = Some(Saved { state, positions: n });
         }
         self.release(ctx, slot);
+        seq.placement.cells.clear();
+        seq.placement.n_cached = 0;
+        seq.placement.follow = None;
+    }
+
+    /// Frees the slot of a sequence that failed (nothing of it is kept).
+    pub fn drop_failed(&mut self, ctx: &mut Context<'_>, seq: &mut Seq<'_>) {
+        if let Some(slot) = seq.placement.slot.take() {
+            self.release(ctx, slot);
+        }
     }
 
     /// The longest prefix of `tokens` (short of its last token, whose
@@ -224,9 +262,9 @@ impl Pool {
         let limit = tokens.len() - 1;
         running
             .iter()
-            .filter(|s| s.kv.slot.is_some() && !s.decoding() && s.kv.follow.is_none())
+            .filter(|s| s.placement.slot.is_some() && !s.decoding() && s.placement.follow.is_none())
             .map(|s| {
-                let prompt = &s.tokens[..s.kv.prefill_to];
+                let prompt = &s.tokens[..s.placement.prefill_to];
                 let common = prompt.iter().zip(&tokens[..limit]).take_while(|(a, b)| a == b).count();
                 Follow { leader: s.id, to: common }
             })
@@ -246,7 +284,7 @@ impl Pool {
         Some(cells)
     }
 
-    /// Shares positions `seq.kv.n_cached..to` of the sequence in `src`
+    /// Shares positions `seq.placement.n_cached..to` of the sequence in `src`
     /// (whose cells are `src_cells`) with `seq`: in a unified cache
     /// `seq_cp` shares the cells, nothing is copied. Returns the positions
     /// gained (none when llama.cpp refuses).
@@ -258,20 +296,15 @@ impl Pool {
         seq: &mut Seq<'_>,
         to: usize,
     ) -> usize {
-        let from = seq.kv.n_cached;
-        let Some(slot) = seq.kv.slot else { return 0 };
+        let from = seq.placement.n_cached;
+        let Some(slot) = seq.placement.slot else { return 0 };
         if to <= from || ctx.seq_cp(src, slot, Some(from as Pos), Some(to as Pos)).is_err() {
             return 0;
         }
-        seq.kv.cells.extend_from(src_cells, from, to);
-        seq.kv.n_cached = to;
+        seq.placement.cells.extend_from(src_cells, from, to);
+        seq.placement.n_cached = to;
         self.index.extend(slot, &seq.tokens[..to]);
         to - from
-    }
-
-    /// Records that `tokens` are now in the cells of `slot`.
-    pub fn indexed(&mut self, slot: SeqId, tokens: &[Token]) {
-        self.index.extend(slot, tokens);
     }
 
     fn has_free_slot(&self) -> bool {
@@ -289,14 +322,14 @@ impl Pool {
     /// Keeps a finished sequence's cells as a cached prefix (trimming the
     /// cache to its limits), or frees them when there is no prefix cache.
     pub fn retire(&mut self, ctx: &mut Context<'_>, seq: &mut Seq<'_>) {
-        let Some(slot) = seq.kv.slot.take() else { return };
-        if !self.sharing || self.max_cached == 0 || seq.kv.n_cached == 0 {
+        let Some(slot) = seq.placement.slot.take() else { return };
+        if !self.sharing || self.max_cached == 0 || seq.placement.n_cached == 0 {
             self.release(ctx, slot);
             return;
         }
         let mut tokens = std::mem::take(&mut seq.tokens);
-        tokens.truncate(seq.kv.n_cached);
-        let cells = std::mem::take(&mut seq.kv.cells);
+        tokens.truncate(seq.placement.n_cached);
+        let cells = std::mem::take(&mut seq.placement.cells);
         self.cached.push(Cached { slot, tokens, cells, last_used: self.lru_tick });
         self.lru_tick += 1;
         while self.cached.len() > self.max_cached || self.cached_cells() > self.cached_cell_limit {

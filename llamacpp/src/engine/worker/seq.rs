@@ -28,7 +28,7 @@ pub(super) struct Seq<'m> {
     /// The prompt, then every sampled token (the last one not yet decoded
     /// while generating).
     pub tokens: Vec<Token>,
-    pub kv: Placement,
+    pub placement: Placement,
     /// `None` while the sampler is out on the helper thread (see
     /// `grammar_helpers`): the sequence then sits out the steps.
     sampler: Option<Sampler<'m>>,
@@ -221,7 +221,7 @@ impl<'m> Seq<'m> {
             priority,
             events,
             cancel,
-            kv: Placement { prefill_to: prompt.len(), ..Placement::default() },
+            placement: Placement { prefill_to: prompt.len(), ..Placement::default() },
             usage: Usage { prompt_tokens: prompt.len(), ..Usage::default() },
             tokens: prompt,
             sampler: Some(sampler),
@@ -253,7 +253,7 @@ impl<'m> Seq<'m> {
     /// token takes a cell): the draft's length.
     pub fn make_draft(&mut self, max: usize) -> usize {
         let to_sample = self.limits.max_tokens.map_or(usize::MAX, |m| m.saturating_sub(self.usage.completion_tokens));
-        let cells = self.limits.max_context.saturating_sub(self.kv.n_cached + 1);
+        let cells = self.limits.max_context.saturating_sub(self.placement.n_cached + 1);
         let max = max.min(to_sample.saturating_sub(1)).min(cells);
         let Some(d) = &mut self.drafting else { return 0 };
         d.drafter.draft(&self.tokens, max, &mut d.draft);
@@ -289,24 +289,24 @@ impl<'m> Seq<'m> {
     }
 
     pub fn decoding(&self) -> bool {
-        self.kv.n_cached >= self.kv.prefill_to
+        self.placement.n_cached >= self.placement.prefill_to
     }
 
     /// Tokens this sequence still has to put through the model before it
     /// samples: its prefill, less what it will share from a leader.
     pub fn pending(&self) -> usize {
-        let shared = self.kv.follow.map_or(0, |f| f.to);
-        self.kv.prefill_to.saturating_sub(self.kv.n_cached.max(shared))
+        let shared = self.placement.follow.map_or(0, |f| f.to);
+        self.placement.prefill_to.saturating_sub(self.placement.n_cached.max(shared))
     }
 
     /// Tokens to plan in the next step (none while it follows a leader).
     pub fn remaining(&self) -> usize {
-        if self.kv.follow.is_some() { 0 } else { self.tokens.len() - self.kv.n_cached }
+        if self.placement.follow.is_some() { 0 } else { self.tokens.len() - self.placement.n_cached }
     }
 
     /// The tokens in its cells.
     pub fn held(&self) -> &[Token] {
-        &self.tokens[..self.kv.n_cached]
+        &self.tokens[..self.placement.n_cached]
     }
 
     /// Its cancel flag, for work done elsewhere on its behalf.
@@ -411,13 +411,8 @@ impl<'m> Seq<'m> {
         (last, Finish { reason: cause.reason(), usage: self.usage, timings })
     }
 
-    /// Forgets its place in the pool after its slot was released (its
-    /// saved cells, if any, stay): it is restored or prefills again at
-    /// readmission.
+    /// Counts a preemption (the pool has vacated its place).
     pub fn preempted(&mut self) {
-        self.kv.cells.clear();
-        self.kv.n_cached = 0;
-        self.kv.follow = None;
         self.clock.preemptions += 1;
     }
 }

@@ -59,7 +59,7 @@ impl Worker<'_> {
     pub(super) fn verify(&mut self, i: usize, row: usize, step: u64) -> Option<Cause> {
         let drafted = self.drafts[i];
         let (seq, ctx) = (&mut self.running[i], &mut self.ctx);
-        let slot = seq.kv.slot.expect("running sequences have a slot");
+        let slot = seq.placement.slot.expect("running sequences have a slot");
         let mut accepted = 0;
         let mut end = None;
         for m in 0..=drafted {
@@ -74,18 +74,16 @@ impl Worker<'_> {
             }
             // The draft token in the cell after the cached ones is the
             // sampled one.
-            seq.kv.n_cached += 1;
-            seq.kv.cells.append(seq.kv.own_run, 1);
+            self.pool.decoded(seq, 1);
             accepted += 1;
         }
         if accepted < drafted {
             // Removing a tail of an attention cache does not fail; a
             // failure would leave cells the accounting does not count,
             // which the next decode's slot search tolerates.
-            let _ = ctx.seq_rm(Some(slot), Some(seq.kv.n_cached as Pos), None);
+            let _ = ctx.seq_rm(Some(slot), Some(seq.placement.n_cached as Pos), None);
         }
         seq.verified(accepted);
-        self.pool.indexed(slot, seq.held());
         self.meter.count(Counter::DraftTokens, drafted as u64);
         self.meter.count(Counter::DraftTokensAccepted, accepted as u64);
         end
