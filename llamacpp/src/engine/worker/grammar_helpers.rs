@@ -219,7 +219,7 @@ impl<'m> Worker<'m> {
             }
             seq.last_sample = Some(duration);
             let sampled = token.and_then(|t| seq.take_token(vocab, t, logprob, step).map_err(Failure::from));
-            let Some(cause) = took(&mut self.meter, &mut self.outbox, seq, sampled) else { continue };
+            let Some(cause) = took(&mut self.meter, &mut self.step.outbox, seq, sampled) else { continue };
             let seq = match running {
                 Some(i) => self.running.remove(i),
                 None => {

@@ -120,41 +120,60 @@ struct Worker<'m> {
     model: &'m Model,
     ctx: Context<'m>,
     shared: &'m Shared,
-    /// Tokens per step (the context's `n_batch`).
-    budget: usize,
-    prefill_cap: usize,
-    max_running: usize,
-    /// Free cells an admission needs beyond its uncached prompt.
-    reserve: usize,
+    policy: Policy,
     /// Admitted, in admission order.
     running: Vec<Seq<'m>>,
     /// By priority, then arrival.
     waiting: VecDeque<Seq<'m>>,
     pool: Pool,
-    batch: Batch,
-    loads: Vec<Load>,
-    /// Tokens each running sequence decodes in this step (the split of
-    /// the step's budget, `scheduler::split_budget`).
-    step_tokens: Vec<usize>,
-    /// Draft tokens of each running sequence in this step (speculative
-    /// decoding), decoded after its planned token.
-    drafts: Vec<usize>,
     /// Step time by rows, which bounds drafts to those that pay (when
     /// `draft_by_cost`).
     step_cost: StepCost,
-    draft_by_cost: bool,
-    /// Rows with logits of the planned step when it has no prompt rows
-    /// (the steps [`StepCost`] fits).
-    decode_rows: Option<usize>,
     /// Admissions so far, for the preemption rule's "most recently
     /// admitted".
     admissions: u64,
     meter: Meter,
+    /// What the current step builds (its buffers kept for the next one).
+    step: Step,
+    /// Where requests with a grammar are sampled (`None`: on the step).
+    grammar_helpers: Option<GrammarHelpers<'m>>,
+}
+
+/// The engine's settings the step loop decides by (from
+/// [`EngineConfig`], fixed for the engine's life).
+struct Policy {
+    /// Tokens per step (the context's `n_batch`).
+    budget: usize,
+    /// The prompt tokens one prefill may take of a shared step
+    /// (`scheduler::split_budget`; default a quarter of `n_batch`).
+    prefill_cap: usize,
+    max_running: usize,
+    /// Free cells an admission needs beyond its uncached prompt.
+    reserve: usize,
+    /// Drafts are bounded to those that pay by the step's cost by rows.
+    draft_by_cost: bool,
+}
+
+/// What one step builds and uses up: the batch, the split of its token
+/// budget, the drafts, and the events it produced. The [`Worker`] keeps
+/// what lasts across steps (queues, pool, sequences, meters); this is
+/// rebuilt every step, its buffers reused.
+struct Step {
+    batch: Batch,
+    /// What each running sequence asks of the step (the split's input).
+    loads: Vec<Load>,
+    /// Tokens each running sequence decodes in this step (the split of
+    /// the step's budget, `scheduler::split_budget`).
+    tokens: Vec<usize>,
+    /// Draft tokens of each running sequence in this step (speculative
+    /// decoding), decoded after its planned token.
+    drafts: Vec<usize>,
+    /// Rows with logits of the planned step when it has no prompt rows
+    /// (the steps [`StepCost`] fits).
+    decode_rows: Option<usize>,
     /// Events of this step, sent after the stats are published: a reader
     /// who got an event sees stats that include the step that made it.
     outbox: Vec<(async_channel::Sender<Event>, Event)>,
-    /// Where requests with a grammar are sampled (`None`: on the step).
-    grammar_helpers: Option<GrammarHelpers<'m>>,
 }
 
 impl<'m> Worker<'m> {
@@ -166,25 +185,29 @@ impl<'m> Worker<'m> {
         let sharing = !model.is_recurrent() && !model.is_hybrid();
         Ok(Worker {
             model,
-            budget: ctx.n_batch() as usize,
+            policy: Policy {
+                budget: ctx.n_batch() as usize,
+                prefill_cap: config.prefill_cap.map_or(config.n_batch as usize / 4, |c| c as usize).max(1),
+                max_running: config.max_running as usize,
+                reserve: config.admission_reserve,
+                draft_by_cost: config.draft_by_cost,
+            },
             ctx,
             shared,
-            prefill_cap: config.prefill_cap.map_or(config.n_batch as usize / 4, |c| c as usize).max(1),
-            max_running: config.max_running as usize,
-            reserve: config.admission_reserve,
             running: Vec::new(),
             waiting: VecDeque::new(),
             pool: Pool::new(config, capacity, n_seq, sharing),
-            batch: Batch::new(config.n_batch as usize, 1),
-            loads: Vec::new(),
-            step_tokens: Vec::new(),
-            drafts: Vec::new(),
             step_cost: StepCost::default(),
-            draft_by_cost: config.draft_by_cost,
-            decode_rows: None,
             admissions: 0,
             meter: Meter::default(),
-            outbox: Vec::new(),
+            step: Step {
+                batch: Batch::new(config.n_batch as usize, 1),
+                loads: Vec::new(),
+                tokens: Vec::new(),
+                drafts: Vec::new(),
+                decode_rows: None,
+                outbox: Vec::new(),
+            },
             grammar_helpers: None,
         })
     }
@@ -271,7 +294,7 @@ impl<'m> Worker<'m> {
     fn admit(&mut self) {
         // Preempted while its sampler was out: a sequence comes back in once
         // its token has; the ones behind it are not held up meanwhile.
-        while self.running.len() < self.max_running
+        while self.running.len() < self.policy.max_running
             && let Some(at) = self.waiting.iter().position(|s| !s.awaiting())
         {
             let next = &self.waiting[at];
@@ -286,7 +309,7 @@ impl<'m> Worker<'m> {
                 (share, follow)
             };
             let will_share = follow.map_or(share.map_or(0, |s| s.len), |f| f.to);
-            let need = (next.tokens.len() - will_share).saturating_add(self.reserve);
+            let need = (next.tokens.len() - will_share).saturating_add(self.policy.reserve);
             if !self.pool.room_for(&mut self.ctx, &self.running, need, share.map(|s| s.slot)) {
                 break;
             }
@@ -358,10 +381,17 @@ impl<'m> Worker<'m> {
     fn schedule_with_room(&mut self) -> bool {
         loop {
             self.catch_up();
-            self.loads.clear();
-            self.loads.extend(self.running.iter().map(|s| Load { remaining: s.remaining(), decoding: s.decoding() }));
-            scheduler::split_budget(self.budget, self.prefill_cap, &self.loads, &mut self.step_tokens);
-            let needed: usize = self.step_tokens.iter().sum();
+            self.step.loads.clear();
+            self.step
+                .loads
+                .extend(self.running.iter().map(|s| Load { remaining: s.remaining(), decoding: s.decoding() }));
+            scheduler::split_budget(
+                self.policy.budget,
+                self.policy.prefill_cap,
+                &self.step.loads,
+                &mut self.step.tokens,
+            );
+            let needed: usize = self.step.tokens.iter().sum();
             if needed == 0 {
                 return false;
             }
@@ -386,7 +416,7 @@ impl<'m> Worker<'m> {
             // this step; one with neither would be preempted for nothing.
             let frees = |i: usize| {
                 let s = &self.running[i];
-                self.step_tokens.get(i).is_some_and(|&n| n > 0) || s.placement.cells.own(s.placement.own_run) > 0
+                self.step.tokens.get(i).is_some_and(|&n| n > 0) || s.placement.cells.own(s.placement.own_run) > 0
             };
             let mut pool: Vec<usize> = (0..self.running.len()).filter(|&i| frees(i)).collect();
             if pool.is_empty() {
@@ -422,7 +452,7 @@ impl<'m> Worker<'m> {
         // Record what went in, and sample where the batch asked for logits.
         let mut row = 0usize;
         let mut to_sample = Vec::new();
-        for (i, (seq, &n)) in self.running.iter_mut().zip(&self.step_tokens).enumerate() {
+        for (i, (seq, &n)) in self.running.iter_mut().zip(&self.step.tokens).enumerate() {
             if n == 0 {
                 continue;
             }
@@ -434,14 +464,14 @@ impl<'m> Worker<'m> {
             if seq.placement.n_cached == seq.tokens.len() {
                 to_sample.push((i, row - 1));
             }
-            row += self.drafts[i];
+            row += self.step.drafts[i];
         }
         let mut ended = Vec::new();
         for (i, row) in to_sample {
             if self.running[i].has_grammar() && self.send_off(i, row) {
                 continue;
             }
-            if self.drafts[i] > 0 {
+            if self.step.drafts[i] > 0 {
                 if let Some(cause) = self.verify(i, row, step) {
                     ended.push((i, cause));
                 }
@@ -452,11 +482,11 @@ impl<'m> Worker<'m> {
                 Ok(sampled) => sampled.map_err(Failure::from),
                 Err(panic) => Err(Failure::panic(&*panic)),
             };
-            if let Some(cause) = took(&mut self.meter, &mut self.outbox, seq, sampled) {
+            if let Some(cause) = took(&mut self.meter, &mut self.step.outbox, seq, sampled) {
                 ended.push((i, cause));
             }
         }
-        if let Some(rows) = self.decode_rows {
+        if let Some(rows) = self.step.decode_rows {
             self.step_cost.record(rows, started.elapsed().as_secs_f64());
         }
         for (i, cause) in ended.into_iter().rev() {
@@ -476,22 +506,22 @@ impl<'m> Worker<'m> {
                 return Ok(false);
             }
             self.choose_drafts();
-            self.batch.clear();
-            for ((seq, &n), &k) in self.running.iter().zip(&self.step_tokens).zip(&self.drafts) {
+            self.step.batch.clear();
+            for ((seq, &n), &k) in self.running.iter().zip(&self.step.tokens).zip(&self.step.drafts) {
                 if n == 0 {
                     continue;
                 }
                 let from = seq.placement.n_cached;
                 let slot = seq.placement.slot.expect("running sequences have a slot");
                 let last = from + n == seq.tokens.len();
-                self.batch.push_sequence(&seq.tokens[from..from + n], from as Pos, slot, Logits::from(last))?;
+                self.step.batch.push_sequence(&seq.tokens[from..from + n], from as Pos, slot, Logits::from(last))?;
                 // A draft follows its sequence's pending token, each with
                 // logits: the sampler verifies it position by position.
                 for (j, &token) in seq.draft()[..k].iter().enumerate() {
-                    self.batch.push(token, (from + n + j) as Pos, &[slot], Logits::Yes)?;
+                    self.step.batch.push(token, (from + n + j) as Pos, &[slot], Logits::Yes)?;
                 }
             }
-            match self.ctx.decode(&self.batch) {
+            match self.ctx.decode(&self.step.batch) {
                 Ok(()) => return Ok(true),
                 // The accounting said it fits, but llama.cpp found no slot
                 // (a pool fragmented by padding): free more and retry.
@@ -506,7 +536,7 @@ impl<'m> Worker<'m> {
                     // This batch's sequences fail; the others go on.
                     let failure = Failure::from(e);
                     let planned: Vec<usize> =
-                        (0..self.running.len()).filter(|&i| self.step_tokens[i] > 0).rev().collect();
+                        (0..self.running.len()).filter(|&i| self.step.tokens[i] > 0).rev().collect();
                     for i in planned {
                         let mut seq = self.running.remove(i);
                         self.pool.drop_failed(&mut self.ctx, &mut seq);
@@ -523,7 +553,7 @@ impl<'m> Worker<'m> {
     fn finish(&mut self, mut seq: Seq<'m>, cause: Cause) {
         let (last, finish) = seq.end(&cause);
         if let Some(piece) = last {
-            self.outbox.push((seq.events().clone(), Event::Piece(piece)));
+            self.step.outbox.push((seq.events().clone(), Event::Piece(piece)));
         }
         log::debug!("request {} finished: {} ({:?})", seq.id, finish.reason, finish.usage);
         if let Some((fixed, per_row)) = self.step_cost.fit() {
@@ -531,7 +561,7 @@ impl<'m> Worker<'m> {
         }
         self.meter.finished(cause.label());
         self.meter.record(LatencySeries::EndToEnd, finish.timings.total);
-        self.outbox.push((seq.events().clone(), Event::Done(finish)));
+        self.step.outbox.push((seq.events().clone(), Event::Done(finish)));
         if !seq.clock.ever_admitted() {
             self.shared.queued.fetch_sub(1, Ordering::AcqRel);
         }
@@ -559,7 +589,7 @@ impl<'m> Worker<'m> {
         m.set(Gauge::CachedPrefixes, self.pool.cached_prefixes());
         m.set_perf(if m.stats().steps > 0 { self.ctx.perf() } else { PerfCounters::default() });
         m.publish(&self.shared.stats);
-        for (to, event) in self.outbox.drain(..) {
+        for (to, event) in self.step.outbox.drain(..) {
             // A reader that went away cancels at the next step.
             let _ = to.try_send(event);
         }

@@ -19,36 +19,36 @@ impl Worker<'_> {
     /// sequence's acceptance rate, or what its match length says)
     /// ([`StepCost::draft_limit`](crate::engine::step_cost::StepCost::draft_limit)).
     pub(super) fn choose_drafts(&mut self) {
-        self.drafts.clear();
-        self.drafts.resize(self.running.len(), 0);
-        let planned: usize = self.step_tokens.iter().sum();
-        let prefilling = self.running.iter().zip(&self.step_tokens).any(|(s, &n)| n > 0 && !s.decoding());
-        let streams = self.step_tokens.iter().filter(|&&n| n > 0).count();
-        self.decode_rows = (!prefilling).then_some(streams);
+        self.step.drafts.clear();
+        self.step.drafts.resize(self.running.len(), 0);
+        let planned: usize = self.step.tokens.iter().sum();
+        let prefilling = self.running.iter().zip(&self.step.tokens).any(|(s, &n)| n > 0 && !s.decoding());
+        let streams = self.step.tokens.iter().filter(|&&n| n > 0).count();
+        self.step.decode_rows = (!prefilling).then_some(streams);
         let eligible: Vec<usize> =
-            (0..self.running.len()).filter(|&i| self.step_tokens[i] == 1 && self.running[i].can_draft()).collect();
+            (0..self.running.len()).filter(|&i| self.step.tokens[i] == 1 && self.running[i].can_draft()).collect();
         if eligible.is_empty() {
             return;
         }
         let free = self.pool.capacity().saturating_sub(self.pool.cells_used(&self.running) + planned);
-        let mut left = self.budget.saturating_sub(planned).min(free);
+        let mut left = self.policy.budget.saturating_sub(planned).min(free);
         if prefilling {
-            left = left.min(self.prefill_cap);
+            left = left.min(self.policy.prefill_cap);
         }
         for (j, &i) in eligible.iter().enumerate() {
             let share = left / (eligible.len() - j);
             let seq = &mut self.running[i];
             let mut n = seq.make_draft(share);
-            if self.draft_by_cost {
+            if self.policy.draft_by_cost {
                 // Judged after drafting: how long the match is tells how
                 // likely the draft holds.
                 n = seq.cut_draft(self.step_cost.draft_limit(streams, seq.draft_confidence()));
             }
-            self.drafts[i] = n;
+            self.step.drafts[i] = n;
             left -= n;
         }
-        if let Some(rows) = &mut self.decode_rows {
-            *rows += self.drafts.iter().sum::<usize>();
+        if let Some(rows) = &mut self.step.decode_rows {
+            *rows += self.step.drafts.iter().sum::<usize>();
         }
     }
 
@@ -57,7 +57,7 @@ impl Worker<'_> {
     /// the first sample that differs is kept, the draft's cells after the
     /// last confirmed token are removed. The cause if the request ends.
     pub(super) fn verify(&mut self, i: usize, row: usize, step: u64) -> Option<Cause> {
-        let drafted = self.drafts[i];
+        let drafted = self.step.drafts[i];
         let (seq, ctx) = (&mut self.running[i], &mut self.ctx);
         let slot = seq.placement.slot.expect("running sequences have a slot");
         let mut accepted = 0;
@@ -67,7 +67,7 @@ impl Worker<'_> {
                 Ok(sampled) => sampled.map_err(Failure::from),
                 Err(panic) => Err(Failure::panic(&*panic)),
             };
-            end = took(&mut self.meter, &mut self.outbox, seq, sampled);
+            end = took(&mut self.meter, &mut self.step.outbox, seq, sampled);
             // Not ended: the sampled token is the sequence's last.
             if end.is_some() || m == drafted || seq.tokens.last() != Some(&seq.draft()[m]) {
                 break;
