@@ -1,7 +1,7 @@
 //! Inputs that make llama.cpp recurse once per character or nesting level
 //! (`std::regex` pre-tokenizers, the GBNF parser, lazy-grammar trigger
 //! patterns), each run on a thread with a small stack: without the
-//! crate's deep-stack helper (`llamacpp/src/stack.rs`) every one of them
+//! crate's deep-stack helper (`llamacpp/src/llama/stack.rs`) every one of them
 //! overflows that stack.
 //!
 //! A stack overflow kills the whole process, so each case runs in a child

@@ -218,7 +218,7 @@ int llama_rs_get_memory_breakdown(const llama_context * ctx, llama_rs_buffer_mem
 // connection (connect, handshake). The hook below changes the first, while
 // a guarded call is in flight, into the end of that dispatcher thread
 // alone: the call waiting for it never completes, and the Rust side
-// (llamacpp/src/rpc.rs) stops waiting for the thread it ran the call on and
+// (llamacpp/src/llama/rpc/guard.rs) stops waiting for the thread it ran the call on and
 // leaks what the call holds. On a guarded thread where a C++ catch lies
 // between the hook and the guard (llama_decode in the shim, model loading,
 // context creation), the second becomes an exception. Every other abort
@@ -315,7 +315,7 @@ unsigned long long llama_rs_rpc_failures(void) {
 // llama_decode with a catch, synchronized before it returns: the RPC
 // backend computes asynchronously, and the wait for its results (which
 // reading the logits would do, unguarded) belongs inside. Called on a
-// thread the caller has guarded with `catches` (llamacpp/src/rpc.rs: one
+// thread the caller has guarded with `catches` (llamacpp/src/llama/rpc/guard.rs: one
 // begin/end pair per call, so the count of guarded calls stays exact when
 // a call is abandoned).
 int llama_rs_rpc_decode(llama_context * ctx, llama_batch batch, int32_t * result) {

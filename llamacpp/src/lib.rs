@@ -66,38 +66,29 @@ macro_rules! setters {
     (@conv $v:ident, $conv:expr) => { $conv($v) };
 }
 
-mod adapter;
-mod backend;
-mod batch;
-pub mod chat;
-pub mod constraint;
-mod context;
-pub mod embed;
-#[cfg(feature = "engine")]
-#[cfg_attr(docsrs, doc(cfg(feature = "engine")))]
-pub mod engine;
+// The crate's floors, bottom up; each module keeps its path at the root
+// (`llamacpp::chat`, `crate::model`) through the re-exports below.
 mod error;
-mod ffi;
-pub mod generate;
-mod gguf;
-pub mod json_schema;
-mod memory;
-mod model;
-pub mod plan;
-mod quantize;
-#[cfg(feature = "rpc")]
-#[cfg_attr(docsrs, doc(cfg(feature = "rpc")))]
-pub mod rpc;
-mod sampler;
-pub mod speculative;
-mod stack;
-mod state;
+mod llama;
+mod sampling;
+mod serving;
 #[cfg(feature = "testing")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub mod testing;
-mod thread;
-mod types;
-mod vocab;
+mod text;
+
+pub use llama::plan;
+#[cfg(feature = "rpc")]
+#[cfg_attr(docsrs, doc(cfg(feature = "rpc")))]
+pub use llama::rpc;
+pub(crate) use llama::{adapter, backend, batch, context, ffi, gguf, model, quantize, stack, thread, types, vocab};
+pub(crate) use sampling::sampler;
+pub use sampling::{constraint, json_schema, speculative};
+pub use serving::embed;
+#[cfg(feature = "engine")]
+#[cfg_attr(docsrs, doc(cfg(feature = "engine")))]
+pub use serving::engine;
+pub use text::{chat, generate};
 
 pub use adapter::LoraAdapter;
 pub use backend::{

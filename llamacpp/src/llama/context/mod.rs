@@ -12,6 +12,8 @@ use crate::sys;
 use crate::types::SeqId;
 
 mod create;
+mod kv_cache;
+mod kv_state;
 mod outputs;
 mod params;
 mod pass;
