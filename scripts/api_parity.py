@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "llama-serve", 
 
 import anthropic_client  # noqa: E402
 import openai_client  # noqa: E402
-from sdk import KEY, TEMPLATES, THINKING_TEMPLATE, run_checks  # noqa: E402
+from sdk import KEY, TEMPLATES, THINKING_TEMPLATE, run_checks, says_port  # noqa: E402
 
 TOOL_TEMPLATE = os.path.join(TEMPLATES, "Qwen-Qwen2.5-7B-Instruct.jinja")
 
@@ -31,9 +31,10 @@ def template(needs):
 
 
 def ours(binary, model):
+    @says_port
     def command(needs, port):
         extra = ["--embeddings"] if needs == "embeddings" else []
-        return [binary, "--model", model, "--port", str(port), "--api-key", KEY, "--threads", "2", "--ctx", "4096", "--parallel", "4",
+        return [binary, "--model", model, "--port", "0", "--api-key", KEY, "--threads", "2", "--ctx", "4096", "--parallel", "4",
                 "--chat-template-file", template(needs), *extra]
     return command
 

@@ -6,7 +6,6 @@ text to the last, and each API's median ratio to Chat Completions.
 Usage: python scripts/api_token_cost.py target/release/llama-serve MODEL.gguf [ROUNDS]
 """
 import json
-import socket
 import statistics
 import subprocess
 import sys
@@ -15,12 +14,9 @@ import urllib.request
 
 exe, model = sys.argv[1], sys.argv[2]
 rounds = int(sys.argv[3]) if len(sys.argv) > 3 else 5
-with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-server = subprocess.Popen([exe, "--model", model, "--threads", "2", "--ctx", "4096", "--parallel", "1", "--port", str(port)],
-                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-base = f"http://127.0.0.1:{port}"
+server = subprocess.Popen([exe, "--model", model, "--threads", "2", "--ctx", "4096", "--parallel", "1", "--port", "0"],
+                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+base = server.stdout.readline().strip().removeprefix("listening on ")
 ASK = "Write a long story about a lighthouse keeper."
 MESSAGES = [{"role": "user", "content": ASK}]
 
@@ -57,6 +53,8 @@ def run(path, body):
                 text += piece
                 now = time.perf_counter()
                 first, last = first or now, now
+    if n < 2 or last == first:
+        raise SystemExit(f"{path}: {n} tokens, too few to time")
     return (n - 1) / (last - first), n, text
 
 
@@ -68,14 +66,20 @@ APIS = {
 }
 
 try:
+    if not base.startswith("http://127.0.0.1:"):
+        raise SystemExit(f"the server did not say where it listens: {base!r}")
     for _ in range(300):
         try:
             urllib.request.urlopen(base + "/health", timeout=1)
             break
         except OSError:
             time.sleep(0.2)
+    else:
+        raise SystemExit("the server never became ready")
     texts = {name: f()[2] for name, f in APIS.items()}  # warm up
-    print("same text through every API:", len(set(texts.values())) == 1)
+    if len(set(texts.values())) != 1:
+        raise SystemExit(f"the APIs answered differently: {texts}")
+    print("the same text through every API")
     tps = {name: [] for name in APIS}
     order = list(APIS)
     for r in range(rounds):

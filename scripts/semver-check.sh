@@ -24,12 +24,15 @@ git cat-file -e "$baseline^{commit}" 2>/dev/null \
     || { echo "semver-check: the baseline $baseline is not in this clone's history" >&2; exit 1; }
 echo "semver-check: against $(cat .ci/semver-baseline) (baseline $baseline)" >&2
 # One crate at a time, each with the features its docs.rs page shows (the
-# public API of every backend), `bindgen` (a build-time switch) aside.
-for spec in "llamacpp-sys:openmp,rpc,cuda,vulkan,metal,blas" \
-            "llamacpp:openmp,rpc,cuda,vulkan,metal,blas,testing" \
-            "llama-model-cache:" \
-            "llama-serve:openmp,rpc"; do
-    crate="${spec%%:*}" features="${spec#*:}"
+# public API of every backend), `bindgen` (a build-time switch) aside;
+# after a second colon, features the baseline does not have yet (0.2.0:
+# llamacpp's `engine` was not a feature, the engine was always built).
+for spec in "llamacpp-sys:openmp,rpc,cuda,vulkan,metal,blas:" \
+            "llamacpp:openmp,rpc,cuda,vulkan,metal,blas,testing:engine" \
+            "llama-model-cache::" \
+            "llama-serve:openmp,rpc:"; do
+    IFS=: read -r crate features new_features <<< "$spec"
     DOCS_RS=1 cargo semver-checks check-release --package "$crate" --baseline-rev "$baseline" \
-        --only-explicit-features ${features:+--features "$features"}
+        --only-explicit-features ${features:+--features "$features"} \
+        ${new_features:+--current-features "$new_features"}
 done

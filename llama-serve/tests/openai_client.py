@@ -142,7 +142,8 @@ def embeddings(base):
     raw = b.data[0].embedding
     if isinstance(raw, str):
         raw = list(struct.unpack(f"<{len(base64.b64decode(raw)) // 4}f", base64.b64decode(raw)))
-    check(all(abs(x - y) < 1e-6 for x, y in zip(raw, e.data[0].embedding)), "base64 embeddings equal the float ones")
+    check(len(raw) == len(e.data[0].embedding) and all(abs(x - y) < 1e-6 for x, y in zip(raw, e.data[0].embedding)),
+          "base64 embeddings equal the float ones")
 
 
 def wrong_key(base):
@@ -215,7 +216,7 @@ def responses_json_schema(base):
     j = c.responses.create(model=model(c), input="A city in JSON:", text={"format": {"type": "json_schema", "name": "city", "schema": schema}},
                            max_output_tokens=60, temperature=0)
     jsonschema.validate(json.loads(j.output_text), schema)
-    check(True, f"text.format json_schema validates: {j.output_text!r}")
+    check(j.text.format.type == "json_schema", f"text.format json_schema validates and is echoed: {j.output_text!r}")
 
 
 def responses_reasoning(base):

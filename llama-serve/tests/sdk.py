@@ -62,16 +62,28 @@ def wait_ready(base, server):
     raise Failed("the server never became ready")
 
 
+def listening(server):
+    """The base URL llama-serve prints first (it was started with
+    `--port 0`: the kernel picked a free port, so no other process can have
+    taken it in between)."""
+    line = server.stdout.readline().strip()
+    if not line.startswith("listening on http://127.0.0.1:"):
+        raise Failed(f"the server's first line is {line!r}")
+    return line.removeprefix("listening on ")
+
+
 def run_checks(checks, command):
     """Runs each check against a server started by `command(needs, port)`
-    (an argv), one server per kind of need; returns {name: None or the
-    failure}. Always stops the servers."""
+    (an argv; `port` is None for llama-serve, which takes `--port 0` and
+    says where it listens), one server per kind of need; returns {name:
+    None or the failure}. Always stops the servers."""
     results = {}
     for needs in dict.fromkeys(c.needs for c in checks):
-        port = free_port()
-        server = subprocess.Popen(command(needs, port), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        base = f"http://127.0.0.1:{port}"
+        port = None if getattr(command, "says_port", False) else free_port()
+        server = subprocess.Popen(command(needs, port), stdout=subprocess.PIPE if port is None else subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL, text=True)
         try:
+            base = listening(server) if port is None else f"http://127.0.0.1:{port}"
             wait_ready(base, server)
             for c in (c for c in checks if c.needs == needs):
                 print(f"{c.name}", flush=True)
@@ -93,10 +105,17 @@ def run_checks(checks, command):
     return results
 
 
+def says_port(command):
+    """Marks a server command that takes `--port 0` and prints where it
+    listens (llama-serve)."""
+    command.says_port = True
+    return command
+
+
 def llama_serve(binary, args):
     """How llama-serve is started for each kind of check."""
     extra = {"base": [], "embeddings": ["--embeddings"], "thinking": ["--chat-template-file", THINKING_TEMPLATE]}
-    return lambda needs, port: [binary, "--port", str(port), "--api-key", KEY, *args, *extra[needs]]
+    return says_port(lambda needs, port: [binary, "--port", "0", "--api-key", KEY, *args, *extra[needs]])
 
 
 def main(name, checks, argv):

@@ -17,7 +17,7 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::prompt::{chat_prompt, completion_prompts};
-use super::{choices, max_tokens, off_runtime, open};
+use super::{choices, max_tokens, off_runtime, open, ready};
 use crate::engine_io::{self, Choice, Delta};
 use crate::openai::{
     ApiError, AssistantMessage, ChatChoice, ChatChunk, ChatChunkChoice, ChatCompletion, ChatDelta, ChatLogprobs,
@@ -30,7 +30,8 @@ pub async fn completions(
     State(state): State<Arc<AppState>>,
     request: axum::extract::Request,
 ) -> Result<Response, ApiError> {
-    let (req, ready): (CompletionRequest, _) = open(&state, "completions", request).await?;
+    let req: CompletionRequest = open(&state, "completions", request).await?;
+    let ready = ready(&state)?;
     let n = choices(req.sampling.n)?;
     let max_tokens = max_tokens(&state, req.max_tokens, 16)?;
     let answer = Answer::asked_by(&req.sampling, n);
@@ -62,7 +63,8 @@ pub async fn completions(
 }
 
 pub async fn chat(State(state): State<Arc<AppState>>, request: axum::extract::Request) -> Result<Response, ApiError> {
-    let (req, ready): (ChatRequest, _) = open(&state, "chat", request).await?;
+    let req: ChatRequest = open(&state, "chat", request).await?;
+    let ready = ready(&state)?;
     let n = choices(req.sampling.n)?;
     let top = match (req.logprobs, req.top_logprobs) {
         (true, top) => Some(top.unwrap_or(0)),

@@ -7,7 +7,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 
-use super::open;
+use super::{open, ready};
 use crate::engine_io;
 use crate::openai::{
     ApiError, EmbeddingData, EmbeddingInput, EmbeddingList, EmbeddingRequest, EmbeddingUsage, EmbeddingVector,
@@ -22,7 +22,8 @@ pub async fn embeddings(
     State(state): State<Arc<AppState>>,
     request: axum::extract::Request,
 ) -> Result<Response, ApiError> {
-    let (req, ready): (EmbeddingRequest, _) = open(&state, "embeddings", request).await?;
+    let req: EmbeddingRequest = open(&state, "embeddings", request).await?;
+    let ready = ready(&state)?;
     let Some(worker) = &ready.embeddings else {
         return Err(ApiError::new(StatusCode::NOT_FOUND, "embeddings are off: start the server with --embeddings")
             .code("not_found"));

@@ -14,7 +14,7 @@ use llamacpp::chat::{ChatEvent, ChatParser};
 use serde_json::{Value, json};
 
 use super::completion::{count_chat_prompt, submit_chat};
-use super::open;
+use super::{open, ready};
 use crate::anthropic::{AnthropicError, MessageResponse, MessageUsage, MessagesRequest, OutBlock, stop_reason};
 use crate::engine_io::{self, Delta};
 use crate::openai::ApiError;
@@ -33,9 +33,10 @@ pub async fn messages(
     State(state): State<Arc<AppState>>,
     request: axum::extract::Request,
 ) -> Result<Response, AnthropicError> {
-    let (req, _): (MessagesRequest, _) = open(&state, "messages", request).await?;
+    let req: MessagesRequest = open(&state, "messages", request).await?;
     let max_tokens = required_max_tokens(req.max_tokens)?;
     let chat = req.to_chat(Some(max_tokens))?;
+    ready(&state)?;
     let submitted = submit_chat(&state, chat, 1, None).await?;
     let id = state.id("msg");
     if req.stream {
@@ -74,8 +75,9 @@ pub async fn count_tokens(
     State(state): State<Arc<AppState>>,
     request: axum::extract::Request,
 ) -> Result<Response, AnthropicError> {
-    let (req, _): (MessagesRequest, _) = open(&state, "count_tokens", request).await?;
+    let req: MessagesRequest = open(&state, "count_tokens", request).await?;
     let chat = req.to_chat(None)?;
+    ready(&state)?;
     let n = count_chat_prompt(&state, chat).await?;
     Ok(axum::Json(json!({"input_tokens": n})).into_response())
 }

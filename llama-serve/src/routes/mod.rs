@@ -84,18 +84,17 @@ async fn models(State(state): State<Arc<AppState>>) -> Response {
     axum::Json(ModelList { object: "list", data: vec![card] }).into_response()
 }
 
-/// What every model endpoint does first: counts the request, reads its
+/// What every model endpoint does first: counts the request and reads its
 /// JSON body within the size and time limits (`--body-limit`,
-/// `--body-timeout`), and checks that the model is ready (503 while it
-/// loads).
-async fn open<'s, T: serde::de::DeserializeOwned>(
-    state: &'s AppState,
+/// `--body-timeout`). The handler then checks what its API forbids (a
+/// 400) and that the model is [`ready`] (a 503 while it loads).
+async fn open<T: serde::de::DeserializeOwned>(
+    state: &AppState,
     endpoint: &'static str,
     request: axum::extract::Request,
-) -> Result<(T, &'s Ready), ApiError> {
+) -> Result<T, ApiError> {
     count(endpoint);
-    let body = body::read_json(request, state.config.body_limit, state.config.body_timeout).await?;
-    Ok((body, ready(state)?))
+    body::read_json(request, state.config.body_limit, state.config.body_timeout).await
 }
 
 fn count(endpoint: &'static str) {

@@ -14,7 +14,7 @@ use llamacpp::chat::{ChatEvent, ChatParser};
 use serde_json::{Value, json};
 
 use super::completion::{count_chat_prompt, submit_chat};
-use super::open;
+use super::{open, ready};
 use crate::engine_io::{self, Delta};
 use crate::openai::{ApiError, ResponsesRequest, Usage};
 use crate::state::{AppState, now};
@@ -30,6 +30,9 @@ struct Echo {
     parallel_tool_calls: bool,
     instructions: Option<String>,
     max_output_tokens: Option<i64>,
+    /// The request's `text.format` (`{"type": "text"}` unless it asked
+    /// for JSON).
+    text_format: Value,
 }
 
 impl Echo {
@@ -46,7 +49,7 @@ impl Echo {
             "incomplete_details": incomplete, "error": null, "model": self.model, "output": output,
             "tools": self.tools, "tool_choice": self.tool_choice, "parallel_tool_calls": self.parallel_tool_calls,
             "instructions": self.instructions, "max_output_tokens": self.max_output_tokens, "metadata": {},
-            "text": {"format": {"type": "text"}},
+            "text": {"format": self.text_format},
             "usage": usage.map(|u| json!({
                 "input_tokens": u.prompt_tokens,
                 "input_tokens_details": {"cached_tokens": u.prompt_tokens_details.cached_tokens},
@@ -62,8 +65,9 @@ pub async fn responses(
     State(state): State<Arc<AppState>>,
     request: axum::extract::Request,
 ) -> Result<Response, ApiError> {
-    let (req, _): (ResponsesRequest, _) = open(&state, "responses", request).await?;
+    let req: ResponsesRequest = open(&state, "responses", request).await?;
     let chat = req.to_chat()?;
+    ready(&state)?;
     let echo = Echo {
         id: state.id("resp"),
         model: state.config.model_name.clone(),
@@ -73,6 +77,7 @@ pub async fn responses(
         parallel_tool_calls: req.parallel_tool_calls.unwrap_or(true),
         instructions: req.instructions.clone(),
         max_output_tokens: req.max_output_tokens,
+        text_format: req.text.as_ref().and_then(|t| t.format.clone()).unwrap_or_else(|| json!({"type": "text"})),
     };
     let submitted = submit_chat(&state, chat, 1, None).await?;
     if req.stream {
@@ -99,8 +104,9 @@ pub async fn input_tokens(
     State(state): State<Arc<AppState>>,
     request: axum::extract::Request,
 ) -> Result<Response, ApiError> {
-    let (req, _): (ResponsesRequest, _) = open(&state, "input_tokens", request).await?;
+    let req: ResponsesRequest = open(&state, "input_tokens", request).await?;
     let chat = req.to_chat()?;
+    ready(&state)?;
     let n = count_chat_prompt(&state, chat).await?;
     Ok(axum::Json(json!({"object": "response.input_tokens", "input_tokens": n})).into_response())
 }

@@ -116,8 +116,9 @@ impl Drop for CallThread {
 /// they point into) moved to a thread that uses it only while its owner
 /// waits for that thread: a scoped thread of `crate::stack`, a [`CallThread`]
 /// call, or a guarded RPC call (which, once abandoned, its owner never
-/// touches again). The pointees are used by one thread at a time, as on the
-/// owner's thread.
+/// touches again); or not moved at all, when the same call runs in place
+/// for a local model (`model::Remote`, `context::Calls`). The pointees are
+/// used by one thread at a time, as on the owner's thread.
 #[derive(Clone, Copy)]
 pub(crate) struct SendPtr<T>(pub(crate) T);
 

@@ -65,7 +65,9 @@ impl<'m> Context<'m> {
         // valid enum values; the abort flag lives in `abort`, which the
         // context keeps. llama_init_from_model catches its exceptions. It
         // reads the model's LoRA set (graph size), which the read lock
-        // keeps from changing meanwhile (the caller waits for the call).
+        // keeps from changing meanwhile (the caller waits for the call; a
+        // remote model, whose call may be abandoned, has no adapters:
+        // `load_lora` refuses them).
         let created = calls.run(model.remote(), "creating a context", true, move || unsafe {
             let call = call;
             sys::llama_init_from_model(call.0.0, call.0.1) as usize
