@@ -26,9 +26,10 @@ echo "semver-check: against $(cat .ci/semver-baseline) (baseline $baseline)" >&2
 # One crate at a time, each with the features its docs.rs page shows (the
 # public API of every backend), `bindgen` (a build-time switch) aside;
 # after a second colon, features the baseline does not have yet (0.2.0:
-# llamacpp's `engine` was not a feature, the engine was always built).
+# llamacpp's `engine` and `constraints` were not features; both were
+# always built).
 for spec in "llamacpp-sys:openmp,rpc,cuda,vulkan,metal,blas:" \
-            "llamacpp:openmp,rpc,cuda,vulkan,metal,blas,testing:engine" \
+            "llamacpp:openmp,rpc,cuda,vulkan,metal,blas,testing:engine,constraints" \
             "llama-model-cache::" \
             "llama-serve:openmp,rpc:"; do
     IFS=: read -r crate features new_features <<< "$spec"

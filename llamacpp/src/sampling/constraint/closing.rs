@@ -20,9 +20,7 @@
 
 use llguidance::toktrie::{SimpleVob, TokTrie};
 
-/// The closing stretch: the last quarter of the budget, at least this
-/// many tokens (all of a budget shorter than that).
-pub const MIN_CLOSING_TOKENS: usize = 16;
+use super::MIN_CLOSING_TOKENS;
 
 /// The token sets of the rule, over one vocabulary.
 pub(crate) struct ClosingSets {

@@ -9,7 +9,7 @@ use llguidance::toktrie::SimpleVob;
 use serde_json::Value;
 
 use super::closing::Closing;
-use super::{Constraint, TokenTable, prepared_schema};
+use super::{Constraint, MAX_DEPTH, TokenTable, prepared_schema};
 use crate::error::{Error, Result};
 use crate::stack::with_stack;
 use crate::types::Token;
@@ -49,10 +49,6 @@ impl std::fmt::Debug for Guide {
 fn grammar_error(e: impl std::fmt::Display) -> Error {
     Error::Grammar(e.to_string())
 }
-
-/// The deepest [`JsonOptions::max_depth`](super::JsonOptions::max_depth)
-/// accepted: llguidance's schema compiler recurses through every level.
-pub const MAX_DEPTH: usize = 64;
 
 /// Stack bytes llguidance's schema compiler uses per nesting level of a
 /// schema (each recursive level unrolled counts as one more): a 16-level

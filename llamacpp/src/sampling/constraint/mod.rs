@@ -46,20 +46,44 @@
 //! [`json_schema::schema_to_grammar`](crate::json_schema::schema_to_grammar)
 //! still converts a schema to GBNF for it.
 
+#[cfg(feature = "constraints")]
 mod closing;
 mod depth;
+#[cfg(feature = "constraints")]
 mod guide;
+#[cfg(feature = "constraints")]
 mod tokens;
+#[cfg(not(feature = "constraints"))]
+mod unsupported;
 
 use std::collections::HashSet;
 
 use serde_json::Value;
 
-pub use closing::MIN_CLOSING_TOKENS;
+#[cfg(feature = "constraints")]
 pub(crate) use guide::Guide;
-pub use guide::MAX_DEPTH;
+#[cfg(feature = "constraints")]
 pub(crate) use tokens::TokenTable;
-pub use tokens::{STEP_LEXER_FUEL, STEP_MAX_ITEMS};
+#[cfg(not(feature = "constraints"))]
+pub(crate) use unsupported::{Guide, TokenTable};
+
+/// The closing stretch: the last quarter of the budget, at least this
+/// many tokens (all of a budget shorter than that).
+pub const MIN_CLOSING_TOKENS: usize = 16;
+
+/// The deepest [`JsonOptions::max_depth`] accepted: llguidance's schema
+/// compiler recurses through every level.
+pub const MAX_DEPTH: usize = 64;
+
+/// The budget of one token mask (llguidance's `ParserLimits`): Earley
+/// items and lexer fuel spent computing it. A mask that would cost more
+/// fails, and the request with it, instead of holding a thread.
+/// llguidance's documented speeds (20,000 items and 14,000 fuel per
+/// millisecond) put this budget at about 2.5 ms + 3.5 ms; measured in
+/// docs/json-output.md.
+pub const STEP_MAX_ITEMS: usize = 50_000;
+/// See [`STEP_MAX_ITEMS`].
+pub const STEP_LEXER_FUEL: u64 = 50_000;
 
 /// What a constrained sampler's output must be.
 #[derive(Clone, Debug, PartialEq)]

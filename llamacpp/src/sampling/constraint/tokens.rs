@@ -8,19 +8,10 @@ use llguidance::api::ParserLimits;
 use llguidance::toktrie::{ApproximateTokEnv, TokEnv, TokRxInfo, TokTrie};
 
 use super::closing::ClosingSets;
+use super::{STEP_LEXER_FUEL, STEP_MAX_ITEMS};
 use crate::error::{Error, Result};
 use crate::types::Token;
 use crate::vocab::{Special, Vocab};
-
-/// The budget of one token mask (llguidance's [`ParserLimits`]): Earley
-/// items and lexer fuel spent computing it. A mask that would cost more
-/// fails, and the request with it, instead of holding a thread.
-/// llguidance's documented speeds (20,000 items and 14,000 fuel per
-/// millisecond) put this budget at about 2.5 ms + 3.5 ms; measured in
-/// docs/json-output.md.
-pub const STEP_MAX_ITEMS: usize = 50_000;
-/// See [`STEP_MAX_ITEMS`].
-pub const STEP_LEXER_FUEL: u64 = 50_000;
 
 /// llguidance's grammar compiler for one model's vocabulary: its token
 /// trie and the per-vocabulary tables its masks are computed with.

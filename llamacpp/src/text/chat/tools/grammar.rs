@@ -139,7 +139,8 @@ pub(crate) fn forcing_constraint(format: ToolFormat, tools: &Tools, model: &Mode
     Ok(Constraint::lark(format!("start: {open} call {more} {close}\ncall: {}\n{rules}", calls.join(" | "))))
 }
 
-#[cfg(all(test, feature = "testing"))]
+// They sample under the constraints (llguidance).
+#[cfg(all(test, feature = "testing", feature = "constraints"))]
 mod tests {
     use serde_json::json;
 
