@@ -1,11 +1,13 @@
 //! Memory plans: what a model and its context would allocate, per
-//! configuration, computed by llama.cpp itself without allocating
-//! (`no_alloc`), beside the analytic KV formula; and, with `--budget`, the
-//! largest context that fits.
+//! configuration and per device, computed by llama.cpp itself without
+//! allocating (`no_alloc`), beside the analytic KV formula; with
+//! `--budget`, the largest context that fits; with `--device-budget`, the
+//! most layers that fit on the devices.
 //!
 //! ```text
 //! cargo run --release --example plan -- [--model M] [--ctx 2048,8192,32768] [--seqs 1,4,16] \
-//!     [--kv f16,q8_0] [--budget 2GiB] [--fa auto|on|off] [--unified] [--no-swa-full] [--live] [--json]
+//!     [--kv f16,q8_0] [--budget 2GiB] [--fa auto|on|off] [--unified] [--no-swa-full] [--live] [--json] \
+//!     [--gpu-layers N] [--rpc HOST:PORT,...] [--device-budget CUDA0=6GiB,...]
 //! ```
 //!
 //! `--live` also creates each context for real and prints what it
@@ -62,6 +64,23 @@ struct Args {
     /// Print a JSON array, one object per configuration.
     #[arg(long)]
     json: bool,
+    /// Layers to offload to the GPUs or RPC workers (-1: all).
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
+    gpu_layers: i32,
+    /// RPC workers (host:port, comma-separated) whose devices take layers.
+    #[arg(long, value_delimiter = ',')]
+    rpc: Vec<String>,
+    /// Device budgets, NAME=SIZE (comma-separated; names as the plan
+    /// prints them, Host for RAM): prints the most layers that fit, for
+    /// the first configuration.
+    #[arg(long, value_delimiter = ',', value_parser = parse_device_budget)]
+    device_budget: Vec<(String, u64)>,
+}
+
+fn parse_device_budget(s: &str) -> Result<(String, u64), String> {
+    let (name, size) = s.split_once('=').ok_or_else(|| format!("`{s}` is not NAME=SIZE"))?;
+    let bytes = llamacpp::plan::parse_size(size).map_err(|e| e.to_string())?;
+    Ok((name.trim().to_owned(), bytes))
 }
 
 fn parse_kv(s: &str) -> Result<KvType, String> {
@@ -157,10 +176,11 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     };
     let before = rss_kib();
     let started = Instant::now();
-    let planner = Planner::new(&path, &ModelParams::default())?;
+    let model_params = ModelParams::default().n_gpu_layers(args.gpu_layers).rpc_servers(args.rpc.clone());
+    let planner = Planner::new(&path, &model_params)?;
     let load_ms = started.elapsed().as_secs_f64() * 1e3;
     let shape = ModelShape::read(&path);
-    let live_model = if args.live { Some(Model::load(&path, &ModelParams::default())?) } else { None };
+    let live_model = if args.live { Some(Model::load(&path, &model_params)?) } else { None };
 
     let base = ContextParams::default()
         .n_batch(args.batch)
@@ -196,8 +216,21 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         None => Vec::new(),
     };
 
+    let layer_fit = (!args.device_budget.is_empty()).then(|| {
+        let budget = args.device_budget.iter().fold(Budget::default(), |b, (name, bytes)| b.device(name, *bytes));
+        let first = base.clone().n_ctx(args.ctx[0]).n_seq_max(args.seqs[0]).kv_type(args.kv[0]);
+        Planner::fit_layers(&path, &model_params, &first, &budget)
+    });
+
     if args.json {
         let mut objects: Vec<serde_json::Value> = rows.iter().map(row_json).collect();
+        if let Some(f) = &layer_fit {
+            objects.push(match f {
+                Ok(f) => serde_json::json!({"fit_layers": true, "n_gpu_layers": f.n_gpu_layers, "capped": f.capped,
+                    "devices": devices_json(&f.plan.memory)}),
+                Err(e) => serde_json::json!({"fit_layers": true, "error": e.to_string()}),
+            });
+        }
         for (n_seq, f) in &fits {
             objects.push(match f {
                 Ok(f) => {
@@ -286,6 +319,17 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         }
         if let Some(Ok(first)) = rows.first().map(|r| &r.memory) {
             println!();
+            println!("per device (first row, {} layers offloaded):", args.gpu_layers);
+            for d in first.devices() {
+                println!(
+                    "  {:<24} weights {:>9.2} MiB  KV {:>9.2} MiB  compute {:>9.2} MiB  total {:>9.2} MiB",
+                    d.device,
+                    mib(d.weights),
+                    mib(d.kv),
+                    mib(d.compute),
+                    mib(d.total())
+                );
+            }
             println!("per buffer (first row):");
             for b in &first.buffers {
                 println!(
@@ -297,6 +341,23 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
                     mib(b.compute)
                 );
             }
+        }
+    }
+
+    if let (Some(f), false) = (&layer_fit, args.json) {
+        println!();
+        match f {
+            Ok(f) => {
+                println!(
+                    "layers that fit the device budgets (first configuration): {}{}",
+                    f.n_gpu_layers,
+                    if f.capped { " (all of them)" } else { "" }
+                );
+                for d in f.plan.memory.devices() {
+                    println!("  {:<24} total {:>9.2} MiB", d.device, mib(d.total()));
+                }
+            }
+            Err(e) => println!("layers that fit the device budgets: {e}"),
         }
     }
 
@@ -330,14 +391,7 @@ fn row_json(r: &Row) -> serde_json::Value {
             o["kv_bytes"] = m.kv().into();
             o["compute_bytes"] = m.compute().into();
             o["total_bytes"] = m.total().into();
-            o["devices"] = m
-                .devices()
-                .iter()
-                .map(|d| {
-                    serde_json::json!({"device": d.device, "buffers": d.buffer, "weights_bytes": d.weights,
-                        "kv_bytes": d.kv, "compute_bytes": d.compute})
-                })
-                .collect();
+            o["devices"] = devices_json(m);
             if let Some(a) = r.analytic_kv {
                 o["analytic_kv_bytes"] = a.into();
             }
@@ -348,4 +402,15 @@ fn row_json(r: &Row) -> serde_json::Value {
         Err(e) => o["error"] = e.to_string().into(),
     }
     o
+}
+
+fn devices_json(memory: &MemoryBreakdown) -> serde_json::Value {
+    memory
+        .devices()
+        .iter()
+        .map(|d| {
+            serde_json::json!({"device": d.device, "buffers": d.buffer, "weights_bytes": d.weights,
+                "kv_bytes": d.kv, "compute_bytes": d.compute})
+        })
+        .collect()
 }

@@ -370,7 +370,8 @@ fn a_simulated_model_is_never_decoded() {
     assert!(matches!(planner.plan(&quantized_v), Err(Error::ContextCreate(_))));
 }
 
-fn example(name: &str) -> PathBuf {
+/// The path of an example `cargo test` built beside this binary.
+pub(crate) fn example(name: &str) -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     let path = exe.parent().unwrap().parent().unwrap().join("examples").join(name);
     assert!(path.exists(), "{} is built by `cargo test`", path.display());

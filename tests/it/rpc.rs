@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use llama_suite::synthetic::{TINY_BOS_ID, TinyModelSpec, tiny_llama_path};
 use llama_suite::teacher;
 use llamacpp::engine::{Engine, EngineConfig, Request};
-use llamacpp::plan::HOST;
+use llamacpp::plan::{Budget, HOST, Planner};
 use llamacpp::rpc;
 use llamacpp::{AddBos, Batch, ContextParams, Error, KvType, LoadMode, Model, ModelParams, Output, Sampler, Token};
 
@@ -260,6 +260,64 @@ fn memory_per_device_is_reported_and_adds_up_to_the_model() {
     );
     drop(model);
     drop(workers);
+}
+
+/// The layer fit on a device budget (an RPC worker stands in for a GPU):
+/// the most layers whose plan keeps the device within its limit, one more
+/// over it; no limit offloads every layer; the model loads with the
+/// chosen count and its live context allocates what the plan said.
+#[test]
+fn the_layer_fit_offloads_what_the_device_budget_holds() {
+    let worker = Worker::start();
+    let path = tiny_llama_path(&TinyModelSpec { n_layer: 8, ..TinyModelSpec::default() }).unwrap();
+    let model = ModelParams::default().rpc_servers([worker.endpoint.clone()]).load_mode(LoadMode::Read);
+    let ctx = ContextParams::default().n_ctx(512).n_threads(2);
+    let plan_of = |layers: i32| Planner::new(&path, &model.clone().n_gpu_layers(layers)).unwrap().plan(&ctx).unwrap();
+    let device = plan_of(99).memory.devices().into_iter().find(|d| d.device.starts_with("RPC")).unwrap().device;
+    let on_device = |layers: i32| {
+        plan_of(layers).memory.devices().into_iter().find(|d| d.device == device).map_or(0, |d| d.total())
+    };
+    assert!(on_device(5) > on_device(4), "a layer more takes more of the device");
+
+    let budget = Budget::default().device(&device, on_device(4));
+    let fit = Planner::fit_layers(&path, &model, &ctx, &budget).unwrap();
+    assert_eq!(fit.n_gpu_layers, 4, "{fit:?}");
+    assert!(!fit.capped);
+    assert_eq!(fit.plan.memory, plan_of(4).memory);
+
+    let all = Planner::fit_layers(&path, &model, &ctx, &Budget::default()).unwrap();
+    assert_eq!((all.n_gpu_layers, all.capped), (9, true), "8 layers and the output layer");
+
+    // A host limit the fit cannot meet (it moves layers to devices only):
+    // an error naming the host.
+    match Planner::fit_layers(&path, &model, &ctx, &budget.clone().device(HOST, 1)) {
+        Err(Error::DoesNotFit { device, .. }) => assert_eq!(device, HOST),
+        other => panic!("{other:?}"),
+    }
+
+    let loaded = Model::load(&path, &model.clone().n_gpu_layers(fit.n_gpu_layers)).unwrap();
+    let live = loaded.new_context(&ctx).unwrap().memory_breakdown().unwrap();
+    assert_eq!(live, fit.plan.memory, "the plan is what the live context allocates");
+    drop(loaded);
+
+    // The plan example: the same fit from the command line, and the plan
+    // of the layers it was given per device.
+    let out = Command::new(super::plan::example("plan"))
+        .arg("--model")
+        .arg(&path)
+        .args(["--ctx", "512", "--seqs", "1", "--kv", "f16", "--json", "--gpu-layers", "4", "--rpc", &worker.endpoint])
+        .arg("--device-budget")
+        .arg(format!("{device}={}", on_device(4)))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let rows: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let fitted = rows.iter().find(|r| r["fit_layers"] == true).unwrap();
+    assert_eq!(fitted["n_gpu_layers"], 4, "{fitted}");
+    let planned = rows[0]["devices"].as_array().unwrap().iter().find(|d| d["device"] == device.as_str()).unwrap();
+    let total =
+        ["weights_bytes", "kv_bytes", "compute_bytes"].iter().map(|k| planned[*k].as_u64().unwrap()).sum::<u64>();
+    assert_eq!(total, on_device(4), "{planned}");
 }
 
 #[test]

@@ -1,8 +1,11 @@
 //! Fitting a context to a memory budget with llama.cpp's own plans.
 
+use std::path::Path;
+
 use super::{HOST, MemoryBreakdown, MemoryPlan, Planner};
 use crate::context::{ContextParams, KvType};
 use crate::error::{Error, Result};
+use crate::model::ModelParams;
 
 /// A memory budget: bytes per device ([`HOST`] for RAM) and/or in total.
 /// Devices without a budget are not limited.
@@ -200,6 +203,79 @@ impl Planner {
             }
         }
         last
+    }
+}
+
+/// The layer count that fits ([`Planner::fit_layers`]).
+#[derive(Clone, Debug)]
+pub struct LayerFit {
+    /// Layers to offload ([`ModelParams::n_gpu_layers`]): the repeating
+    /// layers in order, then the output layer (`n_layer + 1`: all).
+    pub n_gpu_layers: i32,
+    /// The plan with that many (within the budget).
+    pub plan: MemoryPlan,
+    /// Every layer fits: nothing is left on the host to offload.
+    pub capped: bool,
+}
+
+impl Planner {
+    /// The most layers of the model at `path` that go to its devices (the
+    /// GPUs and RPC workers `model` names, or all that llama.cpp finds)
+    /// with a context of `ctx` while the plan stays within `budget` on
+    /// every budgeted device. Moving a layer to a device moves its
+    /// weights, KV cells and share of the compute there, so the devices'
+    /// memory only grows with the count: a search of at most
+    /// `log2(n_layer + 2) + 2` plans, each a metadata-only load. The
+    /// host's limit and the total in `budget` are checked at the answer.
+    ///
+    /// # Errors
+    /// [`Error::DoesNotFit`] when no layer count keeps every device
+    /// within its limit (naming it), or the answer's plan exceeds the
+    /// host's limit or the total; the errors of [`Planner::new`] and
+    /// [`Planner::plan`].
+    pub fn fit_layers(
+        path: impl AsRef<Path>,
+        model: &ModelParams,
+        ctx: &ContextParams,
+        budget: &Budget,
+    ) -> Result<LayerFit> {
+        let path = path.as_ref();
+        let plan_with =
+            |layers: i32| -> Result<MemoryPlan> { Planner::new(path, &model.clone().n_gpu_layers(layers))?.plan(ctx) };
+        let devices_fit = |plan: &MemoryPlan| match budget.overrun(&plan.memory) {
+            Some((device, ..)) => device == HOST || device == "total",
+            None => true,
+        };
+        let first = Planner::new(path, &model.clone().n_gpu_layers(0))?;
+        let none = first.plan(ctx)?;
+        let top = first.model.n_layer() as i32 + 1;
+        drop(first);
+        if !devices_fit(&none) {
+            let (device, needed, limit) = budget.overrun(&none.memory).expect("an overrun");
+            return Err(does_not_fit(&none, &device, needed, limit));
+        }
+        // Invariant: `lo` layers fit the devices; `hi` layers do not (or
+        // `hi` is `top + 1`).
+        let (mut lo, mut best, mut hi) = (0, none, top + 1);
+        let all = plan_with(top)?;
+        if devices_fit(&all) {
+            (lo, best) = (top, all);
+        } else {
+            hi = top;
+        }
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            let plan = plan_with(mid)?;
+            if devices_fit(&plan) {
+                (lo, best) = (mid, plan);
+            } else {
+                hi = mid;
+            }
+        }
+        if let Some((device, needed, limit)) = budget.overrun(&best.memory) {
+            return Err(does_not_fit(&best, &device, needed, limit));
+        }
+        Ok(LayerFit { n_gpu_layers: lo, plan: best, capped: lo == top })
     }
 }
 

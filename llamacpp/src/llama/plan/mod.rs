@@ -47,7 +47,7 @@ pub mod analytic;
 mod fit;
 mod size;
 
-pub use fit::{Budget, Fit, FitGoal};
+pub use fit::{Budget, Fit, FitGoal, LayerFit};
 pub use size::parse_size;
 
 /// One buffer type's share of the memory.
