@@ -295,6 +295,14 @@ fn the_layer_fit_offloads_what_the_device_budget_holds() {
         other => panic!("{other:?}"),
     }
 
+    // A budget for a device the model does not use is refused, not ignored.
+    match Planner::fit_layers(&path, &model, &ctx, &Budget::default().device("CUDA7", 1 << 30)) {
+        Err(Error::InvalidArgument(message)) => {
+            assert!(message.contains("CUDA7") && message.contains(&device), "{message}")
+        }
+        other => panic!("{other:?}"),
+    }
+
     let loaded = Model::load(&path, &model.clone().n_gpu_layers(fit.n_gpu_layers)).unwrap();
     let live = loaded.new_context(&ctx).unwrap().memory_breakdown().unwrap();
     assert_eq!(live, fit.plan.memory, "the plan is what the live context allocates");

@@ -231,7 +231,9 @@ impl Planner {
     /// # Errors
     /// [`Error::DoesNotFit`] when no layer count keeps every device
     /// within its limit (naming it), or the answer's plan exceeds the
-    /// host's limit or the total; the errors of [`Planner::new`] and
+    /// host's limit or the total; [`Error::InvalidArgument`] for a limit on
+    /// a device the model does not use (a misspelt name would otherwise
+    /// limit nothing); the errors of [`Planner::new`] and
     /// [`Planner::plan`].
     pub fn fit_layers(
         path: impl AsRef<Path>,
@@ -254,10 +256,21 @@ impl Planner {
             let (device, needed, limit) = budget.overrun(&none.memory).expect("an overrun");
             return Err(does_not_fit(&none, &device, needed, limit));
         }
+        let all = plan_with(top)?;
+        // A limit on a device the model does not use would limit nothing.
+        let known = all.memory.devices();
+        if let Some((name, _)) =
+            budget.devices.iter().find(|(name, _)| name != HOST && !known.iter().any(|d| d.device == *name))
+        {
+            let names: Vec<&str> = known.iter().map(|d| d.device.as_str()).collect();
+            return Err(Error::InvalidArgument(format!(
+                "the budget names the device {name:?}, which this model does not use (its devices: {})",
+                names.join(", ")
+            )));
+        }
         // Invariant: `lo` layers fit the devices; `hi` layers do not (or
         // `hi` is `top + 1`).
         let (mut lo, mut best, mut hi) = (0, none, top + 1);
-        let all = plan_with(top)?;
         if devices_fit(&all) {
             (lo, best) = (top, all);
         } else {
