@@ -314,15 +314,17 @@ fn the_layer_fit_offloads_what_the_device_budget_holds() {
         .arg("--model")
         .arg(&path)
         .args(["--ctx", "512", "--seqs", "1", "--kv", "f16", "--json", "--gpu-layers", "4", "--rpc", &worker.endpoint])
+        // Its one worker is its process's first RPC device (this process
+        // has numbered every worker its tests started).
         .arg("--device-budget")
-        .arg(format!("{device}={}", on_device(4)))
+        .arg(format!("RPC0={}", on_device(4)))
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let rows: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
     let fitted = rows.iter().find(|r| r["fit_layers"] == true).unwrap();
     assert_eq!(fitted["n_gpu_layers"], 4, "{fitted}");
-    let planned = rows[0]["devices"].as_array().unwrap().iter().find(|d| d["device"] == device.as_str()).unwrap();
+    let planned = rows[0]["devices"].as_array().unwrap().iter().find(|d| d["device"] == "RPC0").unwrap();
     let total =
         ["weights_bytes", "kv_bytes", "compute_bytes"].iter().map(|k| planned[*k].as_u64().unwrap()).sum::<u64>();
     assert_eq!(total, on_device(4), "{planned}");
