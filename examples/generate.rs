@@ -194,6 +194,19 @@ fn run(args: &Args) -> Result<(), BoxError> {
         params = params.n_threads(t).n_threads_batch(t);
     }
     let mut ctx = model.new_context(&params)?;
+    if args.gpu_layers != 0 {
+        // Where the layers went: asked, and the weights each device holds.
+        let layers = model.n_layer() + 1;
+        let asked = usize::try_from(args.gpu_layers).map_or(layers, |n| n.min(layers));
+        let placed: Vec<String> = ctx
+            .memory_breakdown()?
+            .devices()
+            .iter()
+            .filter(|d| d.weights > 0)
+            .map(|d| format!("{} {:.1} MiB", d.device, d.weights as f64 / (1024.0 * 1024.0)))
+            .collect();
+        eprintln!("layers: {asked} of {layers} offloaded (with the output layer); weights on {}", placed.join(", "));
+    }
     let mut sampler = build_sampler(args, &model, constrain.as_ref())?;
 
     let abort = ctx.abort_handle();

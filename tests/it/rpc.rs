@@ -328,6 +328,18 @@ fn the_layer_fit_offloads_what_the_device_budget_holds() {
     let total =
         ["weights_bytes", "kv_bytes", "compute_bytes"].iter().map(|k| planned[*k].as_u64().unwrap()).sum::<u64>();
     assert_eq!(total, on_device(4), "{planned}");
+
+    // The generate example says where the layers went.
+    let out = Command::new(super::plan::example("generate"))
+        .arg("--model")
+        .arg(&path)
+        .args(["--prompt", "a b", "-n", "2", "--greedy", "--gpu-layers", "4", "--rpc", &worker.endpoint])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let said = stderr.lines().find(|l| l.starts_with("layers: ")).unwrap_or_else(|| panic!("{stderr}"));
+    assert!(said.starts_with("layers: 4 of 9 offloaded") && said.contains("RPC0 ") && said.contains("Host "), "{said}");
 }
 
 #[test]
