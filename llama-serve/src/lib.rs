@@ -34,6 +34,7 @@ use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 use llamacpp::engine::{Engine, EngineConfig, Speculation};
+use llamacpp::plan::Budget;
 use llamacpp::{KvType, Model, ModelParams, Pooling};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
@@ -78,6 +79,11 @@ pub struct Args {
     /// (e.g. 2GiB, 900MiB).
     #[arg(long, value_parser = llamacpp::plan::parse_size)]
     memory_budget: Option<u64>,
+    /// Size the KV pool to limits per device instead: NAME=SIZE,
+    /// comma-separated (devices as llama.cpp names them, e.g.
+    /// CUDA0=20GiB,Host=8GiB; Host is RAM).
+    #[arg(long, value_delimiter = ',', value_parser = parse_device_budget, conflicts_with = "memory_budget")]
+    device_budget: Vec<(String, u64)>,
     /// Tokens per decode step (llama.cpp's n_batch), shared by decoding
     /// streams and prompt chunks.
     #[arg(long, default_value_t = 512)]
@@ -401,6 +407,13 @@ fn model_params(args: &Args) -> ModelParams {
     ModelParams::default().n_gpu_layers(args.gpu_layers).rpc_servers(args.rpc.clone())
 }
 
+/// `NAME=SIZE` of `--device-budget`.
+fn parse_device_budget(s: &str) -> Result<(String, u64), String> {
+    let (name, size) = s.split_once('=').ok_or_else(|| format!("`{s}` is not NAME=SIZE"))?;
+    let bytes = llamacpp::plan::parse_size(size).map_err(|e| e.to_string())?;
+    Ok((name.trim().to_owned(), bytes))
+}
+
 fn speculation(args: &Args) -> Speculation {
     Speculation::ngram().draft_max(args.draft_max as usize)
 }
@@ -426,6 +439,10 @@ fn engine_config(args: &Args) -> EngineConfig {
     config = config.grammar_wait(Duration::from_millis(args.grammar_wait_ms));
     if let Some(bytes) = args.memory_budget {
         config = config.memory_budget(bytes);
+    }
+    if !args.device_budget.is_empty() {
+        let budget = args.device_budget.iter().fold(Budget::default(), |b, (name, bytes)| b.device(name, *bytes));
+        config = config.device_budget(budget);
     }
     if args.spec {
         config = config.speculation(speculation(args));
@@ -502,6 +519,20 @@ mod tests {
         assert!(!printed.contains("sesame-1234"), "{printed}");
         assert!(printed.contains("<redacted>"), "{printed}");
         assert_eq!(state.config.api_key, Some(ApiKey("sesame-1234".into())));
+    }
+
+    #[test]
+    fn device_budgets_are_name_size_pairs() {
+        let args = Args::parse_from(["llama-serve", "--model", "m.gguf", "--device-budget", "CUDA0=2GiB,Host=1.5GB"]);
+        assert_eq!(args.device_budget, [("CUDA0".to_owned(), 2 << 30), ("Host".to_owned(), 1_500_000_000)]);
+        let config = format!("{:?}", engine_config(&args));
+        assert!(config.contains(r#"("CUDA0", 2147483648)"#) && config.contains(r#"("Host", 1500000000)"#), "{config}");
+        for bad in [["--device-budget", "CUDA0"], ["--device-budget", "CUDA0=lots"]] {
+            let err = Args::try_parse_from(["llama-serve", "--model", "m.gguf", bad[0], bad[1]]).unwrap_err();
+            assert_eq!(err.kind(), clap::error::ErrorKind::ValueValidation, "{err}");
+        }
+        let both = ["llama-serve", "--model", "m.gguf", "--device-budget", "Host=1GiB", "--memory-budget", "1GiB"];
+        assert_eq!(Args::try_parse_from(both).unwrap_err().kind(), clap::error::ErrorKind::ArgumentConflict);
     }
 
     #[test]

@@ -342,6 +342,33 @@ fn the_layer_fit_offloads_what_the_device_budget_holds() {
     assert!(said.starts_with("layers: 4 of 9 offloaded") && said.contains("RPC0 ") && said.contains("Host "), "{said}");
 }
 
+/// The engine's pool from a budget per device: half the layers on a
+/// worker, a limit on the worker alone sizes the pool by what lands there
+/// (the host, unlimited, holds more than the limit).
+#[test]
+fn an_engine_sizes_its_pool_from_a_device_budget() {
+    let worker = Worker::start();
+    let path = tiny_llama_path(&TinyModelSpec { n_layer: 8, ..TinyModelSpec::default() }).unwrap();
+    let params =
+        ModelParams::default().rpc_servers([worker.endpoint.clone()]).n_gpu_layers(4).load_mode(LoadMode::Read);
+    let model = Arc::new(Model::load(&path, &params).unwrap());
+    let config = EngineConfig::default().n_threads(1).max_running(2).max_cached_prefixes(2);
+    let planner = Planner::for_model(&model).unwrap();
+    let pool = |cells: u32| {
+        let params = ContextParams::default().n_ctx(cells).n_batch(512).n_ubatch(512).n_seq_max(4);
+        planner.plan(&params.kv_unified(true).swa_full(true)).unwrap().memory
+    };
+    let device = pool(4096).devices().into_iter().find(|d| d.device.starts_with("RPC")).unwrap();
+    let budget = Budget::default().device(&device.device, device.total() + 100);
+    let engine = Engine::start(model.clone(), config.clone().device_budget(budget)).unwrap();
+    assert_eq!(engine.pool_cells(), 4096);
+    engine.shutdown();
+    // The same number of bytes over every device together: the host's
+    // share counts too, and the pool is smaller.
+    let engine = Engine::start(model, config.memory_budget(device.total() + 100)).unwrap();
+    assert!(engine.pool_cells() < 4096, "a total budget of one device's share: {} cells", engine.pool_cells());
+}
+
 #[test]
 fn unusable_endpoints_are_errors_not_aborts() {
     let path = tiny_llama_path(&TinyModelSpec::default()).unwrap();

@@ -28,7 +28,7 @@ pub struct EngineConfig {
     pub(crate) kv_type: KvType,
     pub(crate) flash_attention: FlashAttention,
     pub(crate) prefix_block: usize,
-    pub(crate) memory_budget: Option<u64>,
+    pub(crate) memory_budget: Option<crate::plan::Budget>,
     pub(crate) grammar_wait: std::time::Duration,
     pub(crate) speculation: Option<Speculation>,
     pub(crate) draft_by_cost: bool,
@@ -122,12 +122,18 @@ impl EngineConfig {
         kv_type: KvType => kv_type;
         /// Flash attention (a quantized V cache needs it).
         flash_attention: FlashAttention => flash_attention;
-        /// Bytes of memory the engine may take (weights, KV pool and
-        /// compute buffers together, as llama.cpp allocates them): the pool
-        /// then gets the most cells that fit, found by
+        /// Bytes of memory the engine may take over every device together
+        /// (weights, KV pool and compute buffers, as llama.cpp allocates
+        /// them): the pool then gets the most cells that fit, found by
         /// [`Planner::fit`](crate::plan::Planner::fit) on the model's file
         /// at [`Engine::start`](super::Engine::start), instead of `n_ctx`.
-        memory_budget: u64 => memory_budget (Some);
+        /// With layers on GPUs, [`EngineConfig::device_budget`] limits
+        /// each device instead.
+        memory_budget: u64 => memory_budget (|bytes| Some(crate::plan::Budget::total(bytes)));
+        /// [`EngineConfig::memory_budget`] per device: a limit on each
+        /// device the budget names (a GPU's memory, [`HOST`](crate::plan::HOST)
+        /// for RAM) and, optionally, in total.
+        device_budget: crate::plan::Budget => memory_budget (Some);
         /// Requests with a grammar are sampled off the step, on a helper
         /// thread, from a copy of their logits (a grammar's mask can cost
         /// far more than a decode); a step waits at most this long after

@@ -453,16 +453,12 @@ pub struct Engine {
     handle: Arc<Handle>,
 }
 
-/// The most cells whose context fits `bytes` with `config`'s other
+/// The most cells whose context fits `budget` with `config`'s other
 /// settings.
-fn pool_for_budget(model: &Model, config: &EngineConfig, bytes: u64) -> Result<u32> {
+fn pool_for_budget(model: &Model, config: &EngineConfig, budget: &crate::plan::Budget) -> Result<u32> {
     let planner = crate::plan::Planner::for_model(model)?;
     let n_seq = config.max_running + config.max_cached_prefixes;
-    let fit = planner.fit(
-        &config.context_params(),
-        &crate::plan::Budget::total(bytes),
-        crate::plan::FitGoal::MaxContext { n_seq },
-    )?;
+    let fit = planner.fit(&config.context_params(), budget, crate::plan::FitGoal::MaxContext { n_seq })?;
     Ok(fit.plan.n_ctx)
 }
 
@@ -491,11 +487,11 @@ impl Engine {
                     .into(),
             ));
         }
-        if let Some(bytes) = config.memory_budget {
+        if let Some(budget) = config.memory_budget.clone() {
             // The other settings first (the pool size is not known yet),
             // then all of them with the pool the budget gives.
             EngineConfig { n_ctx: u32::MAX, ..config.clone() }.check()?;
-            config.n_ctx = pool_for_budget(&model, &config, bytes)?;
+            config.n_ctx = pool_for_budget(&model, &config, &budget)?;
         }
         config.check()?;
         if config.speculation.is_some() {
