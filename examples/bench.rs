@@ -58,8 +58,10 @@ struct Args {
     #[arg(long)]
     sampling: bool,
     /// Layers to offload to GPUs or RPC workers (llama-bench's -ngl).
-    #[arg(long = "gpu-layers", alias = "ngl", default_value_t = 0)]
-    gpu_layers: i32,
+    /// Default: as many as fit each device's free memory less 1 GiB (none
+    /// in a CPU-only build).
+    #[arg(long = "gpu-layers", alias = "ngl", allow_negative_numbers = true)]
+    gpu_layers: Option<i32>,
     /// RPC workers, `host:port,...` (llama-bench's --rpc; feature `rpc`).
     #[arg(long, value_delimiter = ',')]
     rpc: Vec<String>,
@@ -236,7 +238,7 @@ impl Bench<'_> {
             .into_iter()
             .find(|d| matches!(d.kind, llamacpp::DeviceKind::Gpu | llamacpp::DeviceKind::IntegratedGpu));
         match gpu {
-            Some(d) if self.args.gpu_layers != 0 => d.name,
+            Some(d) if self.model.n_gpu_layers() != 0 => d.name,
             _ => "CPU".to_owned(),
         }
     }
@@ -263,7 +265,10 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         Some(t) => t,
         None => std::env::var("LLAMA_BENCH_THREADS").ok().and_then(|v| v.parse().ok()).unwrap_or(2),
     };
-    let params = ModelParams::default().n_gpu_layers(args.gpu_layers).rpc_servers(args.rpc.clone());
+    let mut params = ModelParams::default().rpc_servers(args.rpc.clone());
+    if let Some(n) = args.gpu_layers {
+        params = params.n_gpu_layers(n);
+    }
     let model = Model::load(&path, &params)?;
     let bench = Bench { model: &model, args, threads };
     println!("| model | size | params | backend | threads | test | t/s |");

@@ -66,9 +66,10 @@ struct Args {
     /// CPU threads (default: all).
     #[arg(long, short = 't')]
     threads: Option<i32>,
-    /// Layers to offload to the GPU (-1: all).
-    #[arg(long = "gpu-layers", alias = "ngl", default_value_t = 0, allow_negative_numbers = true)]
-    gpu_layers: i32,
+    /// Layers to offload to the GPU (-1: all). Default: as many as fit
+    /// (none in a CPU-only build).
+    #[arg(long = "gpu-layers", alias = "ngl", allow_negative_numbers = true)]
+    gpu_layers: Option<i32>,
 }
 
 fn main() -> ExitCode {
@@ -107,7 +108,8 @@ fn run(args: &Args) -> Result<(), BoxError> {
         Some(p) => p.clone(),
         None => llama_suite::model_cache::model_path()?,
     };
-    let model = Model::load(&model_path, &ModelParams::default().n_gpu_layers(args.gpu_layers))?;
+    let params = ModelParams::default();
+    let model = Model::load(&model_path, &args.gpu_layers.map_or(params.clone(), |n| params.n_gpu_layers(n)))?;
 
     let mut params = EmbedParams::default()
         .normalize(args.normalize)

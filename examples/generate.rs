@@ -74,9 +74,11 @@ struct Args {
     /// CPU threads (default: all).
     #[arg(long, short = 't')]
     threads: Option<i32>,
-    /// Layers to offload to the GPU (-1: all).
-    #[arg(long = "gpu-layers", alias = "ngl", default_value_t = 0, allow_negative_numbers = true)]
-    gpu_layers: i32,
+    /// Layers to offload to GPUs or RPC workers (-1: all). Default: as
+    /// many as fit each device's free memory less 1 GiB beside this
+    /// context (none in a CPU-only build).
+    #[arg(long = "gpu-layers", alias = "ngl", allow_negative_numbers = true)]
+    gpu_layers: Option<i32>,
     /// RPC workers (`host:port,...`, feature `rpc`; see the rpc_server
     /// example) whose devices take the offloaded layers (--gpu-layers).
     #[arg(long, value_delimiter = ',')]
@@ -168,10 +170,17 @@ fn run(args: &Args) -> Result<(), BoxError> {
         Some(p) => p.clone(),
         None => llama_suite::model_cache::model_path()?,
     };
-    let params = ModelParams::default()
-        .n_gpu_layers(args.gpu_layers)
+    let mut ctx_params = ContextParams::default().n_ctx(args.ctx);
+    if let Some(t) = args.threads {
+        ctx_params = ctx_params.n_threads(t).n_threads_batch(t);
+    }
+    let mut params = ModelParams::default()
         .rpc_servers(args.rpc.clone())
-        .tensor_split(args.tensor_split.clone());
+        .tensor_split(args.tensor_split.clone())
+        .fit_context(ctx_params.clone());
+    if let Some(n) = args.gpu_layers {
+        params = params.n_gpu_layers(n);
+    }
     let model = Model::load(&model_path, &params)?;
     let vocab = model.vocab();
 
@@ -189,15 +198,11 @@ fn run(args: &Args) -> Result<(), BoxError> {
         vocab.tokenize(&prompt, AddBos::Yes)?
     };
 
-    let mut params = ContextParams::default().n_ctx(args.ctx);
-    if let Some(t) = args.threads {
-        params = params.n_threads(t).n_threads_batch(t);
-    }
-    let mut ctx = model.new_context(&params)?;
-    if args.gpu_layers != 0 {
-        // Where the layers went: asked, and the weights each device holds.
-        let layers = model.n_layer() + 1;
-        let asked = usize::try_from(args.gpu_layers).map_or(layers, |n| n.min(layers));
+    let mut ctx = model.new_context(&ctx_params)?;
+    if model.n_gpu_layers() != 0 {
+        // Where the layers went: asked (or fitted), and the weights each
+        // device holds.
+        let (layers, asked) = (model.n_layer() + 1, model.n_gpu_layers());
         let placed: Vec<String> = ctx
             .memory_breakdown()?
             .devices()

@@ -64,9 +64,12 @@ struct Args {
     /// Print a JSON array, one object per configuration.
     #[arg(long)]
     json: bool,
-    /// Layers to offload to the GPUs or RPC workers (-1: all).
-    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
-    gpu_layers: i32,
+    /// Layers to offload to the GPUs or RPC workers (-1: all). Default:
+    /// as many as fit each device's free memory less 1 GiB beside the
+    /// first configuration, as `Model::load` does (none in a CPU-only
+    /// build).
+    #[arg(long, allow_negative_numbers = true)]
+    gpu_layers: Option<i32>,
     /// RPC workers (host:port, comma-separated) whose devices take layers.
     #[arg(long, value_delimiter = ',')]
     rpc: Vec<String>,
@@ -176,18 +179,24 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     };
     let before = rss_kib();
     let started = Instant::now();
-    let model_params = ModelParams::default().n_gpu_layers(args.gpu_layers).rpc_servers(args.rpc.clone());
-    let planner = Planner::new(&path, &model_params)?;
-    let load_ms = started.elapsed().as_secs_f64() * 1e3;
-    let shape = ModelShape::read(&path);
-    let live_model = if args.live { Some(Model::load(&path, &model_params)?) } else { None };
-
     let base = ContextParams::default()
         .n_batch(args.batch)
         .n_ubatch(args.ubatch)
         .flash_attention(args.fa)
         .kv_unified(args.unified)
         .swa_full(!args.no_swa_full);
+    let first = base.clone().n_ctx(args.ctx[0]).n_seq_max(args.seqs[0]).kv_type(args.kv[0]);
+    let mut model_params = ModelParams::default().rpc_servers(args.rpc.clone()).fit_context(first.clone());
+    if let Some(n) = args.gpu_layers {
+        model_params = model_params.n_gpu_layers(n);
+    }
+    let planner = Planner::new(&path, &model_params)?;
+    let load_ms = started.elapsed().as_secs_f64() * 1e3;
+    let shape = ModelShape::read(&path);
+    // The count the planner chose, not a second fit (the free memory moves).
+    let live_params = model_params.clone().n_gpu_layers(planner.n_gpu_layers() as i32);
+    let live_model = if args.live { Some(Model::load(&path, &live_params)?) } else { None };
+
     let mut rows = Vec::new();
     let mut plan_ms = Vec::new();
     for &n_seq in &args.seqs {
@@ -218,7 +227,6 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
 
     let layer_fit = (!args.device_budget.is_empty()).then(|| {
         let budget = args.device_budget.iter().fold(Budget::default(), |b, (name, bytes)| b.device(name, *bytes));
-        let first = base.clone().n_ctx(args.ctx[0]).n_seq_max(args.seqs[0]).kv_type(args.kv[0]);
         Planner::fit_layers(&path, &model_params, &first, &budget)
     });
 
@@ -319,7 +327,7 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         }
         if let Some(Ok(first)) = rows.first().map(|r| &r.memory) {
             println!();
-            println!("per device (first row, {} layers offloaded):", args.gpu_layers);
+            println!("per device (first row, {} layers offloaded):", planner.n_gpu_layers());
             for d in first.devices() {
                 println!(
                     "  {:<24} weights {:>9.2} MiB  KV {:>9.2} MiB  compute {:>9.2} MiB  total {:>9.2} MiB",

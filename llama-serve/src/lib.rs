@@ -178,9 +178,11 @@ pub struct Args {
     /// The model name in responses and /v1/models (default: the file name).
     #[arg(long)]
     model_name: Option<String>,
-    /// Layers to offload to GPUs or RPC workers (-1: all).
-    #[arg(long = "gpu-layers", alias = "ngl", default_value_t = 0, allow_negative_numbers = true)]
-    gpu_layers: i32,
+    /// Layers to offload to GPUs or RPC workers (-1: all). Default: as
+    /// many as fit each device's free memory less 1 GiB beside the
+    /// engine's context (none in a CPU-only build).
+    #[arg(long = "gpu-layers", alias = "ngl", allow_negative_numbers = true)]
+    gpu_layers: Option<i32>,
     /// RPC workers (`host:port,...`, feature `rpc`; see the rpc_server
     /// example) whose devices take the offloaded layers (--gpu-layers).
     #[arg(long, value_delimiter = ',')]
@@ -403,8 +405,14 @@ fn release_free_memory() {
     }
 }
 
-fn model_params(args: &Args) -> ModelParams {
-    ModelParams::default().n_gpu_layers(args.gpu_layers).rpc_servers(args.rpc.clone())
+/// The model's parameters; the layers offloaded by default leave room
+/// for the engine's context.
+fn model_params(args: &Args, config: &EngineConfig) -> ModelParams {
+    let params = ModelParams::default().rpc_servers(args.rpc.clone()).fit_context(config.context_params());
+    match args.gpu_layers {
+        Some(n) => params.n_gpu_layers(n),
+        None => params,
+    }
 }
 
 /// `NAME=SIZE` of `--device-budget`.
@@ -451,7 +459,8 @@ fn engine_config(args: &Args) -> EngineConfig {
 }
 
 fn load(path: &std::path::Path, args: &Args, delay: Duration) -> Result<Ready, String> {
-    let (params, config) = (model_params(args), engine_config(args));
+    let config = engine_config(args);
+    let params = model_params(args, &config);
     let (embeddings, threads) = (args.embeddings, args.threads.unwrap_or(2));
     std::thread::sleep(delay);
     let model = Arc::new(Model::load(path, &params).map_err(|e| e.to_string())?);

@@ -104,7 +104,10 @@ pub use context::{
 pub use embed::{EmbedParams, Embedder};
 pub use error::{Error, Result, StateError};
 pub use generate::{CompleteOptions, Completed};
-pub use model::{LoadMode, MetadataValue, Model, ModelParams, RopeType, SplitMode, split_path, split_prefix};
+pub use model::{
+    DEFAULT_FIT_MARGIN, GpuLayers, LoadMode, MetadataValue, Model, ModelParams, RopeType, SplitMode, split_path,
+    split_prefix,
+};
 pub use quantize::{FileType, QuantizeParams, quantize};
 pub use sampler::{
     Candidates, CustomSampler, MAX_TOP_LOGPROBS, SamplePath, Sampler, SamplerChain, SamplingParams, TokenData,

@@ -15,7 +15,9 @@ use llama_suite::teacher::rescore;
 use llamacpp::embed::{EmbedParams, Embedder, cosine_similarity};
 use llamacpp::engine::{Engine, EngineConfig, Request};
 use llamacpp::plan::{Budget, FitGoal, HOST, Planner};
-use llamacpp::{AddBos, ContextParams, Device, DeviceKind, Error, LoadMode, Model, ModelParams, Pooling, Token};
+use llamacpp::{
+    AddBos, ContextParams, Device, DeviceKind, Error, GpuLayers, LoadMode, Model, ModelParams, Pooling, Token,
+};
 
 use crate::engine::real::copy_task;
 
@@ -63,7 +65,7 @@ fn one_at_a_time() -> MutexGuard<'static, ()> {
 
 fn cpu_model() -> &'static Model {
     static MODEL: OnceLock<Model> = OnceLock::new();
-    MODEL.get_or_init(|| Model::load(path(), &ModelParams::default()).unwrap())
+    MODEL.get_or_init(|| Model::load(path(), &ModelParams::default().n_gpu_layers(0)).unwrap())
 }
 
 /// Every layer on the GPU.
@@ -172,6 +174,37 @@ fn the_plan_per_device_equals_the_live_context_and_fit_names_the_device() {
         Err(Error::DoesNotFit { device: named, budget, .. }) => assert_eq!((named, budget), (device, 1 << 20)),
         other => panic!("{other:?}"),
     }
+}
+
+/// Offload by default: a `vulkan` build's default parameters put every
+/// layer on the device when they fit (lavapipe's memory is the host's,
+/// gigabytes for this 250 MB model), and a device budget smaller than the
+/// model loads the layers the fit chose, whose weights are then on the
+/// device, and runs.
+#[test]
+fn the_default_offloads_every_layer_that_fits_and_a_budget_fewer() {
+    let _device = one_at_a_time();
+    let device = gpu().name;
+    let ctx = ContextParams::default().n_ctx(512).n_threads(2);
+    let default = ModelParams::default().load_mode(LoadMode::Read).fit_context(ctx.clone());
+    let all = Model::load(path(), &default).unwrap();
+    assert_eq!(all.n_gpu_layers(), all.n_layer() + 1, "every layer and the output layer");
+    drop(all);
+
+    // Half the layers' plan on the device as its budget: the fit loads
+    // that many, which the live context puts there.
+    let plan_of = |layers: i32| Planner::new(path(), &on_gpu(layers)).unwrap().plan(&ctx).unwrap();
+    let on_device = |plan: &llamacpp::plan::MemoryPlan| {
+        plan.memory.devices().into_iter().find(|d| d.device == device).map_or(0, |d| d.total())
+    };
+    let budget = on_device(&plan_of(HALF));
+    let within = default.clone().gpu_layers(GpuLayers::Within(Budget::default().device(&device, budget)));
+    let half = Model::load(path(), &within).unwrap();
+    assert_eq!(half.n_gpu_layers(), HALF as usize);
+    let mut live = half.new_context(&ctx).unwrap();
+    assert_eq!(live.memory_breakdown().unwrap(), plan_of(HALF).memory, "the plan of the fitted count");
+    drop(live);
+    assert_eq!(greedy(&half, &tokens("The capital of France is"), 2).len(), 2);
 }
 
 #[test]

@@ -20,7 +20,9 @@ use llama_suite::teacher;
 use llamacpp::engine::{Engine, EngineConfig, Request};
 use llamacpp::plan::{Budget, HOST, Planner};
 use llamacpp::rpc;
-use llamacpp::{AddBos, Batch, ContextParams, Error, KvType, LoadMode, Model, ModelParams, Output, Sampler, Token};
+use llamacpp::{
+    AddBos, Batch, ContextParams, Error, GpuLayers, KvType, LoadMode, Model, ModelParams, Output, Sampler, Token,
+};
 
 #[cfg(target_os = "linux")]
 unsafe extern "C" {
@@ -340,6 +342,57 @@ fn the_layer_fit_offloads_what_the_device_budget_holds() {
     assert!(out.status.success(), "{stderr}");
     let said = stderr.lines().find(|l| l.starts_with("layers: ")).unwrap_or_else(|| panic!("{stderr}"));
     assert!(said.starts_with("layers: 4 of 9 offloaded") && said.contains("RPC0 ") && said.contains("Host "), "{said}");
+}
+
+/// Offload by default (an RPC worker stands in for a GPU): the default
+/// parameters put every layer on the worker when its free memory less
+/// the 1 GiB margin holds them (gigabytes of this host's RAM for a tiny
+/// model); a margin nothing fits within offloads none and still loads; a
+/// fixed budget loads the count its fit chose; a loaded model's planner
+/// plans that count, not a second fit; without a device nothing moves.
+#[test]
+fn offload_by_default_puts_what_fits_on_the_devices() {
+    let worker = Worker::start();
+    let path = tiny_llama_path(&TinyModelSpec { n_layer: 8, ..TinyModelSpec::default() }).unwrap();
+    let ctx = ContextParams::default().n_ctx(512).n_threads(2);
+    // Read, not mapped: the host part of the weights is then what the plan counts.
+    let default = ModelParams::default()
+        .rpc_servers([worker.endpoint.clone()])
+        .load_mode(LoadMode::Read)
+        .fit_context(ctx.clone());
+
+    let all = Model::load(&path, &default).unwrap();
+    assert_eq!(all.n_gpu_layers(), 9, "8 layers and the output layer");
+    let planner = Planner::for_model(&all).unwrap();
+    assert_eq!(planner.n_gpu_layers(), 9);
+    let device = planner.plan(&ctx).unwrap().memory.devices().into_iter().find(|d| d.device.starts_with("RPC"));
+    let device = device.expect("buffers on the worker").device;
+    drop((planner, all));
+
+    let none = Model::load(&path, &default.clone().fit_margin(u64::MAX)).unwrap();
+    assert_eq!(none.n_gpu_layers(), 0, "nothing fits: the host takes every layer");
+    let mut c = none.new_context(&ctx).unwrap();
+    let weights = c.memory_breakdown().unwrap().devices();
+    assert!(weights.iter().all(|d| d.device == HOST || d.weights == 0), "{weights:?}");
+    drop(c);
+    drop(none);
+
+    let four = Planner::new(&path, &default.clone().n_gpu_layers(4)).unwrap().plan(&ctx).unwrap();
+    let on_device = four.memory.devices().into_iter().find(|d| d.device == device).unwrap().total();
+    let within = default.clone().gpu_layers(GpuLayers::Within(Budget::default().device(&device, on_device)));
+    let model = Model::load(&path, &within).unwrap();
+    assert_eq!(model.n_gpu_layers(), 4);
+    assert_eq!(model.new_context(&ctx).unwrap().memory_breakdown().unwrap(), four.memory);
+    drop(model);
+    let elsewhere = default.clone().gpu_layers(GpuLayers::Within(Budget::default().device("CUDA7", 1 << 30)));
+    match Model::load(&path, &elsewhere) {
+        Err(Error::InvalidArgument(message)) => assert!(message.contains("CUDA7"), "{message}"),
+        other => panic!("{other:?}"),
+    }
+
+    // This build's devices are the CPU's: the default moves nothing.
+    let local = Model::load(&path, &ModelParams::default()).unwrap();
+    assert_eq!(local.n_gpu_layers(), 0);
 }
 
 /// The engine's pool from a budget per device: half the layers on a

@@ -130,11 +130,16 @@ impl Model {
         let c_paths = paths.iter().map(|p| path_to_cstring(p)).collect::<Result<Vec<_>, _>>()?;
         // The first file holds the metadata (of split models, too).
         preflight::check(paths[0], &c_paths[0], &params.metadata_overrides, params.vocab_only)?;
+        // The count decided once, and kept in the model's source (a
+        // planner for the loaded model must not fit again: the model's
+        // own weights now take the free memory).
+        let n_gpu_layers = if params.vocab_only { 0 } else { super::offload::n_gpu_layers(paths, params)? };
+        let params = &params.clone().n_gpu_layers(n_gpu_layers);
 
         // SAFETY: returns a plain struct of defaults.
         let mut raw = unsafe { sys::llama_model_default_params() };
         raw.load_mode = params.load_mode.raw();
-        raw.n_gpu_layers = params.n_gpu_layers;
+        raw.n_gpu_layers = n_gpu_layers;
         raw.split_mode = params.split_mode.raw();
         raw.main_gpu = params.main_gpu;
         raw.vocab_only = params.vocab_only;

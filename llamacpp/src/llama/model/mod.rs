@@ -11,6 +11,7 @@ use crate::sys;
 use crate::vocab::Vocab;
 
 mod load;
+mod offload;
 mod params;
 mod preflight;
 mod remote;
@@ -18,7 +19,7 @@ mod remote;
 pub(crate) use load::check_gguf_file;
 pub(crate) use remote::Remote;
 
-pub use params::{LoadMode, MetadataValue, ModelParams, SplitMode};
+pub use params::{DEFAULT_FIT_MARGIN, GpuLayers, LoadMode, MetadataValue, ModelParams, SplitMode};
 
 /// How a model applies rotary position embeddings (RoPE).
 #[non_exhaustive]
@@ -233,6 +234,20 @@ impl Model {
     pub fn n_layer(&self) -> usize {
         // SAFETY: a pure read of a live model.
         unsafe { sys::llama_model_n_layer(self.as_ptr()) }.max(0) as usize
+    }
+
+    /// The layers this model's load asked llama.cpp to offload, with
+    /// [`GpuLayers::Fit`] or [`GpuLayers::Within`] resolved to the count
+    /// the fit chose: at most `n_layer() + 1` (the output layer counts).
+    /// Only layers that have a device other than the CPU to go to move:
+    /// in a CPU-only build everything stays on the host whatever the
+    /// count (and [`GpuLayers::Fit`] resolves to 0 there).
+    pub fn n_gpu_layers(&self) -> usize {
+        let all = self.n_layer() + 1;
+        match self.source.params.gpu_layers {
+            GpuLayers::Count(n) => (n as usize).min(all),
+            _ => all,
+        }
     }
 
     /// The number of attention heads.

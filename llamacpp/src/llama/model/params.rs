@@ -5,8 +5,41 @@
 use std::ffi::c_char;
 
 use crate::backend::Device;
+use crate::context::ContextParams;
 use crate::error::{Error, Result};
+use crate::plan::Budget;
 use crate::sys;
+
+/// How many of a model's layers go to its GPUs and RPC workers
+/// ([`ModelParams::gpu_layers`]). llama.cpp offloads the last repeating
+/// layers first and the output layer last, so a count of `n_layer + 1`
+/// is every layer.
+#[non_exhaustive]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum GpuLayers {
+    /// As many as fit each device's free memory less
+    /// [`fit_margin`](field@ModelParams::fit_margin), beside a context made
+    /// with [`fit_context`](field@ModelParams::fit_context): the most
+    /// layers whose exact memory plan (weights, KV cache and compute
+    /// buffers per device, [`Planner::fit_layers`](crate::plan::Planner::fit_layers))
+    /// stays within that, at most `log2(n_layer + 2) + 2` plans of the
+    /// metadata. The default. Where the model has no GPU or RPC device (a
+    /// CPU-only build without RPC servers) this is 0, decided without a
+    /// plan; where not even the compute buffers fit, 0 with a warning.
+    /// Host memory is not limited.
+    #[default]
+    Fit,
+    /// As many as fit `budget` (per device, as
+    /// [`Planner::fit_layers`](crate::plan::Planner::fit_layers) reads it)
+    /// beside a context made with
+    /// [`fit_context`](field@ModelParams::fit_context): a fixed budget in
+    /// place of the devices' free memory.
+    Within(Budget),
+    /// Every layer, the output layer included.
+    All,
+    /// This many (more than the model has: all).
+    Count(u32),
+}
 
 /// How the weights get into memory.
 #[non_exhaustive]
@@ -83,17 +116,19 @@ pub enum MetadataValue {
 
 /// Parameters for [`Model::load`](crate::Model::load), as a builder: one
 /// chained setter per field, named like the field. Defaults: memory-mapped,
-/// CPU only.
+/// as many layers on the GPUs as fit their free memory ([`GpuLayers::Fit`];
+/// none in a CPU-only build).
 ///
 /// ```
-/// use llamacpp::{LoadMode, MetadataValue, ModelParams};
+/// use llamacpp::{GpuLayers, LoadMode, MetadataValue, ModelParams};
 ///
 /// let mut params = ModelParams::default()
 ///     .n_gpu_layers(99)
 ///     .load_mode(LoadMode::Read)
 ///     .metadata_override("general.name", MetadataValue::Str("mine".into()));
 /// params.check_tensors = true; // the fields stay public
-/// assert_eq!(params.n_gpu_layers, 99);
+/// assert_eq!(params.gpu_layers, GpuLayers::Count(99));
+/// assert_eq!(ModelParams::default().n_gpu_layers(-1).gpu_layers, GpuLayers::All);
 /// ```
 ///
 /// The struct is `#[non_exhaustive]`, so that new fields are not breaking
@@ -105,9 +140,19 @@ pub enum MetadataValue {
 pub struct ModelParams {
     /// How the weights get into memory.
     pub load_mode: LoadMode,
-    /// Layers to offload to the GPU; negative means all. Default 0 (CPU only),
-    /// unlike llama.cpp's default of all.
-    pub n_gpu_layers: i32,
+    /// Layers to offload to the GPUs and RPC workers. Default
+    /// [`GpuLayers::Fit`]: what fits, as llama.cpp's tools do (`-ngl auto`
+    /// with `--fit on`); an explicit count always wins.
+    pub gpu_layers: GpuLayers,
+    /// What [`GpuLayers::Fit`] and [`GpuLayers::Within`] leave room for on
+    /// the devices: a context made with these parameters (default
+    /// `ContextParams::default()`: 4096 tokens, one sequence). Set it to
+    /// the context the model will be used with.
+    pub fit_context: ContextParams,
+    /// Free memory [`GpuLayers::Fit`] leaves on each device, in bytes
+    /// (default 1 GiB, llama.cpp's `--fit-target`): room for other
+    /// processes and for what the plan does not count.
+    pub fit_margin: u64,
     /// How the model is split across GPUs.
     pub split_mode: SplitMode,
     /// The GPU used with [`SplitMode::None`].
@@ -137,11 +182,16 @@ pub struct ModelParams {
     pub metadata_overrides: Vec<(String, MetadataValue)>,
 }
 
+/// [`ModelParams::fit_margin`]'s default: 1 GiB.
+pub const DEFAULT_FIT_MARGIN: u64 = 1 << 30;
+
 impl Default for ModelParams {
     fn default() -> Self {
         ModelParams {
             load_mode: LoadMode::Auto,
-            n_gpu_layers: 0,
+            gpu_layers: GpuLayers::Fit,
+            fit_context: ContextParams::default(),
+            fit_margin: DEFAULT_FIT_MARGIN,
             split_mode: SplitMode::Layer,
             main_gpu: 0,
             devices: None,
@@ -159,8 +209,12 @@ impl ModelParams {
     setters! {
         /// Sets [`load_mode`](field@ModelParams::load_mode).
         load_mode: LoadMode => load_mode;
-        /// Sets [`n_gpu_layers`](field@ModelParams::n_gpu_layers).
-        n_gpu_layers: i32 => n_gpu_layers;
+        /// Sets [`gpu_layers`](field@ModelParams::gpu_layers).
+        gpu_layers: GpuLayers => gpu_layers;
+        /// Sets [`fit_context`](field@ModelParams::fit_context).
+        fit_context: ContextParams => fit_context;
+        /// Sets [`fit_margin`](field@ModelParams::fit_margin).
+        fit_margin: u64 => fit_margin;
         /// Sets [`split_mode`](field@ModelParams::split_mode).
         split_mode: SplitMode => split_mode;
         /// Sets [`main_gpu`](field@ModelParams::main_gpu).
@@ -171,6 +225,14 @@ impl ModelParams {
         check_tensors: bool => check_tensors;
         /// Sets [`repack_weights`](field@ModelParams::repack_weights).
         repack_weights: bool => repack_weights;
+    }
+
+    /// Sets [`gpu_layers`](field@ModelParams::gpu_layers) to a count as
+    /// llama.cpp's `n_gpu_layers` reads it: negative means all.
+    #[must_use]
+    pub fn n_gpu_layers(mut self, n: i32) -> Self {
+        self.gpu_layers = u32::try_from(n).map_or(GpuLayers::All, GpuLayers::Count);
+        self
     }
 
     /// Sets [`devices`](field@ModelParams::devices) to `Some` of these

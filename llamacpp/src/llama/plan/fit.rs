@@ -241,55 +241,68 @@ impl Planner {
         ctx: &ContextParams,
         budget: &Budget,
     ) -> Result<LayerFit> {
-        let path = path.as_ref();
-        let plan_with =
-            |layers: i32| -> Result<MemoryPlan> { Planner::new(path, &model.clone().n_gpu_layers(layers))?.plan(ctx) };
-        let devices_fit = |plan: &MemoryPlan| match budget.overrun(&plan.memory) {
-            Some((device, ..)) => device == HOST || device == "total",
-            None => true,
-        };
-        let first = Planner::new(path, &model.clone().n_gpu_layers(0))?;
-        let none = first.plan(ctx)?;
-        let top = first.model.n_layer() as i32 + 1;
-        drop(first);
-        if !devices_fit(&none) {
-            let (device, needed, limit) = budget.overrun(&none.memory).expect("an overrun");
-            return Err(does_not_fit(&none, &device, needed, limit));
-        }
-        let all = plan_with(top)?;
-        // A limit on a device the model does not use would limit nothing.
-        let known = all.memory.devices();
-        if let Some((name, _)) =
-            budget.devices.iter().find(|(name, _)| name != HOST && !known.iter().any(|d| d.device == *name))
-        {
-            let names: Vec<&str> = known.iter().map(|d| d.device.as_str()).collect();
-            return Err(Error::InvalidArgument(format!(
-                "the budget names the device {name:?}, which this model does not use (its devices: {})",
-                names.join(", ")
-            )));
-        }
-        // Invariant: `lo` layers fit the devices; `hi` layers do not (or
-        // `hi` is `top + 1`).
-        let (mut lo, mut best, mut hi) = (0, none, top + 1);
-        if devices_fit(&all) {
-            (lo, best) = (top, all);
-        } else {
-            hi = top;
-        }
-        while hi - lo > 1 {
-            let mid = lo + (hi - lo) / 2;
-            let plan = plan_with(mid)?;
-            if devices_fit(&plan) {
-                (lo, best) = (mid, plan);
-            } else {
-                hi = mid;
-            }
-        }
-        if let Some((device, needed, limit)) = budget.overrun(&best.memory) {
-            return Err(does_not_fit(&best, &device, needed, limit));
-        }
-        Ok(LayerFit { n_gpu_layers: lo, plan: best, capped: lo == top })
+        fit_layers(&[path.as_ref()], model, ctx, budget, true)
     }
+}
+
+/// [`Planner::fit_layers`] over a model's files; `strict`: a limit on a
+/// device the model does not use is an error (else it is ignored, as for
+/// the budget of every device found that offload by default builds).
+pub(crate) fn fit_layers(
+    paths: &[&Path],
+    model: &ModelParams,
+    ctx: &ContextParams,
+    budget: &Budget,
+    strict: bool,
+) -> Result<LayerFit> {
+    let planner = |layers: i32| Planner::from_paths(paths, &model.clone().n_gpu_layers(layers));
+    let plan_with = |layers: i32| -> Result<MemoryPlan> { planner(layers)?.plan(ctx) };
+    let devices_fit = |plan: &MemoryPlan| match budget.overrun(&plan.memory) {
+        Some((device, ..)) => device == HOST || device == "total",
+        None => true,
+    };
+    let first = planner(0)?;
+    let none = first.plan(ctx)?;
+    let top = first.model.n_layer() as i32 + 1;
+    drop(first);
+    if !devices_fit(&none) {
+        let (device, needed, limit) = budget.overrun(&none.memory).expect("an overrun");
+        return Err(does_not_fit(&none, &device, needed, limit));
+    }
+    let all = plan_with(top)?;
+    // A limit on a device the model does not use would limit nothing.
+    let known = all.memory.devices();
+    if let Some((name, _)) =
+        budget.devices.iter().find(|(name, _)| name != HOST && !known.iter().any(|d| d.device == *name))
+        && strict
+    {
+        let names: Vec<&str> = known.iter().map(|d| d.device.as_str()).collect();
+        return Err(Error::InvalidArgument(format!(
+            "the budget names the device {name:?}, which this model does not use (its devices: {})",
+            names.join(", ")
+        )));
+    }
+    // Invariant: `lo` layers fit the devices; `hi` layers do not (or
+    // `hi` is `top + 1`).
+    let (mut lo, mut best, mut hi) = (0, none, top + 1);
+    if devices_fit(&all) {
+        (lo, best) = (top, all);
+    } else {
+        hi = top;
+    }
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        let plan = plan_with(mid)?;
+        if devices_fit(&plan) {
+            (lo, best) = (mid, plan);
+        } else {
+            hi = mid;
+        }
+    }
+    if let Some((device, needed, limit)) = budget.overrun(&best.memory) {
+        return Err(does_not_fit(&best, &device, needed, limit));
+    }
+    Ok(LayerFit { n_gpu_layers: lo, plan: best, capped: lo == top })
 }
 
 fn mib(bytes: u64) -> String {

@@ -47,6 +47,7 @@ pub mod analytic;
 mod fit;
 mod size;
 
+pub(crate) use fit::fit_layers;
 pub use fit::{Budget, Fit, FitGoal, LayerFit};
 pub use size::parse_size;
 
@@ -243,12 +244,24 @@ impl Planner {
     pub fn for_model(model: &Model) -> Result<Planner> {
         let source = model.source();
         let paths: Vec<&Path> = source.paths.iter().map(PathBuf::as_path).collect();
-        Ok(Planner { model: Model::load_simulated(&paths, &source.params)?, path: source.paths[0].clone() })
+        Planner::from_paths(&paths, &source.params)
+    }
+
+    /// A planner for a model's files (the first holds the metadata).
+    pub(crate) fn from_paths(paths: &[&Path], params: &ModelParams) -> Result<Planner> {
+        Ok(Planner { model: Model::load_simulated(paths, params)?, path: paths[0].to_owned() })
     }
 
     /// The model file (the first split of a split model).
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The layers the plans put on the devices: the count the model's
+    /// parameters asked for, or the one their fit chose (as
+    /// [`Model::n_gpu_layers`]).
+    pub fn n_gpu_layers(&self) -> usize {
+        self.model.n_gpu_layers()
     }
 
     /// The model's training context length (what `n_ctx` 0 means).
@@ -306,12 +319,19 @@ const VULKAN_HOST_PADDING: u64 = 32;
 
 impl MemoryBreakdown {
     /// What allocating the planned buffers adds beyond their measured
-    /// sizes: one compute buffer per buffer type, and Vulkan's pinned
-    /// host buffers pad each allocation.
+    /// sizes: Vulkan's pinned host buffers pad each allocation, and a
+    /// model and its context make one of each kind per buffer type (the
+    /// weights of the layers left on the host land there when others are
+    /// offloaded from a file read into memory; the compute buffer always).
     fn add_allocation_padding(&mut self) {
         for buffer in &mut self.buffers {
-            if buffer.buffer == "Vulkan_Host" && buffer.compute > 0 {
-                buffer.compute += VULKAN_HOST_PADDING;
+            if buffer.buffer == "Vulkan_Host" {
+                if buffer.weights > 0 {
+                    buffer.weights += VULKAN_HOST_PADDING;
+                }
+                if buffer.compute > 0 {
+                    buffer.compute += VULKAN_HOST_PADDING;
+                }
             }
         }
     }

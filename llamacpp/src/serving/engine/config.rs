@@ -61,8 +61,11 @@ impl Default for EngineConfig {
 impl EngineConfig {
     /// The context an engine with this configuration creates: `n_ctx`
     /// cells shared by `max_running + max_cached_prefixes` sequences
-    /// (`kv_unified`), full-size sliding-window cache.
-    pub(crate) fn context_params(&self) -> ContextParams {
+    /// (`kv_unified`), full-size sliding-window cache. Pass it to
+    /// [`ModelParams::fit_context`](crate::ModelParams::fit_context), so
+    /// that the layers offloaded by default leave room for it (a memory
+    /// budget may give the engine fewer cells than `n_ctx`, never more).
+    pub fn context_params(&self) -> ContextParams {
         let n_seq = self.max_running + self.max_cached_prefixes;
         let mut params = ContextParams::default()
             .n_ctx(self.n_ctx)
