@@ -194,6 +194,13 @@ struct llama_rs_buffer_memory {
 // `out` and the number of entries there are to `*count` (call again with a
 // larger array when it exceeds `capacity`). For a context of a model loaded
 // with no_alloc these are the sizes llama.cpp would allocate.
+// `ggml_backend_dev_buffer_type(dev)` behind the barrier: for ggml-vulkan
+// this initializes the device (ggml_vk_get_device, which throws when a
+// device cannot be set up).
+int llama_rs_dev_buffer_type(ggml_backend_dev_t dev, ggml_backend_buffer_type_t * result) {
+    return guarded([&] { *result = ggml_backend_dev_buffer_type(dev); });
+}
+
 int llama_rs_get_memory_breakdown(const llama_context * ctx, llama_rs_buffer_memory * out, size_t capacity,
                                   size_t * count) {
     return guarded([&] {

@@ -166,6 +166,9 @@ unsafe extern "C" {
         scales: *mut f32,
         result: *mut i32,
     ) -> c_int;
+    /// `ggml_backend_dev_buffer_type(dev)` behind the barrier (for
+    /// ggml-vulkan, the device's initialization, which may throw).
+    pub fn llama_rs_dev_buffer_type(dev: ggml_backend_dev_t, result: *mut ggml_backend_buffer_type_t) -> c_int;
     /// Writes at most `capacity` entries of `llama_get_memory_breakdown(ctx)`
     /// to `out` and the number of entries to `*count`.
     pub fn llama_rs_get_memory_breakdown(

@@ -9,7 +9,7 @@
 //! placement and generate few tokens.
 
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::{Arc, OnceLock};
 
 use llama_suite::teacher::rescore;
 use llamacpp::embed::{EmbedParams, Embedder, cosine_similarity};
@@ -52,17 +52,6 @@ fn on_gpu(layers: i32) -> ModelParams {
     ModelParams::default().n_gpu_layers(layers).load_mode(LoadMode::Read)
 }
 
-/// Held for the length of each test: the device is used by one test at a
-/// time. In one of five fresh-clone CI runs on lavapipe (a7f425f's) the
-/// binary died with SIGSEGV right after starting the five tests, before
-/// any finished, when they created their first contexts on the device at
-/// once; two reruns of the same build passed. Whether ggml-vulkan (or
-/// lavapipe) races on concurrent first use is not yet known (docs/gpu.md).
-fn one_at_a_time() -> MutexGuard<'static, ()> {
-    static DEVICE: Mutex<()> = Mutex::new(());
-    DEVICE.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
 fn cpu_model() -> &'static Model {
     static MODEL: OnceLock<Model> = OnceLock::new();
     MODEL.get_or_init(|| Model::load(path(), &ModelParams::default().n_gpu_layers(0)).unwrap())
@@ -93,7 +82,6 @@ fn weights(model: &Model, device: &str) -> (u64, u64) {
 
 #[test]
 fn the_gpu_is_listed_with_its_memory_beside_the_dispatched_cpu() {
-    let _device = one_at_a_time();
     let gpu = gpu();
     // A GPU build keeps runtime CPU dispatch (x86-64 Linux without
     // `native`): the CPU device is still listed, running a chosen variant.
@@ -116,7 +104,6 @@ fn the_gpu_is_listed_with_its_memory_beside_the_dispatched_cpu() {
 
 #[test]
 fn greedy_on_the_gpu_and_split_in_half_passes_the_teacher_forced_check() {
-    let _device = one_at_a_time();
     let device = gpu().name;
     let prompt = tokens("The Eiffel Tower is located in the city of");
     let half = Model::load(path(), &on_gpu(HALF)).unwrap();
@@ -141,7 +128,6 @@ fn greedy_on_the_gpu_and_split_in_half_passes_the_teacher_forced_check() {
 
 #[test]
 fn the_plan_per_device_equals_the_live_context_and_fit_names_the_device() {
-    let _device = one_at_a_time();
     let device = gpu().name;
     let planner = Planner::new(path(), &on_gpu(99)).unwrap();
     let base = ContextParams::default().n_threads(2).n_batch(512).n_ubatch(512);
@@ -176,6 +162,50 @@ fn the_plan_per_device_equals_the_live_context_and_fit_names_the_device() {
     }
 }
 
+/// Vulkan's first use from many threads at once (docs/gpu.md, "Vulkan's
+/// first use"): each run is a fresh process of this binary (a device is
+/// set up once per process) whose eight threads, released together, each
+/// load the model onto the device, create a context and decode. ggml-vulkan
+/// sets a device up without a lock; `llamacpp::init` sets every Vulkan
+/// device up first, under its `Once`.
+#[test]
+fn first_use_of_the_device_from_eight_threads_at_once_is_safe() {
+    if std::env::var_os(FIRST_USE_CHILD).is_some() {
+        return first_use_from_eight_threads();
+    }
+    for run in 0..2 {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "device::first_use_of_the_device_from_eight_threads_at_once_is_safe", "--nocapture"])
+            .env(FIRST_USE_CHILD, "1")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "run {run}: {:?}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).lines().rev().take(20).collect::<Vec<_>>().join("\n")
+        );
+    }
+}
+
+const FIRST_USE_CHILD: &str = "LLAMA_TEST_FIRST_USE_CHILD";
+
+fn first_use_from_eight_threads() {
+    let barrier = std::sync::Barrier::new(8);
+    std::thread::scope(|s| {
+        for _ in 0..8 {
+            s.spawn(|| {
+                barrier.wait();
+                let model = Model::load(path(), &ModelParams::default().n_gpu_layers(99)).unwrap();
+                let mut ctx = model.new_context(&ContextParams::default().n_ctx(256).n_threads(1)).unwrap();
+                let prompt = model.vocab().tokenize("The capital of France is", AddBos::Yes).unwrap();
+                ctx.decode(&llamacpp::Batch::from_tokens(&prompt, 0)).unwrap();
+                assert!(ctx.logits(llamacpp::Output::Last).unwrap().iter().all(|l| l.is_finite()));
+            });
+        }
+    });
+}
+
 /// Offload by default: a `vulkan` build's default parameters put every
 /// layer on the device when they fit (lavapipe's memory is the host's,
 /// gigabytes for this 250 MB model), and a device budget smaller than the
@@ -183,7 +213,6 @@ fn the_plan_per_device_equals_the_live_context_and_fit_names_the_device() {
 /// device, and runs.
 #[test]
 fn the_default_offloads_every_layer_that_fits_and_a_budget_fewer() {
-    let _device = one_at_a_time();
     let device = gpu().name;
     let ctx = ContextParams::default().n_ctx(512).n_threads(2);
     let default = ModelParams::default().load_mode(LoadMode::Read).fit_context(ctx.clone());
@@ -209,7 +238,6 @@ fn the_default_offloads_every_layer_that_fits_and_a_budget_fewer() {
 
 #[test]
 fn eight_copy_tasks_at_once_on_the_gpu_are_all_right() {
-    let _device = one_at_a_time();
     let engine = Engine::start(gpu_model(), EngineConfig::default().n_ctx(2048).n_threads(2)).unwrap();
     let tasks: Vec<_> = (0..8).map(|i| copy_task(i + 1, 6)).collect();
     let completions: Vec<_> = tasks
@@ -226,7 +254,6 @@ fn eight_copy_tasks_at_once_on_the_gpu_are_all_right() {
 
 #[test]
 fn embeddings_on_the_gpu_equal_the_cpus() {
-    let _device = one_at_a_time();
     let texts = ["The cat sat on the mat.", "Paris is the capital of France.", "1 2 3 4 5 6 7 8 9 10"];
     let params = EmbedParams::default().pooling(Pooling::Mean).n_threads(2).n_threads_batch(2);
     let on_cpu = Embedder::new(cpu_model(), &params).unwrap().embed(&texts).unwrap();

@@ -25,6 +25,7 @@ pub fn init() {
             sys::llama_backend_init();
         }
         load_backend_modules();
+        initialize_lazy_devices();
         if let Some(variant) = sys::cpu_variant() {
             log::info!(
                 target: "llamacpp",
@@ -56,6 +57,39 @@ pub fn init() {
             );
         }
     });
+}
+
+/// ggml-vulkan sets a device up on its first use (`ggml_vk_get_device`,
+/// reached by a buffer type, a backend or an op check) without a lock,
+/// and publishes the device before it is set up; its instance
+/// (`ggml_vk_instance_init`) likewise checks a plain flag. Two threads
+/// that first use a device at once (loading models, creating contexts)
+/// can each see the other's half-made device: a crash. So every Vulkan
+/// device is set up here, once, under `init`'s `Once`, before any thread
+/// can reach it (docs/gpu.md, "Vulkan's first use").
+fn initialize_lazy_devices() {
+    // SAFETY: the registry is initialised (`llama_backend_init`,
+    // `load_backend_modules`); indexes below the count are valid.
+    let count = unsafe { sys::ggml_backend_dev_count() };
+    for i in 0..count {
+        // SAFETY: `i < count`; the registry's handles and names are static.
+        let (dev, reg_name) = unsafe {
+            let dev = sys::ggml_backend_dev_get(i);
+            let reg = sys::ggml_backend_dev_backend_reg(dev);
+            (dev, crate::ffi::owned_lossy(sys::ggml_backend_reg_name(reg)))
+        };
+        if reg_name != "Vulkan" {
+            continue;
+        }
+        let mut buft: sys::ggml_backend_buffer_type_t = std::ptr::null_mut();
+        // SAFETY: a valid device handle; the out-pointer is valid for a
+        // write; the shim catches what the device's set-up throws.
+        let code = unsafe { sys::shim::llama_rs_dev_buffer_type(dev, &mut buft) };
+        if let Err(e) = crate::error::check_shim(code, "ggml_backend_dev_buffer_type") {
+            // The load that uses it will fail with the same error.
+            log::warn!(target: "llamacpp", "a Vulkan device could not be set up: {e}");
+        }
+    }
 }
 
 /// An installed llama.cpp built with `GGML_BACKEND_DL` registers no
