@@ -21,6 +21,7 @@ pub struct EngineOptions {
     pub batch: usize,
     pub ubatch: usize,
     pub prefill_cap: Option<usize>,
+    pub gpu_layers: Option<i32>,
     pub kv_type: KvType,
 }
 
@@ -31,7 +32,6 @@ pub struct EngineBackend {
 
 impl EngineBackend {
     pub fn new(o: &EngineOptions) -> Result<Self, String> {
-        let model = Model::load(&o.model, &ModelParams::default()).map_err(|e| e.to_string())?;
         let mut config = EngineConfig::default()
             .n_ctx(o.ctx as u32)
             .n_batch(o.batch as u32)
@@ -42,6 +42,12 @@ impl EngineBackend {
         if let Some(cap) = o.prefill_cap {
             config = config.prefill_cap(cap as u32);
         }
+        // What fits beside the engine's context, unless a count is given.
+        let mut params = ModelParams::default().fit_context(config.context_params());
+        if let Some(n) = o.gpu_layers {
+            params = params.n_gpu_layers(n);
+        }
+        let model = Model::load(&o.model, &params).map_err(|e| e.to_string())?;
         let engine = Engine::start(Arc::new(model), config).map_err(|e| e.to_string())?;
         eprintln!(
             "serve_bench: engine: {} KV cells, up to {} sequences, step budget {} tokens, prefill cap {} while decoding",

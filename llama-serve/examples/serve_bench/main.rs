@@ -150,6 +150,11 @@ struct Args {
     /// GGUF model (default: LLAMA_MODEL, else the cached default model).
     #[arg(short, long)]
     model: Option<PathBuf>,
+    /// Layers on the GPUs, both sides (the engine's `n_gpu_layers`,
+    /// llama-server's `-ngl`; -1: all). Default: each side's own default
+    /// (what fits).
+    #[arg(long, allow_negative_numbers = true)]
+    gpu_layers: Option<i32>,
     /// Threads.
     #[arg(short, long, default_value_t = 2)]
     threads: usize,
@@ -284,6 +289,9 @@ fn run(args: &Args) -> Result<(), String> {
                     ubatch: args.ubatch,
                     extra_args: {
                         let mut extra = args.server_arg.clone();
+                        if let Some(n) = args.gpu_layers {
+                            extra.extend(["-ngl".to_owned(), n.to_string()]);
+                        }
                         if args.kv_type == KvKind::Q8_0 {
                             extra.extend(["--cache-type-k", "q8_0", "--cache-type-v", "q8_0"].map(String::from));
                         }
@@ -328,6 +336,7 @@ fn run(args: &Args) -> Result<(), String> {
             batch: args.batch,
             ubatch: args.ubatch,
             prefill_cap: args.prefill_cap,
+            gpu_layers: args.gpu_layers,
             kv_type: match args.kv_type {
                 KvKind::F16 => llamacpp::KvType::F16,
                 KvKind::Q8_0 => llamacpp::KvType::Q8_0,

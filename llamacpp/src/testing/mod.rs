@@ -49,9 +49,11 @@ use std::sync::{Mutex, PoisonError};
 
 use crate::sys;
 
+mod shaped;
 mod tensors;
 mod writer;
 
+pub use shaped::{ShapedSpec, write_shaped_llama};
 use tensors::*;
 pub use writer::GgufWriter;
 

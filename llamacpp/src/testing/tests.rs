@@ -118,3 +118,53 @@ fn the_writer_refuses_what_gguf_would_abort_on() {
     assert!(is_complete_gguf(&path));
     std::fs::remove_file(&path).unwrap();
 }
+
+#[test]
+fn shaped_models_count_the_real_models_parameters_and_load_with_finite_logits() {
+    use crate::{AddBos, Batch, ContextParams, Model, ModelParams, Output};
+    assert_eq!(ShapedSpec::LLAMA_3_2_1B.n_params(), 1_235_814_400);
+    assert_eq!(ShapedSpec::LLAMA_3_1_8B.n_params(), 8_030_261_248);
+    assert_eq!(ShapedSpec::named("llama-3.1-8b"), Some(ShapedSpec::LLAMA_3_1_8B));
+    assert_eq!(ShapedSpec::named("llama-3.2-1b-shaped"), Some(ShapedSpec::LLAMA_3_2_1B));
+    assert_eq!(ShapedSpec::named("llama-2"), None);
+
+    let small = ShapedSpec {
+        name: "small-shaped",
+        n_layer: 8,
+        n_embd: 256,
+        n_head: 4,
+        n_head_kv: 2,
+        n_ff: 512,
+        n_vocab: 1024,
+        n_ctx_train: 4096,
+        rope_freq_base: 10_000.0,
+        tied_embeddings: false,
+    };
+    let dir = std::env::temp_dir().join(format!("llama-rs-shaped-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("small.gguf");
+    write_shaped_llama(&path, &small).unwrap();
+    let model = Model::load(&path, &ModelParams::default().n_gpu_layers(0)).unwrap();
+    assert_eq!(model.n_params(), small.n_params());
+    assert_eq!(model.vocab().n_tokens(), 1024);
+    assert_eq!(model.n_layer(), 8);
+    // Layers 0 and 7 (first and last eighth) and 3 and 6 (every third
+    // between) have Q6_K attn_v: the file is larger than all-Q4_K.
+    let q4k_bytes = small.n_params() / 256 * 144;
+    assert!(model.size() > q4k_bytes, "{} vs {q4k_bytes}", model.size());
+
+    let tokens = model.vocab().tokenize("Hello world", AddBos::Yes).unwrap();
+    let mut ctx = model.new_context(&ContextParams::default().n_ctx(256).n_threads(1)).unwrap();
+    ctx.decode(&Batch::from_tokens(&tokens, 0)).unwrap();
+    let logits = ctx.logits(Output::Last).unwrap();
+    assert_eq!(logits.len(), 1024);
+    assert!(logits.iter().all(|l| l.is_finite()), "{logits:?}");
+    assert!(logits.iter().any(|&l| l != logits[0]), "the weights are not all alike");
+    drop(ctx);
+    drop(model);
+
+    // Rows that are not whole blocks are refused, not an abort.
+    assert!(write_shaped_llama(&dir.join("bad.gguf"), &ShapedSpec { n_embd: 100, ..small }).is_err());
+    assert!(!dir.join("bad.gguf").exists());
+    std::fs::remove_dir_all(&dir).unwrap();
+}

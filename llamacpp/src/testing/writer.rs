@@ -221,21 +221,57 @@ impl GgufWriter {
     /// 1 to 4 positive dimensions, values that do not fill it, or a pool
     /// too small (see [`GgufWriter::for_tensors`]), or a name used already.
     pub fn add_f32_tensor(&mut self, name: &str, ne: &[u32], values: &[f32]) -> io::Result<()> {
+        let n_elements = ne.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d as usize));
+        if n_elements != Some(values.len()) {
+            return Err(invalid_input(format!("tensor {name}: shape {ne:?} does not hold {} values", values.len())));
+        }
+        self.add_tensor_with(name, ne, sys::ggml_type::GGML_TYPE_F32, |data| {
+            for (chunk, v) in data.chunks_exact_mut(4).zip(values) {
+                chunk.copy_from_slice(&v.to_ne_bytes());
+            }
+        })
+    }
+
+    /// Declares a tensor of ggml type `ty` and shape `ne` in the ggml
+    /// pool, lets `fill` write its data (`ggml_nbytes` bytes, in the
+    /// type's block layout) and adds it to the GGUF file.
+    ///
+    /// # Errors
+    /// As [`GgufWriter::add_f32_tensor`]; a row length that is not a
+    /// multiple of the type's block size.
+    pub(super) fn add_tensor_with(
+        &mut self,
+        name: &str,
+        ne: &[u32],
+        ty: sys::ggml_type::Type,
+        fill: impl FnOnce(&mut [u8]),
+    ) -> io::Result<()> {
         let display = name;
         let name = cstring(name)?;
         if name.as_bytes().len() >= sys::GGML_MAX_NAME as usize {
             return Err(invalid_input(format!("tensor name too long: {display}")));
         }
-        let n_elements = ne.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d as usize));
-        if ne.is_empty() || ne.len() > 4 || ne.contains(&0) || n_elements != Some(values.len()) {
-            return Err(invalid_input(format!("tensor {display}: shape {ne:?} does not hold {} values", values.len())));
+        if ne.is_empty() || ne.len() > 4 || ne.contains(&0) {
+            return Err(invalid_input(format!("tensor {display}: shape {ne:?} is not 1 to 4 positive dimensions")));
         }
+        // SAFETY: plain reads of ggml's type traits, valid for every type
+        // the callers pass (enum values of this ggml).
+        let block = unsafe { sys::ggml_blck_size(ty) } as u64;
+        if block == 0 || u64::from(ne[0]) % block != 0 {
+            return Err(invalid_input(format!("tensor {display}: row of {} is not whole blocks of {block}", ne[0])));
+        }
+        // SAFETY: as above.
+        let row = unsafe { sys::ggml_row_size(ty, i64::from(ne[0])) } as u64;
+        let n_bytes = ne[1..]
+            .iter()
+            .try_fold(row, |acc, &d| acc.checked_mul(u64::from(d)))
+            .and_then(|n| usize::try_from(n).ok())
+            .ok_or_else(|| invalid_input(format!("tensor {display}: too large")))?;
         // SAFETY: a live context and a NUL-terminated name.
         if unsafe { sys::gguf_find_tensor(self.gguf.0, name.as_ptr()) } >= 0 {
             // gguf_add_tensor aborts on a duplicate.
             return Err(invalid_input(format!("a tensor named {display} was added already")));
         }
-        let n_bytes = std::mem::size_of_val(values);
         let need = Self::pool_bytes(n_bytes);
         if need > self.ggml.left {
             // ggml would abort the process instead of failing.
@@ -247,9 +283,9 @@ impl GgufWriter {
         // SAFETY: the ggml context is live and (checked above) has room for
         // the tensor and its data, so ggml_new_tensor neither aborts nor
         // returns an unusable tensor; `ne` holds `ne.len()` (1 to 4, within
-        // GGML_MAX_DIMS, checked above) positive dimensions.
-        let tensor =
-            unsafe { sys::ggml_new_tensor(self.ggml.ctx, sys::ggml_type::GGML_TYPE_F32, ne.len() as i32, ne.as_ptr()) };
+        // GGML_MAX_DIMS, checked above) positive dimensions whose row is
+        // whole blocks of `ty`.
+        let tensor = unsafe { sys::ggml_new_tensor(self.ggml.ctx, ty, ne.len() as i32, ne.as_ptr()) };
         if tensor.is_null() {
             return Err(io::Error::other("ggml_new_tensor failed"));
         }
@@ -262,9 +298,10 @@ impl GgufWriter {
             return Err(io::Error::other(format!("tensor {} has {nbytes} bytes of data, expected {n_bytes}", display)));
         }
         // SAFETY: `data` points to `nbytes` == `n_bytes` writable bytes in the
-        // ggml pool (no_alloc = false), which cannot overlap `values` (a Rust
-        // allocation); a byte copy needs no alignment.
-        unsafe { std::ptr::copy_nonoverlapping(values.as_ptr().cast::<u8>(), data.cast::<u8>(), n_bytes) };
+        // ggml pool (no_alloc = false), owned by the context this writer
+        // holds exclusively (`&mut self`), and not aliased by any Rust
+        // reference for the length of `fill`.
+        fill(unsafe { std::slice::from_raw_parts_mut(data.cast::<u8>(), n_bytes) });
         // SAFETY: both contexts are live; the tensor's name is new in this
         // file (checked above), so gguf_add_tensor does not abort; gguf copies
         // the header, whose data pointer stays valid until `ggml` drops, after
