@@ -2,7 +2,8 @@
 //! machines. A worker serves its devices over TCP ([`serve`], or the
 //! `rpc_server` example as a process); a client registers each worker's
 //! devices ([`add_server`], or [`ModelParams::rpc_servers`]) and llama.cpp
-//! places layers on them as on local GPUs ([`ModelParams::n_gpu_layers`],
+//! places layers on them as on local GPUs ([`ModelParams::gpu_layers`]: by
+//! default what fits the workers' free memory,
 //! [`ModelParams::split_mode`], [`ModelParams::tensor_split`]).
 //!
 //! **Security:** the protocol has no authentication and no encryption, and
@@ -45,7 +46,7 @@
 //!   worker (one client at a time) from serving anyone else.
 //!
 //! [`ModelParams::rpc_servers`]: field@crate::ModelParams::rpc_servers
-//! [`ModelParams::n_gpu_layers`]: field@crate::ModelParams::n_gpu_layers
+//! [`ModelParams::gpu_layers`]: field@crate::ModelParams::gpu_layers
 //! [`ModelParams::split_mode`]: field@crate::ModelParams::split_mode
 //! [`ModelParams::tensor_split`]: field@crate::ModelParams::tensor_split
 
