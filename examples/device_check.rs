@@ -66,7 +66,7 @@ struct Args {
 /// Largest allowed gap in the teacher-forced check (as the test suite's).
 const MARGIN: f32 = 1.0;
 
-fn main() -> ExitCode {
+pub(crate) fn main() -> ExitCode {
     let args = Args::parse();
     match run(&args) {
         Ok(true) => ExitCode::SUCCESS,

@@ -76,14 +76,8 @@ struct Args {
     /// Device budgets, NAME=SIZE (comma-separated; names as the plan
     /// prints them, Host for RAM): prints the most layers that fit, for
     /// the first configuration.
-    #[arg(long, value_delimiter = ',', value_parser = parse_device_budget)]
-    device_budget: Vec<(String, u64)>,
-}
-
-fn parse_device_budget(s: &str) -> Result<(String, u64), String> {
-    let (name, size) = s.split_once('=').ok_or_else(|| format!("`{s}` is not NAME=SIZE"))?;
-    let bytes = llamacpp::plan::parse_size(size).map_err(|e| e.to_string())?;
-    Ok((name.trim().to_owned(), bytes))
+    #[arg(long)]
+    device_budget: Option<Budget>,
 }
 
 fn parse_kv(s: &str) -> Result<KvType, String> {
@@ -225,10 +219,7 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         None => Vec::new(),
     };
 
-    let layer_fit = (!args.device_budget.is_empty()).then(|| {
-        let budget = args.device_budget.iter().fold(Budget::default(), |b, (name, bytes)| b.device(name, *bytes));
-        Planner::fit_layers(&path, &model_params, &first, &budget)
-    });
+    let layer_fit = args.device_budget.as_ref().map(|budget| Planner::fit_layers(&path, &model_params, &first, budget));
 
     if args.json {
         let mut objects: Vec<serde_json::Value> = rows.iter().map(row_json).collect();

@@ -8,9 +8,10 @@
 #   bash scripts/device-check.sh prepare          # here
 #   bash scripts/device-check.sh run STEP...      # there, with target/device-check carried
 #
-# prepare: NVIDIA's toolkit from PyPI (scripts/cuda-toolkit.sh), then the
-#   examples device_check and bench (llama-suite) and serve_bench
-#   (llama-serve) in release with `--no-default-features --features cuda`
+# prepare: NVIDIA's toolkit from PyPI (scripts/cuda-toolkit.sh), then
+#   llama-serve's device_tools example (device_check, bench and
+#   serve_bench in one executable, run by name: one copy of the CUDA
+#   kernels) in release with `--no-default-features --features cuda`
 #   for LLAMA_CUDA_ARCHITECTURES (default 90: H100/H200): llamacpp-sys's
 #   own static build, as a user's `cargo build --features cuda` makes it.
 #   Stripped and xz-compressed into target/device-check with the pinned
@@ -48,7 +49,9 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PACK="$ROOT/target/device-check"
 CUDA="${DEVICE_CHECK_CUDA:-ON}"
 WORK="${DEVICE_CHECK_WORK:-/tmp/device-check}"
-BINS=(device_check bench serve_bench)
+# One executable (llama-serve's device_tools example) for the three tools
+# it runs as, by name: each CUDA build is ~43 MB compressed.
+TOOLS=(device_check bench serve_bench)
 say() { printf 'device-check: %s\n' "$*" >&2; }
 die() { say "error: $*"; exit 1; }
 
@@ -61,19 +64,13 @@ prepare() {
         features+=(--features cuda)
     fi
     start=$(date +%s)
-    (
-        cd "$ROOT"
-        cargo build --release --target-dir "$cargo_dir" -p llama-suite "${features[@]}" \
-            --example device_check --example bench
-        cargo build --release --target-dir "$cargo_dir" -p llama-serve "${features[@]}" --example serve_bench
-    )
-    say "built ${BINS[*]} (cuda $CUDA) in $(($(date +%s) - start)) s"
+    # Portable CPU code (runtime dispatch), not this machine's `native`.
+    (cd "$ROOT" && cargo build --release --target-dir "$cargo_dir" -p llama-serve "${features[@]}" --example device_tools)
+    say "built device_tools (cuda $CUDA) in $(($(date +%s) - start)) s"
     rm -rf "$PACK"
     mkdir -p "$PACK"
-    for bin in "${BINS[@]}"; do
-        strip -o "$PACK/$bin" "$cargo_dir/release/examples/$bin"
-        xz -T0 -9 "$PACK/$bin"
-    done
+    strip -o "$PACK/device_tools" "$cargo_dir/release/examples/device_tools"
+    xz -T0 -9 "$PACK/device_tools"
     # The source with tools/ and common/ (for llama-bench and
     # llama-server), from the pinned sdist, less what the CUDA build does
     # not read.
@@ -107,10 +104,12 @@ prepare() {
 # (libcudart, libcublas: PyTorch's NVIDIA wheels there).
 unpack() {
     mkdir -p "$WORK/bin"
-    local bin
-    for bin in "${BINS[@]}"; do
-        [[ -x "$WORK/bin/$bin" && "$WORK/bin/$bin" -nt "$PACK/$bin.xz" ]] && continue
-        xz -dc "$PACK/$bin.xz" >"$WORK/bin/$bin" && chmod +x "$WORK/bin/$bin"
+    local tool
+    if [[ ! -x "$WORK/bin/device_tools" || "$PACK/device_tools.xz" -nt "$WORK/bin/device_tools" ]]; then
+        xz -dc "$PACK/device_tools.xz" >"$WORK/bin/device_tools" && chmod +x "$WORK/bin/device_tools"
+    fi
+    for tool in "${TOOLS[@]}"; do
+        ln -sf device_tools "$WORK/bin/$tool"
     done
     if [[ $(cat "$PACK/cuda") == ON ]]; then
         local libs
@@ -217,7 +216,7 @@ step_checks() {
 }
 
 run() {
-    [[ -f "$PACK/device_check.xz" ]] || die "no $PACK/device_check.xz: run \`bash scripts/device-check.sh prepare\` here first and carry target/device-check"
+    [[ -f "$PACK/device_tools.xz" ]] || die "no $PACK/device_tools.xz: run \`bash scripts/device-check.sh prepare\` here first and carry target/device-check"
     (($# > 0)) || set -- tools models bench serve checks
     export OUT="${OUT:-$ROOT/target/device-check-out}"
     mkdir -p "$OUT" "$WORK"

@@ -82,8 +82,8 @@ pub struct Args {
     /// Size the KV pool to limits per device instead: NAME=SIZE,
     /// comma-separated (devices as llama.cpp names them, e.g.
     /// CUDA0=20GiB,Host=8GiB; Host is RAM).
-    #[arg(long, value_delimiter = ',', value_parser = parse_device_budget, conflicts_with = "memory_budget")]
-    device_budget: Vec<(String, u64)>,
+    #[arg(long, conflicts_with = "memory_budget")]
+    device_budget: Option<Budget>,
     /// Tokens per decode step (llama.cpp's n_batch), shared by decoding
     /// streams and prompt chunks.
     #[arg(long, default_value_t = 512)]
@@ -415,13 +415,6 @@ fn model_params(args: &Args, config: &EngineConfig) -> ModelParams {
     }
 }
 
-/// `NAME=SIZE` of `--device-budget`.
-fn parse_device_budget(s: &str) -> Result<(String, u64), String> {
-    let (name, size) = s.split_once('=').ok_or_else(|| format!("`{s}` is not NAME=SIZE"))?;
-    let bytes = llamacpp::plan::parse_size(size).map_err(|e| e.to_string())?;
-    Ok((name.trim().to_owned(), bytes))
-}
-
 fn speculation(args: &Args) -> Speculation {
     Speculation::ngram().draft_max(args.draft_max as usize)
 }
@@ -448,9 +441,8 @@ fn engine_config(args: &Args) -> EngineConfig {
     if let Some(bytes) = args.memory_budget {
         config = config.memory_budget(bytes);
     }
-    if !args.device_budget.is_empty() {
-        let budget = args.device_budget.iter().fold(Budget::default(), |b, (name, bytes)| b.device(name, *bytes));
-        config = config.device_budget(budget);
+    if let Some(budget) = &args.device_budget {
+        config = config.device_budget(budget.clone());
     }
     if args.spec {
         config = config.speculation(speculation(args));
@@ -533,7 +525,7 @@ mod tests {
     #[test]
     fn device_budgets_are_name_size_pairs() {
         let args = Args::parse_from(["llama-serve", "--model", "m.gguf", "--device-budget", "CUDA0=2GiB,Host=1.5GB"]);
-        assert_eq!(args.device_budget, [("CUDA0".to_owned(), 2 << 30), ("Host".to_owned(), 1_500_000_000)]);
+        assert_eq!(args.device_budget, Some(Budget::default().device("CUDA0", 2 << 30).device("Host", 1_500_000_000)));
         let config = format!("{:?}", engine_config(&args));
         assert!(config.contains(r#"("CUDA0", 2147483648)"#) && config.contains(r#"("Host", 1500000000)"#), "{config}");
         for bad in [["--device-budget", "CUDA0"], ["--device-budget", "CUDA0=lots"]] {

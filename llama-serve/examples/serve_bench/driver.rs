@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::backend::{Backend, Completion};
-use crate::report::{median, ms};
-use crate::workload::{LongShort, Prefix, Request};
+use super::backend::{Backend, Completion};
+use super::report::{median, ms};
+use super::workload::{LongShort, Prefix, Request};
 
 /// What happened to one request.
 #[derive(Debug, Clone)]

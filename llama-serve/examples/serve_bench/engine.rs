@@ -9,7 +9,7 @@ use llamacpp::engine::{Engine, EngineConfig, Event, Request};
 use llamacpp::generate::FinishReason;
 use llamacpp::{KvType, Model, ModelParams, Token};
 
-use crate::backend::{Backend, Completion};
+use super::backend::{Backend, Completion};
 
 /// The engine's settings that the driver's shared options decide.
 #[derive(Debug)]

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::backend::{Backend, Completion};
+use super::backend::{Backend, Completion};
 
 /// The pid of the llama-server this process started (0: none), for the
 /// Ctrl-C handler.

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Map, Value, json};
 
-use crate::driver::ScenarioRun;
+use super::driver::ScenarioRun;
 
 /// Milliseconds, as a float.
 pub fn ms(d: Duration) -> f64 {

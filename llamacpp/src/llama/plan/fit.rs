@@ -57,6 +57,34 @@ impl Budget {
     }
 }
 
+impl std::str::FromStr for Budget {
+    type Err = Error;
+
+    /// A budget as command lines write it: `NAME=SIZE` pairs separated
+    /// by commas, device names as the plan prints them (`CUDA0`, `RPC0`,
+    /// [`HOST`] for RAM) and `total` for the sum, sizes as
+    /// [`parse_size`](super::parse_size) reads them:
+    /// `CUDA0=20GiB,Host=8GiB`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for an empty string, a pair without `=`
+    /// or a name, or a size `parse_size` refuses.
+    fn from_str(s: &str) -> Result<Budget> {
+        let mut budget = Budget::default();
+        for pair in s.split(',') {
+            let (name, size) = pair
+                .split_once('=')
+                .ok_or_else(|| Error::InvalidArgument(format!("`{}` is not NAME=SIZE", pair.trim())))?;
+            let (name, bytes) = (name.trim(), super::parse_size(size)?);
+            if name.is_empty() {
+                return Err(Error::InvalidArgument(format!("`{}` names no device", pair.trim())));
+            }
+            budget = if name == "total" { Budget { total: Some(bytes), ..budget } } else { budget.device(name, bytes) };
+        }
+        Ok(budget)
+    }
+}
+
 /// What to maximise.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FitGoal {

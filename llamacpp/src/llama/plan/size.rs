@@ -42,6 +42,22 @@ pub fn parse_size(s: &str) -> Result<u64> {
 
 #[cfg(test)]
 mod tests {
+    use crate::plan::{Budget, HOST};
+
+    #[test]
+    fn budgets_parse_from_name_size_pairs() {
+        let parsed: Budget = "CUDA0=2GiB, Host=1.5GB,total=4GiB".parse().unwrap();
+        assert_eq!(parsed, Budget::total(4 << 30).device("CUDA0", 2 << 30).device(HOST, 1_500_000_000));
+        // A later limit on the same device replaces the earlier.
+        assert_eq!("RPC0=1M,RPC0=2M".parse::<Budget>().unwrap(), Budget::default().device("RPC0", 2 << 20));
+        for bad in ["", "CUDA0", "=2GiB", "CUDA0=lots", "CUDA0=2GiB,"] {
+            match bad.parse::<Budget>() {
+                Err(crate::Error::InvalidArgument(message)) => assert!(!message.is_empty()),
+                other => panic!("{bad:?}: {other:?}"),
+            }
+        }
+    }
+
     use super::parse_size;
 
     #[test]
