@@ -26,6 +26,8 @@ mod fetch;
 mod gpu;
 #[path = "build/installed.rs"]
 mod installed;
+#[path = "build/mtmd.rs"]
+mod mtmd;
 #[path = "build/native.rs"]
 mod native;
 #[path = "build/pinned.rs"]
@@ -111,16 +113,28 @@ fn build_tree(tree: &Tree, features: &Features, target: &Target, shared: &Path, 
     }
 
     let include_dirs = vec![tree.root.join("include"), tree.root.join("ggml").join("include")];
-    // src/ for src/llama-ext.h alone (the memory breakdown).
-    let shim_includes: Vec<PathBuf> = include_dirs.iter().cloned().chain([tree.root.join("src")]).collect();
-    // The shim references libllama, so it goes first on the link line.
-    compile_shim(&shim_includes, sanitizer, false);
+    // src/ for src/llama-ext.h alone (the memory breakdown); tools/mtmd
+    // for libmtmd's headers (feature `mtmd`).
+    let mtmd_dir = features.mtmd.then(|| mtmd::include_dir(&tree.root).unwrap_or_else(|e| source::fail(&e)));
+    let shim_includes: Vec<PathBuf> =
+        include_dirs.iter().cloned().chain([tree.root.join("src")]).chain(mtmd_dir.clone()).collect();
+    // The shim references libllama (and libmtmd), so it goes first on the
+    // link line.
+    compile_shim(&shim_includes, sanitizer, false, mtmd_dir.is_some());
     // The sanitizer's runtime goes first: ASan checks at start-up that it
     // comes before every other shared library (libstdc++, libc) it wraps.
     if let Some(runtime) = sanitizer.and_then(|s| s.runtime(target).ok()) {
         print_lib(runtime);
     }
     println!("cargo:rustc-link-search=native={}", lib_dir.display());
+    if features.mtmd {
+        // libvendor-hash.a (libmtmd's SHA-256) is built, not installed:
+        // the `cmake` crate builds in the prefix's build/.
+        println!(
+            "cargo:rustc-link-search=native={}",
+            install.prefix.join("build").join("vendor").join("hash").display()
+        );
+    }
     if let Some(dispatch) = &dispatch {
         println!("cargo:rustc-link-search=native={}", dispatch.lib_dir.display());
         println!("cargo:rustc-cfg=llama_sys_cpu_dispatch");
@@ -165,7 +179,14 @@ fn link_installed(request: system::Request, features: &Features, target: &Target
     }
     println!("cargo:system=1");
 
-    compile_shim(std::slice::from_ref(&system.include_dir), None, true);
+    if features.mtmd {
+        source::fail(
+            "the feature `mtmd` builds libmtmd with the bundled llama.cpp; an installed llama.cpp \
+             (LLAMA_SYS_LIB_DIR / LLAMA_SYS_USE_PKG_CONFIG) is not supported with it yet: unset those, or \
+             leave `mtmd` off",
+        );
+    }
+    compile_shim(std::slice::from_ref(&system.include_dir), None, true, false);
     system::link(&system, features, target, print_lib);
     // A GGML_BACKEND_DL install keeps its modules in its bin/ (or its
     // GGML_BACKEND_DIR, which ggml searches by itself) or beside the libraries.
@@ -293,8 +314,9 @@ fn target() -> Target {
 }
 
 /// Compiles shim/shim.cpp against `includes`; `installed` headers have no
-/// `src/llama-ext.h`, so the shim declares what it uses of it itself.
-fn compile_shim(includes: &[PathBuf], sanitizer: Option<Sanitizer>, installed: bool) {
+/// `src/llama-ext.h`, so the shim declares what it uses of it itself;
+/// `mtmd` adds the twins of libmtmd's calls.
+fn compile_shim(includes: &[PathBuf], sanitizer: Option<Sanitizer>, installed: bool, mtmd: bool) {
     let mut build = cc::Build::new();
     if let Some(sanitizer) = sanitizer {
         for flag in sanitizer.compile_flags() {
@@ -306,6 +328,9 @@ fn compile_shim(includes: &[PathBuf], sanitizer: Option<Sanitizer>, installed: b
     }
     if installed {
         build.define("LLAMA_RS_INSTALLED_HEADERS", None);
+    }
+    if mtmd {
+        build.define("LLAMA_RS_MTMD", None);
     }
     build
         .cpp(true)

@@ -96,14 +96,18 @@ rm -rf "$staging" && mkdir -p "$staging"
 # What the library build reads (see ../shared/reference's CMake notes and
 # llamacpp-sys/build/features.rs): the other ggml backends are only
 # add_subdirectory'd when switched on, and vendor/'s header-only targets
-# need their CMakeLists.txt, not their headers.
-keep_paths=(CMakeLists.txt LICENSE licenses cmake include src ggml vendor)
+# need their CMakeLists.txt, not their headers, except stb_image.h and
+# miniaudio.h, which libmtmd (tools/mtmd, feature `mtmd`) compiles: its
+# library sources and headers are kept, not its tools, tests or media.
+keep_paths=(CMakeLists.txt LICENSE licenses cmake include src ggml vendor tools/mtmd)
 dropped_backends=(cann et hexagon hip musa opencl openvino sycl virtgpu webgpu zdnn zendnn)
 excludes=(--exclude="$SDIST_PREFIX/vendor/cpp-httplib"
-          --exclude="$SDIST_PREFIX/vendor/miniaudio/miniaudio.h"
           --exclude="$SDIST_PREFIX/vendor/nlohmann/*.hpp"
-          --exclude="$SDIST_PREFIX/vendor/sheredom/subprocess.h"
-          --exclude="$SDIST_PREFIX/vendor/stb/stb_image.h")
+          --exclude="$SDIST_PREFIX/vendor/sheredom/subprocess.h")
+for f in tests legacy-models 'test-*' '*.md' requirements.txt tests.sh mtmd-cli.cpp deprecation-warning.cpp \
+         debug/mtmd-debug.cpp; do
+    excludes+=(--exclude="$SDIST_PREFIX/tools/mtmd/$f")
+done
 for b in "${dropped_backends[@]}"; do excludes+=(--exclude="$SDIST_PREFIX/ggml/src/ggml-$b"); done
 tar -xzf "$tarball" -C "$staging" --strip-components=3 "${excludes[@]}" "${keep_paths[@]/#/$SDIST_PREFIX/}"
 [[ -f "$staging/include/llama.h" && -f "$staging/ggml/src/ggml-cpu/CMakeLists.txt" ]] \
@@ -145,7 +149,11 @@ done
 crate_sys="$ROOT/target/package/llamacpp-sys-${version[llamacpp-sys]}.crate"
 files_sys="$(tar -tzf "$crate_sys")"
 grep -q "/llama.cpp/include/llama.h$" <<<"$files_sys" || die "$crate_sys has no bundled llama.cpp"
-if grep -qE "/llama.cpp/(models|docs|tools|examples|tests)/" <<<"$files_sys"; then
+grep -q "/llama.cpp/tools/mtmd/mtmd.h$" <<<"$files_sys" || die "$crate_sys has no libmtmd (tools/mtmd)"
+extra="$(grep -E "/llama.cpp/(models|docs|tools|examples|tests)/" <<<"$files_sys" \
+    | grep -vE "/llama.cpp/tools/mtmd/([^/]+\.(cpp|h)|CMakeLists.txt|models/[^/]+\.(cpp|h)|debug/mtmd-debug\.h)$" || true)"
+if [[ -n "$extra" ]]; then
+    say "not needed by the library build: $(head -5 <<<"$extra" | tr '\n' ' ')"
     die "$crate_sys bundles more than the library build needs"
 fi
 [[ $verify == 1 ]] || exit 0
@@ -174,7 +182,8 @@ edition = "2024"
 publish = false
 
 [dependencies]
-llamacpp = "${version[llamacpp]}"
+# With libmtmd (feature mtmd): the bundle carries what it compiles.
+llamacpp = { version = "${version[llamacpp]}", features = ["mtmd"] }
 # Directly too: its build script reads llamacpp-sys's links metadata.
 llamacpp-sys = { version = "${version[llamacpp-sys]%%+*}", default-features = false }
 llama-model-cache = "${version[llama-model-cache]}"

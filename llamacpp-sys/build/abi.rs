@@ -139,7 +139,7 @@ fn quoted_includes(text: &str) -> Vec<String> {
 
 /// CRLF read as LF, so that a checkout with Windows line endings hashes the
 /// same; otherwise the bytes as they are (what `sha256sum` prints).
-fn normalize(bytes: &[u8]) -> Vec<u8> {
+pub fn normalize(bytes: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(bytes.len());
     for (i, &b) in bytes.iter().enumerate() {
         if !(b == b'\r' && bytes.get(i + 1) == Some(&b'\n')) {
@@ -149,7 +149,7 @@ fn normalize(bytes: &[u8]) -> Vec<u8> {
     out
 }
 
-fn sha256_hex(bytes: &[u8]) -> String {
+pub fn sha256_hex(bytes: &[u8]) -> String {
     Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
 }
 

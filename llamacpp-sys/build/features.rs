@@ -13,6 +13,8 @@ pub struct Features {
     pub vulkan: bool,
     pub rpc: bool,
     pub blas: bool,
+    /// libmtmd (tools/mtmd): multimodal projectors, images and audio.
+    pub mtmd: bool,
 }
 
 impl Features {
@@ -25,6 +27,7 @@ impl Features {
             vulkan: enabled("vulkan"),
             rpc: enabled("rpc"),
             blas: enabled("blas"),
+            mtmd: enabled("mtmd"),
         }
     }
 }
@@ -197,6 +200,8 @@ pub fn cmake_defines(f: &Features, t: &Target, o: &Options) -> Vec<(&'static str
         ("GGML_VULKAN", on(f.vulkan)),
         ("GGML_RPC", on(f.rpc)),
         ("GGML_BLAS", on(f.blas)),
+        // libmtmd alone, without the rest of tools/ (which needs llama-common).
+        ("LLAMA_BUILD_MTMD", on(f.mtmd)),
     ];
     if let Some(sanitizer) = o.sanitizer {
         d.extend(sanitizer.cmake_defines());
@@ -220,6 +225,11 @@ pub fn cmake_defines(f: &Features, t: &Target, o: &Options) -> Vec<(&'static str
     }
     if f.metal {
         d.push(("GGML_METAL_EMBED_LIBRARY", on(true)));
+    }
+    if f.mtmd {
+        // Video input runs an ffmpeg found on PATH in a subprocess: not
+        // something a library should do behind its user's back.
+        d.push(("MTMD_VIDEO", on(false)));
     }
     if f.rpc {
         // RDMA is switched on when libibverbs happens to be installed; keep
@@ -246,12 +256,16 @@ pub enum Lib {
 pub const CPU_DISPATCH_LIB: &str = "ggml-cpu-dispatch";
 
 /// The libraries to link, dependents before their dependencies:
-/// llama, ggml, the enabled backends, ggml-cpu (or, with `cpu_dispatch`,
+/// mtmd (with `mtmd`), llama, ggml, the enabled backends, ggml-cpu (or, with `cpu_dispatch`,
 /// the variants and their dispatcher), ggml-base, then the system
 /// libraries they need (NVIDIA's driver library only with `cuda_driver`:
 /// see [`Options::cuda_no_vmm`]).
 pub fn link_libs(f: &Features, t: &Target, cpu_dispatch: bool, cuda_driver: bool) -> Vec<Lib> {
-    let mut libs = vec![Lib::Static("llama"), Lib::Static("ggml")];
+    // libmtmd calls into libllama and ggml, so it comes first, with the
+    // hashing library of llama.cpp's vendor/ it needs (not installed: its
+    // folder is in the CMake build tree, build.rs adds it).
+    let mut libs = if f.mtmd { vec![Lib::Static("mtmd"), Lib::Static("vendor-hash")] } else { Vec::new() };
+    libs.extend([Lib::Static("llama"), Lib::Static("ggml")]);
     if f.cuda {
         libs.push(Lib::Static("ggml-cuda"));
     }

@@ -55,15 +55,19 @@ pub fn pinned_tree(tree: &Path, download_dir: &Path, is_populated: impl Fn(&Path
 }
 
 /// Is this path (relative to the llama.cpp root) part of what we extract?
-/// The library build needs the CMake files and sources; the tests need the
-/// tokenizer vectors and chat templates under models/.
+/// The library build needs the CMake files and sources (libmtmd's, for the
+/// feature `mtmd`, in tools/mtmd); the tests need the tokenizer vectors and
+/// chat templates under models/ and libmtmd's test media.
 fn wanted(rel: &Path) -> bool {
     let s = rel.to_string_lossy();
     let first = rel.components().next();
     let top_level = matches!(first, Some(Component::Normal(c)) if [
         "CMakeLists.txt", "cmake", "include", "src", "ggml", "vendor", "LICENSE", "licenses",
     ].iter().any(|w| c == *w));
-    top_level || s.starts_with("models/ggml-vocab-") || s.starts_with("models/templates/")
+    top_level
+        || s.starts_with("models/ggml-vocab-")
+        || s.starts_with("models/templates/")
+        || s.starts_with("tools/mtmd/")
 }
 
 fn extract(tarball: &Path, dest: &Path) {

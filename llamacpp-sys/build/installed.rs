@@ -150,6 +150,8 @@ pub fn libs(installed: &Installed, linkage: Linkage, features: &Features, target
                 vulkan: installed.has("ggml-vulkan"),
                 rpc: installed.has("ggml-rpc"),
                 blas: installed.has("ggml-blas"),
+                // libmtmd with an installed llama.cpp is refused before this (build.rs).
+                mtmd: false,
             };
             Ok(link_libs(&built, target, false, true))
         }

@@ -9,6 +9,11 @@
 
 #include "llama.h"
 
+#ifdef LLAMA_RS_MTMD
+#include "mtmd.h"
+#include "mtmd-helper.h"
+#endif
+
 #include <map>
 
 #ifdef LLAMA_RS_INSTALLED_HEADERS
@@ -339,5 +344,92 @@ int llama_rs_rpc_encode(llama_context * ctx, llama_batch batch, int32_t * result
         llama_synchronize(ctx);
     });
 }
+
+#ifdef LLAMA_RS_MTMD
+// libmtmd (feature `mtmd`): the calls whose C++ inside can throw (loading a
+// projector, decoding media files, tokenizing, encoding, evaluating).
+// Failures that are not exceptions keep mtmd's own return values.
+
+int llama_rs_mtmd_init(const char * path, const llama_model * model, bool use_gpu, int32_t n_threads, bool warmup,
+                       int32_t flash_attn_type, int32_t image_min_tokens, int32_t image_max_tokens,
+                       mtmd_context ** result) {
+    return guarded([&] {
+        mtmd_context_params params = mtmd_context_params_default();
+        params.use_gpu = use_gpu;
+        params.print_timings = false;
+        params.n_threads = n_threads;
+        params.warmup = warmup;
+        params.flash_attn_type = (enum llama_flash_attn_type) flash_attn_type;
+        params.image_min_tokens = image_min_tokens;
+        params.image_max_tokens = image_max_tokens;
+        *result = mtmd_init_from_file(path, model, params);
+    });
+}
+
+int llama_rs_mtmd_bitmap_init(uint32_t nx, uint32_t ny, const unsigned char * data, mtmd_bitmap ** result) {
+    return guarded([&] { *result = mtmd_bitmap_init(nx, ny, data); });
+}
+
+int llama_rs_mtmd_bitmap_init_from_audio(size_t n_samples, const float * data, mtmd_bitmap ** result) {
+    return guarded([&] { *result = mtmd_bitmap_init_from_audio(n_samples, data); });
+}
+
+int llama_rs_mtmd_bitmap_set_id(mtmd_bitmap * bitmap, const char * id) {
+    return guarded([&] { mtmd_bitmap_set_id(bitmap, id); });
+}
+
+// An image (stb_image: jpg, png, bmp, gif, ...) or audio file (miniaudio:
+// wav, mp3, flac) in memory, with its SHA-256 as the bitmap's id; never a
+// video (the build has none).
+int llama_rs_mtmd_bitmap_from_buf(const mtmd_context * ctx, const unsigned char * buf, size_t len,
+                                  mtmd_bitmap ** result) {
+    return guarded([&] {
+        mtmd_helper_bitmap_wrapper wrapped =
+            mtmd_helper_bitmap_init_from_buf(ctx, buf, len, false, mtmd_helper_init_opt_default());
+        if (wrapped.video_ctx != nullptr) {
+            mtmd_helper_video_free(wrapped.video_ctx);
+            if (wrapped.bitmap != nullptr) {
+                mtmd_bitmap_free(wrapped.bitmap);
+            }
+            wrapped.bitmap = nullptr;
+        }
+        *result = wrapped.bitmap;
+    });
+}
+
+int llama_rs_mtmd_tokenize(const mtmd_context * ctx, mtmd_input_chunks * output, const char * text, size_t text_len,
+                           bool add_special, bool parse_special, const mtmd_bitmap * const * bitmaps,
+                           size_t n_bitmaps, int32_t * result) {
+    return guarded([&] {
+        // mtmd_tokenize reads `text` as a C string; the caller passes one
+        // that ends at text_len (no interior NUL).
+        mtmd_input_text input = {text, text_len, add_special, parse_special};
+        *result = mtmd_tokenize(ctx, output, &input, bitmaps, n_bitmaps);
+    });
+}
+
+int llama_rs_mtmd_encode_chunk(mtmd_context * ctx, const mtmd_input_chunk * chunk, int32_t * result) {
+    return guarded([&] { *result = mtmd_encode_chunk(ctx, chunk); });
+}
+
+int llama_rs_mtmd_eval_chunk_single(mtmd_context * ctx, llama_context * lctx, const mtmd_input_chunk * chunk,
+                                    llama_pos n_past, llama_seq_id seq_id, int32_t n_batch, bool logits_last,
+                                    llama_pos * new_n_past, int32_t * result) {
+    return guarded([&] {
+        *result = mtmd_helper_eval_chunk_single(ctx, lctx, chunk, n_past, seq_id, n_batch, logits_last, new_n_past);
+    });
+}
+
+// The embeddings of a media chunk already encoded by llama_rs_mtmd_encode_chunk
+// (mtmd_get_output_embd), decoded into lctx at n_past.
+int llama_rs_mtmd_decode_media_chunk(mtmd_context * ctx, llama_context * lctx, const mtmd_input_chunk * chunk,
+                                     float * embd, llama_pos n_past, llama_seq_id seq_id, int32_t n_batch,
+                                     llama_pos * new_n_past, int32_t * result) {
+    return guarded([&] {
+        *result = mtmd_helper_decode_image_chunk(ctx, lctx, chunk, embd, n_past, seq_id, n_batch, new_n_past,
+                                                 nullptr, nullptr);
+    });
+}
+#endif // LLAMA_RS_MTMD
 
 } // extern "C"

@@ -36,7 +36,16 @@ fn from_enabled_reads_every_feature() {
     let all = Features::from_enabled(|_| true);
     assert_eq!(
         all,
-        Features { openmp: true, native: true, cuda: true, metal: true, vulkan: true, rpc: true, blas: true }
+        Features {
+            openmp: true,
+            native: true,
+            cuda: true,
+            metal: true,
+            vulkan: true,
+            rpc: true,
+            blas: true,
+            mtmd: true
+        }
     );
     assert_eq!(Features::from_enabled(|f| f == "rpc"), Features { rpc: true, ..Features::default() });
 }
@@ -243,4 +252,23 @@ fn all_backends_link_before_the_cpu_backend() {
 fn debug_build_type_is_passed_through() {
     let o = Options { build_type: "Debug".into(), ..options() };
     assert_eq!(define(&cmake_defines(&defaults(), &linux(), &o), "CMAKE_BUILD_TYPE").as_deref(), Some("Debug"));
+}
+
+#[test]
+fn mtmd_builds_the_library_alone_without_video_and_links_it_first() {
+    let d = cmake_defines(&defaults(), &linux(), &options());
+    assert_eq!(define(&d, "LLAMA_BUILD_MTMD").as_deref(), Some("OFF"));
+    assert_eq!(define(&d, "MTMD_VIDEO"), None);
+    assert!(!link_libs(&defaults(), &linux(), false, true).contains(&Lib::Static("mtmd")));
+
+    let f = Features { mtmd: true, ..defaults() };
+    let d = cmake_defines(&f, &linux(), &options());
+    assert_eq!(define(&d, "LLAMA_BUILD_MTMD").as_deref(), Some("ON"));
+    assert_eq!(define(&d, "MTMD_VIDEO").as_deref(), Some("OFF"));
+    // The rest of tools/ stays off: it needs llama-common.
+    assert_eq!(define(&d, "LLAMA_BUILD_TOOLS").as_deref(), Some("OFF"));
+    assert_eq!(
+        link_libs(&f, &linux(), false, true)[..3],
+        [Lib::Static("mtmd"), Lib::Static("vendor-hash"), Lib::Static("llama")]
+    );
 }

@@ -30,6 +30,9 @@ include!(concat!(env!("OUT_DIR"), "/paths.rs"));
 
 pub mod shim;
 
+#[cfg(feature = "mtmd")]
+pub mod mtmd;
+
 mod cpu;
 pub use cpu::{cpu_variant, cpu_variant_forced, cpu_variant_score};
 
