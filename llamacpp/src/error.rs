@@ -20,6 +20,23 @@ pub enum Error {
         /// Why, as far as llama.cpp said.
         reason: String,
     },
+    /// A multimodal projector (`mmproj` GGUF, feature `mtmd`) could not be
+    /// loaded: not a projector, an unknown projector type, missing
+    /// tensors, an output width other than its text model's, a device that
+    /// cannot hold it.
+    #[error("cannot load projector {path}: {reason}")]
+    ProjectorLoad {
+        /// The file that failed.
+        path: PathBuf,
+        /// Why, as far as libmtmd said.
+        reason: String,
+    },
+    /// An image or audio input that cannot be used (feature `mtmd`): empty,
+    /// too large, not decodable (truncated, corrupt, another format), of a
+    /// kind the projector does not take, or a prompt whose media markers
+    /// and media do not match; the text says which.
+    #[error("media input: {0}")]
+    Media(String),
     /// The progress callback asked to stop loading.
     #[error("model loading was cancelled by the progress callback")]
     LoadCancelled,

@@ -88,6 +88,9 @@ pub use serving::embed;
 #[cfg(feature = "engine")]
 #[cfg_attr(docsrs, doc(cfg(feature = "engine")))]
 pub use serving::engine;
+#[cfg(feature = "mtmd")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mtmd")))]
+pub use text::mtmd;
 pub use text::{chat, generate};
 
 pub use adapter::LoraAdapter;

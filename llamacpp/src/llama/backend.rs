@@ -22,6 +22,8 @@ pub fn init() {
         // never unwinds and needs no user data.
         unsafe {
             sys::llama_log_set(Some(log_trampoline), std::ptr::null_mut());
+            #[cfg(feature = "mtmd")]
+            sys::mtmd::mtmd_helper_log_set(Some(log_trampoline), std::ptr::null_mut());
             sys::llama_backend_init();
         }
         load_backend_modules();

@@ -49,10 +49,14 @@ use std::sync::{Mutex, PoisonError};
 
 use crate::sys;
 
+#[cfg(feature = "mtmd")]
+mod projector;
 mod shaped;
 mod tensors;
 mod writer;
 
+#[cfg(feature = "mtmd")]
+pub use projector::{ProjectorKind, ProjectorSpec, tiny_projector_path, write_tiny_projector};
 pub use shaped::{ShapedSpec, write_shaped_llama};
 use tensors::*;
 pub use writer::GgufWriter;
@@ -254,15 +258,21 @@ struct LoraMerge {
 
 fn write_tiny(path: &Path, spec: &TinyModelSpec, arch: Arch, merge: Option<LoraMerge>) -> io::Result<()> {
     validate(spec)?;
+    write_atomically(path, |tmp| write_gguf(tmp, spec, arch, merge))
+}
+
+/// Runs `write` on a unique temporary file beside `path`, then renames it
+/// over `path`, so readers never see a partial file; the temporary file is
+/// removed when anything fails.
+fn write_atomically(path: &Path, write: impl FnOnce(&Path) -> io::Result<()>) -> io::Result<()> {
     let file_name = path.file_name().ok_or_else(|| invalid_input(format!("no file name in {}", path.display())))?;
     let dir = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
     };
-
     let (tmp, file) = create_unique_temp(&dir, &file_name.to_string_lossy())?;
     drop(file);
-    let result = write_gguf(&tmp, spec, arch, merge).and_then(|()| fs::rename(&tmp, path));
+    let result = write(&tmp).and_then(|()| fs::rename(&tmp, path));
     if result.is_err() {
         // Best effort: the temporary name is ours alone.
         let _ = fs::remove_file(&tmp);

@@ -183,18 +183,7 @@ pub fn write_shaped_llama(path: &Path, spec: &ShapedSpec) -> io::Result<()> {
         w.add_tensor_with(name, ne, *ty, |data| fill_blocks(data, *ty, &mut rng))?;
     }
 
-    let file_name = path.file_name().ok_or_else(|| invalid_input(format!("no file name in {}", path.display())))?;
-    let dir = match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let (tmp, file) = create_unique_temp(&dir, &file_name.to_string_lossy())?;
-    drop(file);
-    let result = w.write(&tmp).and_then(|()| fs::rename(&tmp, path));
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    result
+    write_atomically(path, |tmp| w.write(tmp))
 }
 
 /// Random quantized blocks whose weights stay small and finite: random

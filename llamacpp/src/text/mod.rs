@@ -4,3 +4,5 @@
 
 pub mod chat;
 pub mod generate;
+#[cfg(feature = "mtmd")]
+pub mod mtmd;

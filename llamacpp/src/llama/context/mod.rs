@@ -14,8 +14,12 @@ use crate::types::SeqId;
 mod create;
 mod kv_cache;
 mod kv_state;
+#[cfg(feature = "mtmd")]
+mod media;
 mod outputs;
 mod params;
+#[cfg(feature = "mtmd")]
+pub(crate) use media::EncodedChunk;
 mod pass;
 mod remote;
 mod validate;
@@ -24,6 +28,8 @@ pub use outputs::Output;
 
 pub(crate) use params::MAX_TOKENS;
 use params::check_threads;
+#[cfg(feature = "mtmd")]
+pub(crate) use params::default_threads;
 pub use params::{Attention, ContextParams, FlashAttention, KvType, Pooling, max_sequences};
 use remote::Calls;
 

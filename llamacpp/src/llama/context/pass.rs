@@ -73,7 +73,7 @@ impl Context<'_> {
     }
 
     /// Refuses to run a context whose last decode or encode threw.
-    fn check_not_poisoned(&self) -> Result<()> {
+    pub(super) fn check_not_poisoned(&self) -> Result<()> {
         match &self.poisoned {
             None => Ok(()),
             Some((function, message)) => Err(Error::Poisoned { function, message: message.clone() }),
@@ -81,7 +81,7 @@ impl Context<'_> {
     }
 
     /// Poisons the context if `result` is a caught C++ exception.
-    fn poison_on_exception(&mut self, result: &Result<()>) {
+    pub(super) fn poison_on_exception(&mut self, result: &Result<()>) {
         if let Err(Error::Exception { function, message }) = result {
             self.poisoned = Some((function, message.clone()));
         }

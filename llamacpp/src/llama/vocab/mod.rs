@@ -296,6 +296,13 @@ impl Vocab {
         Ok(())
     }
 
+    /// The stack a tokenization of `text_len` bytes needs (llama.cpp's
+    /// hand-written BPE pre-tokenizer regexes recurse per byte).
+    #[cfg(feature = "mtmd")]
+    pub(crate) fn tokenize_stack(&self, text_len: usize) -> usize {
+        if self.regex_split { text_len.saturating_mul(REGEX_STACK_PER_BYTE) } else { 0 }
+    }
+
     /// Tokenizes `text`, replacing the contents of `out` (its allocation is
     /// reused); `special` says whether control-token text becomes control
     /// tokens ([`Special::Markup`], as [`Vocab::tokenize_special`]).

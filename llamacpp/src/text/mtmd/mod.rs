@@ -1,0 +1,374 @@
+//! Images and audio in (feature `mtmd`): a multimodal projector (`mmproj`
+//! GGUF) loaded beside its text [`Model`], media decoded into [`Media`],
+//! prompts of text and media tokenized into a [`MediaPrompt`] and
+//! evaluated into a [`Context`], after which generation goes on as for
+//! text.
+//!
+//! ```no_run
+//! # fn main() -> Result<(), llamacpp::Error> {
+//! use llamacpp::mtmd::{Media, Projector, ProjectorParams};
+//! use llamacpp::{AddBos, ContextParams, Model, ModelParams, Output, Sampler, Special};
+//!
+//! let model = Model::load("gemma-3-4b-it-q4_k_m.gguf", &ModelParams::default())?;
+//! let mut projector = Projector::load(&model, "mmproj-gemma-3-4b-it-f16.gguf", &ProjectorParams::default())?;
+//! let image = Media::from_file(&projector, "photo.jpg")?;
+//! let text = format!("<start_of_turn>user\n{} What is in this picture?<end_of_turn>\n<start_of_turn>model\n", projector.marker());
+//! let prompt = projector.tokenize(&text, &[&image], AddBos::Yes, Special::Markup)?;
+//! let mut ctx = model.new_context(&ContextParams::default().n_ctx(4096))?;
+//! projector.eval(&mut ctx, &prompt, 0)?;
+//! let next = Sampler::greedy().sample(&mut ctx, Output::Last)?;
+//! # Ok(()) }
+//! ```
+//!
+//! What is checked before libmtmd runs (never an abort from safe code): a
+//! projector whose output width is not the text model's input width, a
+//! prompt whose markers and media do not match in number, an empty or
+//! oversized image, bytes that do not decode, a prompt that does not fit
+//! the sequence, an image the model attends to at once that does not fit
+//! one micro-batch: each is an [`Error`].
+
+mod media;
+mod prompt;
+
+use std::ffi::CString;
+use std::path::Path;
+use std::ptr::NonNull;
+
+pub use media::{MAX_IMAGE_PIXELS, MAX_MEDIA_BYTES, Media};
+pub use prompt::{Chunk, ChunkKind, MediaPrompt};
+
+use crate::context::Context;
+use crate::error::{Error, Result, check_shim};
+use crate::model::Model;
+use crate::stack::with_stack;
+use crate::sys;
+use crate::thread::SendPtr;
+use crate::types::{Pos, SeqId};
+use crate::vocab::{AddBos, Special};
+use crate::{FlashAttention, backend};
+
+/// How a [`Projector`] is loaded and run.
+///
+/// Defaults: on the GPU where the build has one, as many threads as the
+/// machine has, a warm-up encode at load (so the first image is not slow
+/// and a projector too large for the device fails at load), flash
+/// attention where llama.cpp chooses it, the projector's own limits on
+/// image tokens.
+#[non_exhaustive]
+#[derive(Clone, Debug)]
+pub struct ProjectorParams {
+    pub(crate) use_gpu: bool,
+    pub(crate) n_threads: Option<i32>,
+    pub(crate) warmup: bool,
+    pub(crate) flash_attention: FlashAttention,
+    pub(crate) image_min_tokens: Option<u32>,
+    pub(crate) image_max_tokens: Option<u32>,
+}
+
+impl Default for ProjectorParams {
+    fn default() -> Self {
+        ProjectorParams {
+            use_gpu: true,
+            n_threads: None,
+            warmup: true,
+            flash_attention: FlashAttention::Auto,
+            image_min_tokens: None,
+            image_max_tokens: None,
+        }
+    }
+}
+
+impl ProjectorParams {
+    setters! {
+        /// Run the projector on the GPU where the build has one.
+        use_gpu: bool => use_gpu;
+        /// CPU threads of the encoder.
+        n_threads: i32 => n_threads (Some);
+        /// Encode a dummy image at load.
+        warmup: bool => warmup;
+        /// Flash attention in the encoder.
+        flash_attention: FlashAttention => flash_attention;
+        /// The fewest tokens an image becomes (vision models with dynamic
+        /// resolution only).
+        image_min_tokens: u32 => image_min_tokens (Some);
+        /// The most tokens an image becomes (vision models with dynamic
+        /// resolution only).
+        image_max_tokens: u32 => image_max_tokens (Some);
+    }
+}
+
+/// A multimodal projector: the vision (or audio) encoder of a model,
+/// loaded from its `mmproj` GGUF beside the text [`Model`] it belongs to,
+/// which it borrows.
+#[derive(Debug)]
+pub struct Projector<'m> {
+    ptr: NonNull<sys::mtmd::mtmd_context>,
+    model: &'m Model,
+}
+
+impl Drop for Projector<'_> {
+    fn drop(&mut self) {
+        // SAFETY: the projector is ours and freed once.
+        unsafe { sys::mtmd::mtmd_free(self.ptr.as_ptr()) }
+    }
+}
+
+impl<'m> Projector<'m> {
+    /// Loads the projector at `path` for `model`.
+    ///
+    /// # Errors
+    /// [`Error::Io`] for a file that cannot be read; [`Error::ProjectorLoad`]
+    /// when libmtmd refuses it (not a projector, an unknown projector type,
+    /// missing tensors, an output width other than the model's input
+    /// width, a device that cannot hold it); [`Error::Nul`] for a path with
+    /// a NUL byte.
+    #[doc(alias = "mtmd_init_from_file")]
+    pub fn load(model: &'m Model, path: impl AsRef<Path>, params: &ProjectorParams) -> Result<Projector<'m>> {
+        backend::init();
+        let path = path.as_ref();
+        let c_path = crate::model::check_gguf_file(path)?;
+        let fail = |reason: String| Error::ProjectorLoad { path: path.to_owned(), reason };
+        let n_threads = params.n_threads.unwrap_or_else(crate::context::default_threads);
+        if n_threads < 1 {
+            return Err(Error::InvalidParameter {
+                name: "n_threads",
+                message: format!("must be ≥ 1, was {n_threads}"),
+            });
+        }
+        let tokens =
+            |n: Option<u32>| n.map_or(Ok(-1), |n| i32::try_from(n).map_err(|_| fail(format!("{n} image tokens"))));
+        let flash = match params.flash_attention {
+            FlashAttention::Auto => sys::llama_flash_attn_type::LLAMA_FLASH_ATTN_TYPE_AUTO,
+            FlashAttention::On => sys::llama_flash_attn_type::LLAMA_FLASH_ATTN_TYPE_ENABLED,
+            FlashAttention::Off => sys::llama_flash_attn_type::LLAMA_FLASH_ATTN_TYPE_DISABLED,
+        };
+        backend::clear_last_error();
+        let mut ptr = std::ptr::null_mut();
+        // SAFETY: `c_path` is a NUL-terminated path, the model is live for
+        // `'m` (the projector keeps its pointer and is dropped before it),
+        // and the shim catches exceptions.
+        let code = unsafe {
+            sys::mtmd::llama_rs_mtmd_init(
+                c_path.as_ptr(),
+                model.as_ptr(),
+                params.use_gpu,
+                n_threads,
+                params.warmup,
+                flash,
+                tokens(params.image_min_tokens)?,
+                tokens(params.image_max_tokens)?,
+                &mut ptr,
+            )
+        };
+        if code != sys::shim::OK {
+            // SAFETY: the shim's message of this thread's last exception.
+            let message = unsafe { crate::ffi::owned_lossy(sys::shim::llama_rs_last_exception()) };
+            return Err(fail(message.trim().to_owned()));
+        }
+        let Some(ptr) = NonNull::new(ptr) else {
+            return Err(fail(backend::last_error_or("libmtmd could not load it (see the llama.cpp log)")));
+        };
+        Ok(Projector { ptr, model })
+    }
+
+    /// The raw pointer, for libmtmd calls this crate does not wrap. Calls
+    /// through it must keep what the safe methods check.
+    pub fn as_ptr(&self) -> *mut sys::mtmd::mtmd_context {
+        self.ptr.as_ptr()
+    }
+
+    /// The text model this projector belongs to.
+    pub fn model(&self) -> &'m Model {
+        self.model
+    }
+
+    /// Whether the projector takes images.
+    #[doc(alias = "mtmd_support_vision")]
+    pub fn supports_vision(&self) -> bool {
+        // SAFETY: the projector is live.
+        unsafe { sys::mtmd::mtmd_support_vision(self.ptr.as_ptr()) }
+    }
+
+    /// Whether the projector takes audio.
+    #[doc(alias = "mtmd_support_audio")]
+    pub fn supports_audio(&self) -> bool {
+        // SAFETY: the projector is live.
+        unsafe { sys::mtmd::mtmd_support_audio(self.ptr.as_ptr()) }
+    }
+
+    /// The sample rate audio must have (Hz), if the projector takes audio.
+    #[doc(alias = "mtmd_get_audio_sample_rate")]
+    pub fn audio_sample_rate(&self) -> Option<u32> {
+        // SAFETY: the projector is live.
+        let rate = unsafe { sys::mtmd::mtmd_get_audio_sample_rate(self.ptr.as_ptr()) };
+        u32::try_from(rate).ok().filter(|&r| r > 0)
+    }
+
+    /// Whether the text model takes M-RoPE positions (Qwen-VL): an image
+    /// then takes fewer positions than tokens.
+    #[doc(alias = "mtmd_decode_use_mrope")]
+    pub fn uses_mrope(&self) -> bool {
+        // SAFETY: the projector is live.
+        unsafe { sys::mtmd::mtmd_decode_use_mrope(self.ptr.as_ptr()) }
+    }
+
+    /// The text that marks where a medium goes in a prompt
+    /// (`<__media__>`).
+    #[doc(alias = "mtmd_get_marker")]
+    pub fn marker(&self) -> &str {
+        // SAFETY: the projector is live; its marker lives as long as it.
+        unsafe { crate::ffi::borrowed_str(sys::mtmd::mtmd_get_marker(self.ptr.as_ptr())) }.unwrap_or("<__media__>")
+    }
+
+    /// Tokenizes `text`, each of whose markers ([`Projector::marker`])
+    /// takes the next of `media`, in order; the projector adds the
+    /// model's image delimiters around each (Gemma 3's
+    /// `<start_of_image>`, for example). `special` says whether control
+    /// tokens written in `text` are control tokens (a rendered chat
+    /// template) or plain text (untrusted input).
+    ///
+    /// # Errors
+    /// [`Error::Media`] when the number of markers is not the number of
+    /// media, for audio given to a projector without audio (or an image
+    /// to one without vision), or when libmtmd cannot preprocess a medium;
+    /// [`Error::Nul`] for a NUL byte in `text`; [`Error::InputTooLarge`]
+    /// as for [`Vocab::tokenize`](crate::Vocab::tokenize).
+    #[doc(alias = "mtmd_tokenize")]
+    pub fn tokenize(&self, text: &str, media: &[&Media], add_bos: AddBos, special: Special) -> Result<MediaPrompt> {
+        let markers = text.matches(self.marker()).count();
+        if markers != media.len() {
+            return Err(Error::Media(format!(
+                "the prompt has {markers} media markers ({}) for {} media",
+                self.marker(),
+                media.len()
+            )));
+        }
+        for m in media {
+            if m.is_audio() && !self.supports_audio() {
+                return Err(Error::Media("this projector takes no audio".into()));
+            }
+            if !m.is_audio() && !self.supports_vision() {
+                return Err(Error::Media("this projector takes no images".into()));
+            }
+        }
+        let c_text = CString::new(text)?;
+        // SAFETY: a new, empty list, owned by the prompt from here on.
+        let list =
+            NonNull::new(unsafe { sys::mtmd::mtmd_input_chunks_init() }).ok_or(Error::OutOfMemory { bytes: 0 })?;
+        let mut prompt = MediaPrompt::new(list, self.ptr.as_ptr() as usize);
+        let bitmaps: Vec<*const sys::mtmd::mtmd_bitmap> = media.iter().map(|m| m.as_ptr()).collect();
+        let stack = self.model.vocab().tokenize_stack(text.len());
+        let call = SendPtr((self.ptr.as_ptr(), prompt.as_mut_ptr(), c_text.as_ptr(), bitmaps.as_ptr()));
+        let (add_bos, parse_special) = (add_bos == AddBos::Yes, special == Special::Markup);
+        let (len, n) = (text.len(), bitmaps.len());
+        backend::clear_last_error();
+        let (shim, code) = with_stack("the text to tokenize", stack, move || {
+            let call = call;
+            let (ctx, out, text, bitmaps) = call.0;
+            let mut code = 0;
+            // SAFETY: the projector and list are live (the caller waits for
+            // this call), `text` is NUL-terminated at `len` with no NUL
+            // inside (CString), `bitmaps` holds `n` live bitmaps; the shim
+            // catches exceptions. mtmd_tokenize takes a shared projector.
+            let shim = unsafe {
+                sys::mtmd::llama_rs_mtmd_tokenize(ctx, out, text, len, add_bos, parse_special, bitmaps, n, &mut code)
+            };
+            (shim, code)
+        })?;
+        check_shim(shim, "mtmd_tokenize")?;
+        match code {
+            0 => Ok(prompt),
+            1 => Err(Error::Media(format!("the prompt's media markers do not match its {n} media"))),
+            _ => Err(Error::Media(backend::last_error_or("libmtmd could not preprocess the media"))),
+        }
+    }
+
+    /// Evaluates `prompt` into sequence `seq` of `ctx`, after the
+    /// sequence's last cached position (or from 0): text chunks as
+    /// [`Context::eval`] does, media chunks encoded by the projector and
+    /// their embeddings decoded (with non-causal attention within an image
+    /// where the model wants it). When the prompt ends with text, the
+    /// logits of its last token are ready for sampling
+    /// ([`Output::Last`](crate::Output::Last)); after a medium, none are.
+    ///
+    /// # Errors
+    /// [`Error::WrongModel`] for a context of another model or a prompt
+    /// another projector tokenized; [`Error::ContextFull`] when the
+    /// prompt's positions do not fit the sequence (checked before anything
+    /// is evaluated); [`Error::InvalidBatch`] for an image the model
+    /// attends to at once that does not fit `n_ubatch`; [`Error::Media`]
+    /// when the encoder fails; otherwise as [`Context::decode`]. When a
+    /// chunk fails, the chunks before it stay in the cache.
+    pub fn eval(&mut self, ctx: &mut Context<'m>, prompt: &MediaPrompt, seq: SeqId) -> Result<()> {
+        if !std::ptr::eq(ctx.model(), self.model) {
+            return Err(Error::WrongModel("the context"));
+        }
+        if prompt.projector != self.ptr.as_ptr() as usize {
+            return Err(Error::WrongModel("the media prompt"));
+        }
+        ctx.check_seq(seq)?;
+        let start = ctx.seq_pos_max(seq)?.map_or(0, |p| p as usize + 1);
+        let n_ctx = ctx.n_ctx_seq();
+        if start.saturating_add(prompt.n_pos()) > n_ctx as usize {
+            return Err(Error::ContextFull { n_ctx });
+        }
+        let n_embd = self.model.n_embd_inp();
+        let mut n_past = start as Pos;
+        for chunk in prompt.chunks() {
+            match chunk.kind() {
+                ChunkKind::Text => {
+                    if chunk.tokens().is_empty() {
+                        continue;
+                    }
+                    ctx.eval(chunk.tokens(), seq)?;
+                    n_past += chunk.tokens().len() as Pos;
+                }
+                ChunkKind::Image | ChunkKind::Audio => {
+                    let embd = self.encode(&chunk, n_embd)?;
+                    // SAFETY: the chunk is queried from a live prompt.
+                    let non_causal =
+                        unsafe { sys::mtmd::mtmd_decode_use_non_causal(self.ptr.as_ptr(), chunk.as_ptr()) };
+                    let media = crate::context::EncodedChunk {
+                        projector: self.ptr.as_ptr(),
+                        chunk: chunk.as_ptr(),
+                        embd,
+                        n_tokens: chunk.n_tokens(),
+                        non_causal,
+                    };
+                    // SAFETY: the projector belongs to the context's model
+                    // (checked above), the chunk is of a live prompt it
+                    // tokenized, and `embd` is its last encode, of this
+                    // chunk: `n_embd × n_tokens` floats, where n_embd is the
+                    // model's input width (libmtmd refuses at load a
+                    // projector whose output width differs).
+                    n_past = unsafe { ctx.decode_media(&media, n_past, seq)? };
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs the encoder on a media chunk; returns its output (`n_embd ×
+    /// n_tokens` floats, valid until the next encode).
+    fn encode(&mut self, chunk: &Chunk<'_>, n_embd: usize) -> Result<*mut f32> {
+        if chunk.kind() == ChunkKind::Text {
+            return Err(Error::InvalidArgument("a text chunk has nothing to encode".into()));
+        }
+        let mut code = 0;
+        backend::clear_last_error();
+        // SAFETY: the projector is ours (`&mut self`), the chunk is of a live
+        // prompt; the shim catches exceptions.
+        let shim = unsafe { sys::mtmd::llama_rs_mtmd_encode_chunk(self.ptr.as_ptr(), chunk.as_ptr(), &mut code) };
+        check_shim(shim, "mtmd_encode_chunk")?;
+        if code != 0 {
+            return Err(Error::Media(backend::last_error_or("the projector could not encode the medium")));
+        }
+        // SAFETY: the projector is live; after a successful encode its
+        // output holds the chunk's embeddings.
+        let embd = unsafe { sys::mtmd::mtmd_get_output_embd(self.ptr.as_ptr()) };
+        if embd.is_null() || n_embd == 0 {
+            return Err(Error::Media("the projector produced no embeddings".into()));
+        }
+        Ok(embd)
+    }
+}
