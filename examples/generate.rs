@@ -7,7 +7,13 @@
 //! cargo run --release --example generate -- --model other.gguf --file prompt.txt --greedy
 //! cargo run --release --example generate -- --json-schema person.schema.json --prompt "A person in JSON:" --greedy
 //! cargo run --release --example generate -- --spec --file edit-this-code.txt --greedy
+//! cargo run --release --example generate -- -m gemma-3-4b-it.gguf --mmproj mmproj.gguf --chat \
+//!     --image photo.jpg --prompt "What is in this picture?"
 //! ```
+//!
+//! With `--mmproj FILE` (a multimodal projector for the model), each
+//! `--image` / `--audio` file goes where the prompt has the marker
+//! `<__media__>`, or before the prompt if it has none.
 //!
 //! With `--json-schema FILE` (output valid against that JSON Schema) or
 //! `--json` (any JSON object), stdout is the JSON document alone; a schema
@@ -141,6 +147,18 @@ struct Args {
     /// With --spec: the most tokens one draft holds.
     #[arg(long, default_value_t = Speculation::ngram().max_draft())]
     draft_max: usize,
+    /// The model's multimodal projector (`mmproj` GGUF), for --image and
+    /// --audio.
+    #[arg(long, requires = "media")]
+    mmproj: Option<PathBuf>,
+    /// An image file (JPEG, PNG, BMP, GIF, ...) to put in the prompt
+    /// (repeatable; needs --mmproj).
+    #[arg(long, group = "media")]
+    image: Vec<PathBuf>,
+    /// An audio file (WAV, MP3, FLAC) to put in the prompt (repeatable;
+    /// needs --mmproj and a projector that takes audio).
+    #[arg(long, group = "media")]
+    audio: Vec<PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -183,6 +201,17 @@ fn run(args: &Args) -> Result<(), BoxError> {
     }
     let model = Model::load(&model_path, &params)?;
     let vocab = model.vocab();
+    if let Some(mmproj) = &args.mmproj {
+        #[cfg(feature = "mtmd")]
+        return run_media(args, &model, mmproj, &prompt, &ctx_params);
+        #[cfg(not(feature = "mtmd"))]
+        return Err(
+            format!("{}: this build has no multimodal input (the suite's feature `mtmd`)", mmproj.display()).into()
+        );
+    }
+    if !args.image.is_empty() || !args.audio.is_empty() {
+        return Err("--image and --audio need the model's projector: pass --mmproj FILE".into());
+    }
 
     let tokens = if args.chat {
         let messages = [ChatMessage::user(prompt)];
@@ -266,6 +295,73 @@ fn run(args: &Args) -> Result<(), BoxError> {
     if let Some(e) = write_error.filter(|e| e.kind() != std::io::ErrorKind::BrokenPipe) {
         return Err(e.into());
     }
+    Ok(())
+}
+
+/// A prompt with images or audio: the projector's chunks evaluated, then
+/// a plain sampling loop (prompt caching and speculation are for text).
+#[cfg(feature = "mtmd")]
+fn run_media(
+    args: &Args,
+    model: &Model,
+    mmproj: &std::path::Path,
+    prompt: &str,
+    ctx_params: &ContextParams,
+) -> Result<(), BoxError> {
+    use llamacpp::mtmd::{Media, Projector, ProjectorParams};
+    use llamacpp::{Detokenizer, Output, Special};
+
+    let mut projector_params = ProjectorParams::default();
+    if let Some(t) = args.threads {
+        projector_params = projector_params.n_threads(t);
+    }
+    let mut projector = Projector::load(model, mmproj, &projector_params)?;
+    let mut media = Vec::new();
+    for path in args.image.iter().chain(&args.audio) {
+        media.push(Media::from_file(&projector, path).map_err(|e| format!("{}: {e}", path.display()))?);
+    }
+    let marker = projector.marker().to_owned();
+    let prompt = if prompt.contains(&marker) {
+        prompt.to_owned()
+    } else {
+        format!("{}{prompt}", media.iter().map(|_| format!("{marker}\n")).collect::<String>())
+    };
+    let (text, special) = if args.chat {
+        let format = model.chat_format(None)?;
+        let messages = [ChatMessage::user(prompt)];
+        (format.render(&messages, &RenderOptions::default().add_generation_prompt(true))?, Special::Markup)
+    } else {
+        (prompt, Special::Plain)
+    };
+    let refs: Vec<&Media> = media.iter().collect();
+    let tokenized = projector.tokenize(&text, &refs, AddBos::Yes, special)?;
+    let mut ctx = model.new_context(ctx_params)?;
+    let started = std::time::Instant::now();
+    projector.eval(&mut ctx, &tokenized, 0)?;
+    let prompt_ms = started.elapsed().as_secs_f64() * 1e3;
+    let mut sampler = build_sampler(args, model, None)?;
+    let mut detokenizer = Detokenizer::new(model.vocab(), Special::Plain);
+    let mut stdout = std::io::stdout().lock();
+    let max = usize::try_from(args.n_predict).unwrap_or(usize::MAX);
+    let started = std::time::Instant::now();
+    let mut generated = 0;
+    while generated < max {
+        let token = sampler.sample(&mut ctx, Output::Last)?;
+        if model.vocab().is_eog(token) {
+            break;
+        }
+        generated += 1;
+        stdout.write_all(detokenizer.piece(token)?.as_bytes())?;
+        stdout.flush()?;
+        ctx.eval(&[token], 0)?;
+    }
+    writeln!(stdout, "{}", detokenizer.finish())?;
+    let secs = started.elapsed().as_secs_f64();
+    eprintln!(
+        "prompt: {} tokens ({} media) in {prompt_ms:.0} ms; generated {generated} tokens in {secs:.2} s",
+        tokenized.n_tokens(),
+        media.len()
+    );
     Ok(())
 }
 

@@ -14,7 +14,7 @@ shift $(( $# >= 2 ? 2 : 1 ))
 # for its GGUF seeds (the vocab fixtures are up to 724 KB).
 case "$target" in
     gguf_load) max_len=800000 ;;
-    state_load) max_len=65536 ;;
+    state_load|media_decode) max_len=65536 ;;
     *) max_len=4100 ;;
 esac
 

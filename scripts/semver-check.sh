@@ -27,9 +27,9 @@ echo "semver-check: against $(cat .ci/semver-baseline) (baseline $baseline)" >&2
 # public API of every backend), `bindgen` (a build-time switch) aside;
 # after a second colon, features the baseline does not have yet (0.2.0:
 # llamacpp's `engine` and `constraints` were not features; both were
-# always built).
-for spec in "llamacpp-sys:openmp,rpc,cuda,vulkan,metal,blas:" \
-            "llamacpp:openmp,rpc,cuda,vulkan,metal,blas,testing:engine,constraints" \
+# always built; `mtmd` came in 0.3's development).
+for spec in "llamacpp-sys:openmp,rpc,cuda,vulkan,metal,blas:mtmd" \
+            "llamacpp:openmp,rpc,cuda,vulkan,metal,blas,testing:engine,constraints,mtmd" \
             "llama-model-cache::" \
             "llama-serve:openmp,rpc:"; do
     IFS=: read -r crate features new_features <<< "$spec"

@@ -43,6 +43,7 @@ markdown_doctests! {
     Gpu => "docs/gpu.md",
     JsonOutput => "docs/json-output.md",
     MemoryPlan => "docs/memory-plan.md",
+    Multimodal => "docs/multimodal.md",
     Performance => "docs/performance.md",
     Rpc => "docs/rpc.md",
     Server => "docs/server.md",

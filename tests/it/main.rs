@@ -25,6 +25,8 @@ mod json_schema;
 mod lora;
 mod model_api;
 mod model_cache;
+#[cfg(feature = "mtmd")]
+mod mtmd;
 mod pinned;
 mod plan;
 mod quantize;
