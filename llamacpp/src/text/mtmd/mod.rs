@@ -104,7 +104,13 @@ impl ProjectorParams {
 pub struct Projector<'m> {
     ptr: NonNull<sys::mtmd::mtmd_context>,
     model: &'m Model,
+    /// Unique in the process (an address could be reused after a drop):
+    /// the prompts it tokenizes carry it.
+    id: u64,
 }
+
+/// The next [`Projector`]'s id.
+static NEXT_PROJECTOR_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 impl Drop for Projector<'_> {
     fn drop(&mut self) {
@@ -168,7 +174,8 @@ impl<'m> Projector<'m> {
         let Some(ptr) = NonNull::new(ptr) else {
             return Err(fail(backend::last_error_or("libmtmd could not load it (see the llama.cpp log)")));
         };
-        Ok(Projector { ptr, model })
+        let id = NEXT_PROJECTOR_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(Projector { ptr, model, id })
     }
 
     /// The raw pointer, for libmtmd calls this crate does not wrap. Calls
@@ -255,7 +262,7 @@ impl<'m> Projector<'m> {
         // SAFETY: a new, empty list, owned by the prompt from here on.
         let list =
             NonNull::new(unsafe { sys::mtmd::mtmd_input_chunks_init() }).ok_or(Error::OutOfMemory { bytes: 0 })?;
-        let mut prompt = MediaPrompt::new(list, self.ptr.as_ptr() as usize);
+        let mut prompt = MediaPrompt::new(list, self.id);
         let bitmaps: Vec<*const sys::mtmd::mtmd_bitmap> = media.iter().map(|m| m.as_ptr()).collect();
         let stack = self.model.vocab().tokenize_stack(text.len());
         let call = SendPtr((self.ptr.as_ptr(), prompt.as_mut_ptr(), c_text.as_ptr(), bitmaps.as_ptr()));
@@ -303,7 +310,7 @@ impl<'m> Projector<'m> {
         if !std::ptr::eq(ctx.model(), self.model) {
             return Err(Error::WrongModel("the context"));
         }
-        if prompt.projector != self.ptr.as_ptr() as usize {
+        if prompt.projector != self.id {
             return Err(Error::WrongModel("the media prompt"));
         }
         ctx.check_seq(seq)?;

@@ -85,9 +85,9 @@ impl<'p> Chunk<'p> {
 #[derive(Debug)]
 pub struct MediaPrompt {
     ptr: NonNull<sys::mtmd::mtmd_input_chunks>,
-    /// The projector that tokenized it (its address), which alone may
-    /// evaluate it.
-    pub(crate) projector: usize,
+    /// The id of the projector that tokenized it, which alone may
+    /// evaluate it (another one's images may have another size).
+    pub(crate) projector: u64,
 }
 
 impl Drop for MediaPrompt {
@@ -99,7 +99,7 @@ impl Drop for MediaPrompt {
 
 impl MediaPrompt {
     /// Takes ownership of a chunk list made for `projector`.
-    pub(crate) fn new(ptr: NonNull<sys::mtmd::mtmd_input_chunks>, projector: usize) -> MediaPrompt {
+    pub(crate) fn new(ptr: NonNull<sys::mtmd::mtmd_input_chunks>, projector: u64) -> MediaPrompt {
         MediaPrompt { ptr, projector }
     }
 
