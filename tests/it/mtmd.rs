@@ -7,7 +7,7 @@
 use llama_suite::safe_api::{nmse, other_tiny_model, small_params, tiny_model};
 use llama_suite::synthetic::{ProjectorSpec, TinyModelSpec, tiny_projector_path, write_tiny_projector};
 use llamacpp::mtmd::{ChunkKind, Media, MediaPrompt, Projector, ProjectorParams};
-use llamacpp::{AddBos, Context, Error, Model, Output, Special, sys};
+use llamacpp::{AddBos, Attention, Context, Error, Model, Output, Special, sys};
 use sha2::{Digest, Sha256};
 
 fn params() -> ProjectorParams {
@@ -196,7 +196,24 @@ fn bad_media_and_mismatched_projectors_are_errors() {
     assert!(matches!(Media::image_rgb(4, 4, &[0; 47]), Err(Error::Media(_))));
     assert!(matches!(Media::image_rgb(65536, 65536, &[]), Err(Error::Media(_))));
     assert!(matches!(Media::audio_pcm(&[]), Err(Error::Media(_))));
-    assert!(matches!(Media::audio_pcm(&[0.0, f32::NAN]), Err(Error::Media(_))));
+    assert!(Media::audio_pcm(&[0.0; 1600]).is_ok());
+    // libmtmd asserts on a one-sample clip, and its resizers compute in
+    // 32-bit arithmetic: short clips and thin or huge images are refused.
+    assert!(matches!(Media::audio_pcm(&[0.0]), Err(Error::Media(_))));
+    let mut samples = vec![0.0; 1600];
+    samples[7] = f32::NAN;
+    assert!(matches!(Media::audio_pcm(&samples), Err(Error::Media(_))));
+    assert!(matches!(Media::image_rgb(20_000, 1, &[0; 60_000]), Err(Error::Media(_))));
+    // A PNG header that claims 100,000 × 100,000 pixels is refused before
+    // stb_image allocates anything; so are formats it decodes but we do not take.
+    let mut huge_png = b"\x89PNG\r\n\x1a\n\0\0\0\x0dIHDR".to_vec();
+    huge_png.extend(100_000u32.to_be_bytes());
+    huge_png.extend(100_000u32.to_be_bytes());
+    huge_png.extend([8, 2, 0, 0, 0]);
+    let err = Media::from_bytes(&projector, &huge_png).unwrap_err();
+    assert!(matches!(&err, Error::Media(m) if m.contains("larger than allowed")), "{err}");
+    let tga = [0u8, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 4, 0, 4, 0, 24, 0];
+    assert!(matches!(Media::from_bytes(&projector, &tga), Err(Error::Media(_))));
     let jpeg = std::fs::read(std::path::Path::new(sys::SOURCE_DIR).join("tools/mtmd/test-1.jpeg")).unwrap();
     for bad in [&jpeg[..100], &b"not an image at all"[..], &[][..]] {
         let err = Media::from_bytes(&projector, bad).unwrap_err();
@@ -222,6 +239,28 @@ fn bad_media_and_mismatched_projectors_are_errors() {
     assert_eq!(small_ctx.seq_pos_max(0).unwrap(), None, "nothing was evaluated");
     let p = prompt(&projector, &[&picture]);
     assert!(matches!(projector.eval(&mut small_ctx, &p, 7), Err(Error::InvalidSeqId { .. })));
+
+    // A context that attends non-causally takes an image's tokens in one
+    // micro-batch too (llama.cpp asserts otherwise); parameters libmtmd
+    // would overflow or assert on are refused.
+    let mut non_causal =
+        model.new_context(&small_params().attention(Attention::NonCausal).n_batch(64).n_ubatch(2)).unwrap();
+    // BOS alone, then the image: only the image is larger than n_ubatch.
+    let image_first = projector.tokenize(&marker, &[&picture], AddBos::Yes, Special::Plain).unwrap();
+    assert_eq!(image_first.chunks().next().unwrap().n_tokens(), 1);
+    let err = projector.eval(&mut non_causal, &image_first, 0).unwrap_err();
+    assert!(matches!(&err, Error::InvalidBatch(m) if m.contains("n_ubatch")), "{err}");
+    let path = tiny_projector_path(&ProjectorSpec::mlp(64)).unwrap();
+    for bad in [
+        params().n_threads(100_000),
+        params().n_threads(0),
+        params().image_max_tokens(1_000_000),
+        params().image_min_tokens(0),
+        params().image_min_tokens(64).image_max_tokens(16),
+    ] {
+        let err = Projector::load(&model, &path, &bad).unwrap_err();
+        assert!(matches!(err, Error::InvalidParameter { .. }), "{err}");
+    }
 
     // A context of another model; a prompt of another projector; a
     // projector for a model of another width.

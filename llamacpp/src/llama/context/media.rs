@@ -34,18 +34,32 @@ impl Context<'_> {
         if self.calls.is_remote() {
             return Err(Error::Unsupported("media input for a model with layers on RPC workers".into()));
         }
+        // Embeddings go into a decoder's KV cache: a context without one
+        // would run them through llama_encode, and an encoder-decoder
+        // model's decoder needs an encoder output first (both assert).
+        if !self.has_memory || self.model.has_encoder() {
+            return Err(Error::Unsupported(
+                "media input needs a decoder-only model with a KV cache (not an encoder or encoder-decoder model)"
+                    .into(),
+            ));
+        }
         if media.n_tokens == 0 {
             return Err(Error::InvalidBatch("the media chunk has no tokens".into()));
         }
-        // llama.cpp asserts that a non-causal batch fits in one micro-batch.
-        if media.non_causal && media.n_tokens > self.n_ubatch as usize {
+        // SAFETY: a read of a setting of the live context.
+        let causal = unsafe { sys::llama_get_causal_attn(self.ptr.as_ptr()) };
+        // llama.cpp asserts that a non-causal batch fits in one micro-batch:
+        // the chunk's own attention, or the context's (as `validate` checks
+        // for token batches).
+        let non_causal = media.non_causal || self.non_causal || !causal;
+        if non_causal && media.n_tokens > self.n_ubatch as usize {
             return Err(Error::InvalidBatch(format!(
-                "this model attends to the {} tokens of a media input at once: they must fit in one micro-batch \
-                 (n_ubatch {}; set ContextParams::n_ubatch and n_batch to at least {})",
+                "the {} tokens of a media input are attended to at once (by the model or the context): they must fit \
+                 in one micro-batch (n_ubatch {}; set ContextParams::n_ubatch and n_batch to at least {})",
                 media.n_tokens, self.n_ubatch, media.n_tokens
             )));
         }
-        let n_batch = if media.non_causal { media.n_tokens } else { self.n_batch as usize };
+        let n_batch = if non_causal { media.n_tokens } else { self.n_batch as usize };
         let n_batch = i32::try_from(n_batch).map_err(|_| Error::InvalidBatch("media chunk too large".into()))?;
         let (this, model) = self.model_for();
         let adapters = model.adapters_read();

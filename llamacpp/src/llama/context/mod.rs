@@ -27,7 +27,7 @@ mod validate;
 pub use outputs::Output;
 
 pub(crate) use params::MAX_TOKENS;
-use params::check_threads;
+pub(crate) use params::check_threads;
 #[cfg(feature = "mtmd")]
 pub(crate) use params::default_threads;
 pub use params::{Attention, ContextParams, FlashAttention, KvType, Pooling, max_sequences};

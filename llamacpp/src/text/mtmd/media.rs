@@ -17,6 +17,20 @@ pub const MAX_MEDIA_BYTES: usize = 256 << 20;
 /// resize every image to a few hundred thousand pixels anyway.
 pub const MAX_IMAGE_PIXELS: u64 = 64 << 20;
 
+/// The longest side an image may have, in pixels. Sides are also within
+/// 200:1 of each other: libmtmd's resizers compute in 32-bit arithmetic.
+pub const MAX_IMAGE_SIDE: u32 = 16_384;
+
+/// The most samples an audio clip may have (an hour at 48 kHz).
+pub const MAX_AUDIO_SAMPLES: usize = 48_000 * 3600;
+
+/// The fewest samples an audio clip may have (0.1 s at 16 kHz): libmtmd's
+/// feature extractors assert on shorter clips.
+pub const MIN_AUDIO_SAMPLES: usize = 1600;
+
+/// The widest aspect ratio an image may have.
+const MAX_ASPECT: u64 = 200;
+
 /// An image (RGB, 8 bits per channel) or an audio clip (mono PCM, f32),
 /// ready to go into a [`MediaPrompt`](super::MediaPrompt) where its
 /// prompt has a marker ([`Projector::marker`]).
@@ -49,18 +63,12 @@ impl Media {
     ///
     /// # Errors
     /// [`Error::Media`] for a zero width or height, a length that is not
-    /// `width * height * 3`, or more than [`MAX_IMAGE_PIXELS`].
+    /// `width * height * 3`, more than [`MAX_IMAGE_PIXELS`], a side over
+    /// [`MAX_IMAGE_SIDE`], or sides more than 200:1 apart.
     #[doc(alias = "mtmd_bitmap_init")]
     pub fn image_rgb(width: u32, height: u32, rgb: &[u8]) -> Result<Media> {
-        if width == 0 || height == 0 {
-            return Err(Error::Media(format!("an image of {width}×{height} pixels is empty")));
-        }
+        check_image_size(width, height)?;
         let pixels = u64::from(width) * u64::from(height);
-        if pixels > MAX_IMAGE_PIXELS {
-            return Err(Error::Media(format!(
-                "an image of {width}×{height} pixels is larger than the {MAX_IMAGE_PIXELS} pixels allowed"
-            )));
-        }
         if rgb.len() as u64 != pixels * 3 {
             return Err(Error::Media(format!(
                 "an RGB image of {width}×{height} pixels has {} bytes, not {}",
@@ -82,12 +90,11 @@ impl Media {
     /// rate ([`Projector::audio_sample_rate`]).
     ///
     /// # Errors
-    /// [`Error::Media`] for no samples or a sample that is not finite.
+    /// [`Error::Media`] for fewer than [`MIN_AUDIO_SAMPLES`] or more than
+    /// [`MAX_AUDIO_SAMPLES`] samples, or a sample that is not finite.
     #[doc(alias = "mtmd_bitmap_init_from_audio")]
     pub fn audio_pcm(samples: &[f32]) -> Result<Media> {
-        if samples.is_empty() {
-            return Err(Error::Media("an audio clip of no samples is empty".into()));
-        }
+        check_audio_len(samples.len())?;
         if let Some(i) = samples.iter().position(|s| !s.is_finite()) {
             return Err(Error::Media(format!("audio sample {i} is {}", samples[i])));
         }
@@ -103,22 +110,27 @@ impl Media {
         Ok(media)
     }
 
-    /// An image (JPEG, PNG, BMP, GIF, TGA, PSD, HDR, PIC, PNM: what
-    /// stb_image decodes) or audio file (WAV, MP3, FLAC: what miniaudio
-    /// decodes, resampled to the projector's rate) in memory.
+    /// An image (JPEG, PNG, GIF, BMP, decoded by stb_image) or audio file
+    /// (WAV, MP3, FLAC, decoded by miniaudio and resampled to the
+    /// projector's rate) in memory. An image's size is read from its
+    /// header and checked before anything is decoded; stb_image's other
+    /// formats are refused.
     ///
     /// # Errors
     /// [`Error::InputTooLarge`] over [`MAX_MEDIA_BYTES`]; [`Error::Media`]
-    /// for bytes that do not decode (a truncated or corrupt file, another
-    /// format), an image of more than [`MAX_IMAGE_PIXELS`], or audio for a
-    /// projector without audio.
+    /// for another format, bytes that do not decode (a truncated or
+    /// corrupt file), an image whose size [`Media::image_rgb`] would
+    /// refuse, a clip whose length [`Media::audio_pcm`] would refuse, or
+    /// audio for a projector without audio (images for one without
+    /// vision).
     #[doc(alias = "mtmd_helper_bitmap_init_from_buf")]
     pub fn from_bytes(projector: &Projector<'_>, bytes: &[u8]) -> Result<Media> {
         if bytes.len() > MAX_MEDIA_BYTES {
             return Err(Error::InputTooLarge { what: "the media file", limit: MAX_MEDIA_BYTES });
         }
-        if bytes.is_empty() {
-            return Err(Error::Media("the media file is empty".into()));
+        match sniff(bytes)? {
+            Kind::Image { width, height } => check_image_size(width, height)?,
+            Kind::Audio => {}
         }
         let mut ptr = std::ptr::null_mut();
         // SAFETY: the projector is live (borrowed), `bytes` holds
@@ -143,13 +155,10 @@ impl Media {
         if media.is_empty() {
             return Err(Error::Media("the file decodes to an empty image or clip".into()));
         }
-        let pixels = u64::from(media.width()) * u64::from(media.height());
-        if !media.is_audio() && pixels > MAX_IMAGE_PIXELS {
-            return Err(Error::Media(format!(
-                "an image of {}×{} pixels is larger than the {MAX_IMAGE_PIXELS} pixels allowed",
-                media.width(),
-                media.height()
-            )));
+        if media.is_audio() {
+            check_audio_len(media.width() as usize)?;
+        } else {
+            check_image_size(media.width(), media.height())?;
         }
         Ok(media)
     }
@@ -228,10 +237,132 @@ impl Media {
     }
 }
 
+/// Refuses image sizes libmtmd cannot take safely.
+fn check_image_size(width: u32, height: u32) -> Result<()> {
+    if width == 0 || height == 0 {
+        return Err(Error::Media(format!("an image of {width}×{height} pixels is empty")));
+    }
+    let (w, h) = (u64::from(width), u64::from(height));
+    if w * h > MAX_IMAGE_PIXELS || width > MAX_IMAGE_SIDE || height > MAX_IMAGE_SIDE {
+        return Err(Error::Media(format!(
+            "an image of {width}×{height} pixels is larger than allowed ({MAX_IMAGE_PIXELS} pixels, \
+             {MAX_IMAGE_SIDE} a side)"
+        )));
+    }
+    if w.max(h) > MAX_ASPECT * w.min(h) {
+        return Err(Error::Media(format!("an image of {width}×{height} pixels is narrower than 1:{MAX_ASPECT}")));
+    }
+    Ok(())
+}
+
+/// Refuses clip lengths libmtmd cannot take safely.
+fn check_audio_len(samples: usize) -> Result<()> {
+    if !(MIN_AUDIO_SAMPLES..=MAX_AUDIO_SAMPLES).contains(&samples) {
+        return Err(Error::Media(format!(
+            "an audio clip of {samples} samples is outside {MIN_AUDIO_SAMPLES}..={MAX_AUDIO_SAMPLES}"
+        )));
+    }
+    Ok(())
+}
+
+/// What a media file's first bytes say it is.
+#[derive(Debug, PartialEq, Eq)]
+enum Kind {
+    Image { width: u32, height: u32 },
+    Audio,
+}
+
+/// The kind of a media file from its magic bytes, and an image's size from
+/// its header, read before any decoder runs.
+fn sniff(b: &[u8]) -> Result<Kind> {
+    let unreadable = |format: &str| Error::Media(format!("the {format} header is truncated or corrupt"));
+    let be16 = |i: usize| b.get(i..i + 2).map(|s| u32::from(u16::from_be_bytes([s[0], s[1]])));
+    let le16 = |i: usize| b.get(i..i + 2).map(|s| u32::from(u16::from_le_bytes([s[0], s[1]])));
+    let be32 = |i: usize| b.get(i..i + 4).map(|s| u32::from_be_bytes([s[0], s[1], s[2], s[3]]));
+    let le32 = |i: usize| b.get(i..i + 4).map(|s| i32::from_le_bytes([s[0], s[1], s[2], s[3]]).unsigned_abs());
+    let image = |w: Option<u32>, h: Option<u32>, format: &str| match (w, h) {
+        (Some(width), Some(height)) => Ok(Kind::Image { width, height }),
+        _ => Err(unreadable(format)),
+    };
+    if b.starts_with(b"\x89PNG\r\n\x1a\n") {
+        return if b.get(12..16) == Some(b"IHDR") { image(be32(16), be32(20), "PNG") } else { Err(unreadable("PNG")) };
+    }
+    if b.starts_with(b"GIF87a") || b.starts_with(b"GIF89a") {
+        return image(le16(6), le16(8), "GIF");
+    }
+    if b.starts_with(b"BM") {
+        return image(le32(18), le32(22), "BMP");
+    }
+    if b.starts_with(&[0xFF, 0xD8, 0xFF]) {
+        // Segments up to the first start-of-frame marker, which holds the
+        // size (SOF0..SOF15 but DHT, JPG and DAC).
+        let mut i = 2;
+        while let (Some(&0xFF), Some(&marker)) = (b.get(i), b.get(i + 1)) {
+            match marker {
+                0xFF => i += 1, // fill byte
+                0xC0..=0xCF if ![0xC4, 0xC8, 0xCC].contains(&marker) => return image(be16(i + 7), be16(i + 5), "JPEG"),
+                0x01 | 0xD0..=0xD7 => i += 2,
+                _ => i += 2 + be16(i + 2).ok_or_else(|| unreadable("JPEG"))? as usize,
+            }
+        }
+        return Err(unreadable("JPEG"));
+    }
+    let wav = b.starts_with(b"RIFF") && b.get(8..12) == Some(b"WAVE");
+    let mp3 = b.starts_with(b"ID3") || (b.len() >= 2 && b[0] == 0xFF && b[1] & 0xE0 == 0xE0);
+    if wav || mp3 || b.starts_with(b"fLaC") {
+        return Ok(Kind::Audio);
+    }
+    Err(Error::Media("not a JPEG, PNG, GIF or BMP image, nor a WAV, MP3 or FLAC file".into()))
+}
+
 fn sha256_hex(parts: &[&[u8]]) -> String {
     let mut hasher = Sha256::new();
     for part in parts {
         hasher.update(part);
     }
     hasher.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn png(width: u32, height: u32) -> Vec<u8> {
+        let mut b = b"\x89PNG\r\n\x1a\n\0\0\0\x0dIHDR".to_vec();
+        b.extend(width.to_be_bytes());
+        b.extend(height.to_be_bytes());
+        b
+    }
+
+    #[test]
+    fn headers_give_the_size_before_any_decoder_runs() {
+        assert_eq!(sniff(&png(640, 488)).unwrap(), Kind::Image { width: 640, height: 488 });
+        assert_eq!(sniff(b"GIF89a\x10\x00\x20\x00").unwrap(), Kind::Image { width: 16, height: 32 });
+        let mut bmp = b"BM".to_vec();
+        bmp.resize(18, 0);
+        bmp.extend(7i32.to_le_bytes());
+        bmp.extend((-9i32).to_le_bytes());
+        assert_eq!(sniff(&bmp).unwrap(), Kind::Image { width: 7, height: 9 });
+        // SOI, an APP0 segment of 4 bytes, then SOF0 with height 488, width 640.
+        let jpeg = [0xFF, 0xD8, 0xFF, 0xE0, 0, 4, 0, 0, 0xFF, 0xC0, 0, 17, 8, 0x01, 0xE8, 0x02, 0x80];
+        assert_eq!(sniff(&jpeg).unwrap(), Kind::Image { width: 640, height: 488 });
+        assert_eq!(sniff(b"RIFF\0\0\0\0WAVEfmt ").unwrap(), Kind::Audio);
+        assert_eq!(sniff(b"fLaC").unwrap(), Kind::Audio);
+        assert_eq!(sniff(b"ID3\x04").unwrap(), Kind::Audio);
+        for bad in [&b""[..], b"not media", b"\x89PNG\r\n\x1a\n", &jpeg[..12], b"GIF89a\x10", b"\0\0\x02\0TGA"] {
+            assert!(matches!(sniff(bad), Err(Error::Media(_))), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn image_sizes_and_clip_lengths_have_bounds() {
+        assert!(check_image_size(640, 488).is_ok());
+        assert!(check_image_size(MAX_IMAGE_SIDE, MAX_IMAGE_SIDE / 4).is_ok());
+        for (w, h) in [(0, 5), (5, 0), (MAX_IMAGE_SIDE + 1, 100), (100_000, 100_000), (201, 1), (10_000, 49)] {
+            assert!(matches!(check_image_size(w, h), Err(Error::Media(_))), "{w}×{h}");
+        }
+        assert!(check_audio_len(MIN_AUDIO_SAMPLES).is_ok());
+        assert!(check_audio_len(MIN_AUDIO_SAMPLES - 1).is_err());
+        assert!(check_audio_len(MAX_AUDIO_SAMPLES + 1).is_err());
+    }
 }

@@ -34,7 +34,7 @@ use std::ffi::CString;
 use std::path::Path;
 use std::ptr::NonNull;
 
-pub use media::{MAX_IMAGE_PIXELS, MAX_MEDIA_BYTES, Media};
+pub use media::{MAX_AUDIO_SAMPLES, MAX_IMAGE_PIXELS, MAX_IMAGE_SIDE, MAX_MEDIA_BYTES, MIN_AUDIO_SAMPLES, Media};
 pub use prompt::{Chunk, ChunkKind, MediaPrompt};
 
 use crate::context::Context;
@@ -46,6 +46,11 @@ use crate::thread::SendPtr;
 use crate::types::{Pos, SeqId};
 use crate::vocab::{AddBos, Special};
 use crate::{FlashAttention, backend};
+
+/// The most tokens [`ProjectorParams::image_min_tokens`] and
+/// [`ProjectorParams::image_max_tokens`] may ask for (libmtmd multiplies
+/// them by the patch area in 32-bit arithmetic).
+pub const MAX_IMAGE_TOKENS: u32 = 65_536;
 
 /// How a [`Projector`] is loaded and run.
 ///
@@ -123,7 +128,10 @@ impl<'m> Projector<'m> {
     /// Loads the projector at `path` for `model`.
     ///
     /// # Errors
-    /// [`Error::Io`] for a file that cannot be read; [`Error::ProjectorLoad`]
+    /// [`Error::InvalidParameter`] for a thread count outside 1..=512 or
+    /// image token limits outside 1..=[`MAX_IMAGE_TOKENS`] (or a minimum
+    /// over the maximum); [`Error::InvalidArgument`] for a model without a
+    /// vocabulary; [`Error::Io`] for a file that cannot be read; [`Error::ProjectorLoad`]
     /// when libmtmd refuses it (not a projector, an unknown projector type,
     /// missing tensors, an output width other than the model's input
     /// width, a device that cannot hold it); [`Error::Nul`] for a path with
@@ -134,15 +142,29 @@ impl<'m> Projector<'m> {
         let path = path.as_ref();
         let c_path = crate::model::check_gguf_file(path)?;
         let fail = |reason: String| Error::ProjectorLoad { path: path.to_owned(), reason };
+        // libmtmd tokenizes with the model's vocabulary (and some projectors
+        // look tokens up at load): llama.cpp asserts that there is one.
+        model.vocab().check_has_tokenizer()?;
         let n_threads = params.n_threads.unwrap_or_else(crate::context::default_threads);
-        if n_threads < 1 {
+        crate::context::check_threads(n_threads, n_threads)?;
+        // clip multiplies these by the patch area in `int`.
+        let tokens = |name: &'static str, n: Option<u32>| match n {
+            None => Ok(-1),
+            Some(n @ 1..=MAX_IMAGE_TOKENS) => Ok(n as i32),
+            Some(n) => {
+                Err(Error::InvalidParameter { name, message: format!("must be 1..={MAX_IMAGE_TOKENS}, got {n}") })
+            }
+        };
+        let (min_tokens, max_tokens) = (
+            tokens("image_min_tokens", params.image_min_tokens)?,
+            tokens("image_max_tokens", params.image_max_tokens)?,
+        );
+        if min_tokens > 0 && max_tokens > 0 && min_tokens > max_tokens {
             return Err(Error::InvalidParameter {
-                name: "n_threads",
-                message: format!("must be ≥ 1, was {n_threads}"),
+                name: "image_min_tokens",
+                message: format!("{min_tokens} is more than image_max_tokens {max_tokens}"),
             });
         }
-        let tokens =
-            |n: Option<u32>| n.map_or(Ok(-1), |n| i32::try_from(n).map_err(|_| fail(format!("{n} image tokens"))));
         let flash = match params.flash_attention {
             FlashAttention::Auto => sys::llama_flash_attn_type::LLAMA_FLASH_ATTN_TYPE_AUTO,
             FlashAttention::On => sys::llama_flash_attn_type::LLAMA_FLASH_ATTN_TYPE_ENABLED,
@@ -161,8 +183,8 @@ impl<'m> Projector<'m> {
                 n_threads,
                 params.warmup,
                 flash,
-                tokens(params.image_min_tokens)?,
-                tokens(params.image_max_tokens)?,
+                min_tokens,
+                max_tokens,
                 &mut ptr,
             )
         };
