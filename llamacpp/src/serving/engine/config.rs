@@ -32,6 +32,8 @@ pub struct EngineConfig {
     pub(crate) grammar_wait: std::time::Duration,
     pub(crate) speculation: Option<Speculation>,
     pub(crate) draft_by_cost: bool,
+    /// The projector, for requests with images or audio (feature `mtmd`).
+    pub(crate) media: super::media::MediaConfig,
 }
 
 impl Default for EngineConfig {
@@ -54,6 +56,7 @@ impl Default for EngineConfig {
             grammar_wait: std::time::Duration::from_millis(5),
             speculation: None,
             draft_by_cost: true,
+            media: super::media::MediaConfig::default(),
         }
     }
 }

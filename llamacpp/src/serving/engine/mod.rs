@@ -91,6 +91,7 @@ use crate::types::Token;
 mod chat;
 mod config;
 mod kv;
+mod media;
 mod metrics;
 mod request;
 mod scheduler;
@@ -400,6 +401,10 @@ struct Handle {
     max_queue: usize,
     /// The engine's default for requests that do not choose.
     speculation: Option<crate::speculative::Speculation>,
+    /// The projector, when the engine takes media.
+    media: Option<Arc<media::EngineMedia>>,
+    /// The context's micro-batch.
+    n_ubatch: usize,
 }
 
 impl Handle {
@@ -497,6 +502,7 @@ impl Engine {
         if config.speculation.is_some() {
             request::check_can_speculate(&model)?;
         }
+        let media = media::EngineMedia::load(&model, &config.media)?;
         let shared = Arc::new(Shared::default());
         let (commands, inbox) = mpsc::channel();
         let (ready_tx, ready) = mpsc::sync_channel(1);
@@ -505,9 +511,10 @@ impl Engine {
             let model = Arc::clone(&model);
             let shared = Arc::clone(&shared);
             let config = config.clone();
+            let media = media.clone();
             std::thread::Builder::new()
                 .name("llama-engine".into())
-                .spawn(move || worker::run(&model, &config, inbox, &shared, ready_tx, served_tx))
+                .spawn(move || worker::run(&model, &config, media, inbox, &shared, ready_tx, served_tx))
                 .map_err(|e| Error::InvalidArgument(format!("cannot spawn the engine thread: {e}")))?
         };
         let pool = match ready.recv() {
@@ -532,6 +539,8 @@ impl Engine {
                 pool,
                 max_queue: config.max_queue,
                 speculation: config.speculation,
+                media,
+                n_ubatch: config.n_ubatch.min(config.n_batch) as usize,
             }),
         })
     }
@@ -566,7 +575,13 @@ impl Engine {
         if let Some(exit) = &*lock(&h.shared.stopped) {
             return Err(Error::EngineStopped(exit.to_string()));
         }
-        let checked = request::check(&h.model, h.pool, h.speculation, request)?;
+        let setup = request::EngineSetup {
+            pool: h.pool,
+            speculation: h.speculation,
+            media: h.media.as_deref(),
+            n_ubatch: h.n_ubatch,
+        };
+        let checked = request::check(&h.model, &setup, request)?;
         if h.shared
             .queued
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < h.max_queue).then_some(n + 1))

@@ -10,6 +10,8 @@ use crate::speculative::Speculation;
 use crate::types::Token;
 use crate::vocab::{AddBos, Special};
 
+use super::media::{Attached, EngineMedia, Spans};
+
 /// A prompt: token ids, or text the engine tokenizes at submit.
 #[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]
@@ -52,6 +54,8 @@ pub struct Request {
     /// constraint and budget its sampling gets at submit, and the parser
     /// of its reply.
     pub(crate) chat: Option<Box<ChatPrompt>>,
+    /// Its media, in the order of their places in the prompt.
+    pub(crate) media: Attached,
 }
 
 impl Request {
@@ -92,6 +96,7 @@ impl Request {
             max_context: None,
             priority: 0,
             chat: None,
+            media: Attached::default(),
         }
     }
 
@@ -179,7 +184,10 @@ impl Request {
 /// A request that passed every check, with its prompt as tokens.
 #[derive(Debug)]
 pub(crate) struct Checked {
+    /// The prompt's tokens, each medium a run of placeholders.
     pub prompt: Vec<Token>,
+    /// The media runs of the prompt.
+    pub media: Spans,
     /// The most cells the sequence may hold.
     pub max_context: usize,
     /// Speculative decoding, the engine's default resolved.
@@ -194,23 +202,44 @@ pub(crate) struct Checked {
     pub compiled: Option<crate::constraint::Guide>,
 }
 
-/// Tokenizes and checks `request` for an engine whose pool has `pool`
-/// cells and whose default speculation is `speculation`: everything the
-/// worker could fail on later is refused here.
-pub(crate) fn check(
-    model: &Model,
-    pool: usize,
-    speculation: Option<Speculation>,
-    mut request: Request,
-) -> Result<Checked> {
+/// What [`check`] needs of the engine.
+pub(crate) struct EngineSetup<'a> {
+    /// KV cells in the pool.
+    pub pool: usize,
+    /// The default speculation.
+    pub speculation: Option<Speculation>,
+    /// The projector, if the engine takes media.
+    pub media: Option<&'a EngineMedia>,
+    /// The context's micro-batch (an image attended to at once must fit).
+    pub n_ubatch: usize,
+}
+
+/// Tokenizes and checks `request` for an engine set up as `engine`:
+/// everything the worker could fail on later is refused here.
+pub(crate) fn check(model: &Model, engine: &EngineSetup<'_>, mut request: Request) -> Result<Checked> {
+    let (pool, speculation) = (engine.pool, engine.speculation);
     let vocab = model.vocab();
-    let prompt = match std::mem::replace(&mut request.prompt, Prompt::Tokens(Vec::new())) {
-        Prompt::Tokens(tokens) => tokens,
-        Prompt::Text { text, add_bos, special } => {
-            let mut tokens = Vec::new();
-            vocab.tokenize_into(&text, add_bos, special, &mut tokens)?;
-            tokens
+    let media = std::mem::take(&mut request.media);
+    let projector = match (media.is_empty(), engine.media) {
+        (true, _) => None,
+        (false, Some(projector)) => Some(projector),
+        (false, None) => {
+            return Err(Error::Unsupported("this engine has no projector for media (EngineConfig::projector)".into()));
         }
+    };
+    let (prompt, at) = match std::mem::replace(&mut request.prompt, Prompt::Tokens(Vec::new())) {
+        Prompt::Tokens(tokens) => {
+            let at = request.chat.as_ref().map(|c| c.media_at.clone()).unwrap_or_default();
+            (tokens, at)
+        }
+        Prompt::Text { text, add_bos, special } => match projector {
+            Some(projector) => projector.split_text(vocab, &text, media.len(), add_bos, special)?,
+            None => {
+                let mut tokens = Vec::new();
+                vocab.tokenize_into(&text, add_bos, special, &mut tokens)?;
+                (tokens, Vec::new())
+            }
+        },
     };
     if prompt.is_empty() {
         return Err(Error::EmptyPrompt);
@@ -218,6 +247,13 @@ pub(crate) fn check(
     for &token in &prompt {
         vocab.check(token)?;
     }
+    let (prompt, spans) = match projector {
+        Some(projector) => projector.splice(prompt, &at, &media, engine.n_ubatch)?,
+        None if !at.is_empty() => {
+            return Err(Error::Media(format!("the prompt has places for {} media, and none came", at.len())));
+        }
+        None => (prompt, Spans::default()),
+    };
     if let Some(chat) = &request.chat {
         // The markers the reply's parser reads must reach it.
         request.generate.special = chat.special;
@@ -264,7 +300,7 @@ pub(crate) fn check(
         spec.validate()?;
         check_can_speculate(model)?;
     }
-    Ok(Checked { prompt, max_context, speculation, request, compiled })
+    Ok(Checked { prompt, media: spans, max_context, speculation, request, compiled })
 }
 
 /// Compiles `constraint` on a thread of the lowest priority: a large

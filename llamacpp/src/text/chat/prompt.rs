@@ -102,6 +102,11 @@ pub struct ChatPrompt {
     /// The syntax calls are read in, and whether several are (`None`: the
     /// output is not read for calls).
     pub tool_format: Option<(ToolFormat, bool)>,
+    /// Where the conversation's media go among `tokens`, in order (the
+    /// places of its image and audio parts): a request made from the
+    /// prompt takes the media themselves
+    /// (`Request::with_media`, feature `mtmd`).
+    pub media_at: Vec<usize>,
 }
 
 impl ChatPrompt {
@@ -233,6 +238,7 @@ impl ChatFormat {
                 tokens,
             }),
             tool_format: reads_calls,
+            media_at: Vec::new(),
         })
     }
 }

@@ -117,6 +117,13 @@ pub struct Projector<'m> {
 /// The next [`Projector`]'s id.
 static NEXT_PROJECTOR_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
+// SAFETY: an `mtmd_context` has no thread affinity, like the llama_context
+// it feeds (llama-cpp-c-api.md §1.17): its clip contexts own ggml backends,
+// a scheduler and buffers that whichever thread computes uses (llama-server
+// creates it while loading and encodes on its task thread). It is not Sync:
+// encoding goes through `&mut self`.
+unsafe impl Send for Projector<'_> {}
+
 impl Drop for Projector<'_> {
     fn drop(&mut self) {
         // SAFETY: the projector is ours and freed once.
@@ -341,7 +348,6 @@ impl<'m> Projector<'m> {
         if start.saturating_add(prompt.n_pos()) > n_ctx as usize {
             return Err(Error::ContextFull { n_ctx });
         }
-        let n_embd = self.model.n_embd_inp();
         let mut n_past = start as Pos;
         for chunk in prompt.chunks() {
             match chunk.kind() {
@@ -352,29 +358,49 @@ impl<'m> Projector<'m> {
                     ctx.eval(chunk.tokens(), seq)?;
                     n_past += chunk.tokens().len() as Pos;
                 }
-                ChunkKind::Image | ChunkKind::Audio => {
-                    let embd = self.encode(&chunk, n_embd)?;
-                    // SAFETY: the chunk is queried from a live prompt.
-                    let non_causal =
-                        unsafe { sys::mtmd::mtmd_decode_use_non_causal(self.ptr.as_ptr(), chunk.as_ptr()) };
-                    let media = crate::context::EncodedChunk {
-                        projector: self.ptr.as_ptr(),
-                        chunk: chunk.as_ptr(),
-                        embd,
-                        n_tokens: chunk.n_tokens(),
-                        non_causal,
-                    };
-                    // SAFETY: the projector belongs to the context's model
-                    // (checked above), the chunk is of a live prompt it
-                    // tokenized, and `embd` is its last encode, of this
-                    // chunk: `n_embd × n_tokens` floats, where n_embd is the
-                    // model's input width (libmtmd refuses at load a
-                    // projector whose output width differs).
-                    n_past = unsafe { ctx.decode_media(&media, n_past, seq)? };
-                }
+                ChunkKind::Image | ChunkKind::Audio => n_past = self.eval_media_chunk(ctx, &chunk, n_past, seq)?,
             }
         }
         Ok(())
+    }
+
+    /// Encodes a media chunk of a prompt this projector tokenized and
+    /// decodes it into `seq` of `ctx` from `n_past`; returns the position
+    /// after it. The caller has checked that the positions fit.
+    pub(crate) fn eval_media_chunk(
+        &mut self,
+        ctx: &mut Context<'_>,
+        chunk: &Chunk<'_>,
+        n_past: Pos,
+        seq: SeqId,
+    ) -> Result<Pos> {
+        if !std::ptr::eq(ctx.model(), self.model) {
+            return Err(Error::WrongModel("the context"));
+        }
+        let embd = self.encode(chunk, self.model.n_embd_inp())?;
+        // SAFETY: the chunk is queried from a live prompt.
+        let non_causal = unsafe { sys::mtmd::mtmd_decode_use_non_causal(self.ptr.as_ptr(), chunk.as_ptr()) };
+        let media = crate::context::EncodedChunk {
+            projector: self.ptr.as_ptr(),
+            chunk: chunk.as_ptr(),
+            embd,
+            n_tokens: chunk.n_tokens(),
+            non_causal,
+        };
+        // SAFETY: the projector belongs to the context's model (checked
+        // above), the chunk is of a live prompt (the caller's borrow), and
+        // `embd` is its last encode, of this chunk: `n_embd × n_tokens`
+        // floats, where n_embd is the model's input width (libmtmd refuses
+        // at load a projector whose output width differs).
+        unsafe { ctx.decode_media(&media, n_past, seq) }
+    }
+
+    /// Whether the model attends to all of `chunk` at once (it must then
+    /// fit one micro-batch).
+    #[doc(alias = "mtmd_decode_use_non_causal")]
+    pub fn is_non_causal(&self, chunk: &Chunk<'_>) -> bool {
+        // SAFETY: the projector is live and the chunk is of a live prompt.
+        unsafe { sys::mtmd::mtmd_decode_use_non_causal(self.ptr.as_ptr(), chunk.as_ptr()) }
     }
 
     /// Runs the encoder on a media chunk; returns its output (`n_embd ×

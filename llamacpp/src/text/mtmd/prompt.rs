@@ -90,6 +90,14 @@ pub struct MediaPrompt {
     pub(crate) projector: u64,
 }
 
+// SAFETY: an `mtmd_input_chunks` is a vector of owned chunks (token
+// vectors, preprocessed image or audio tensors as plain float vectors, an id
+// string; tools/mtmd/mtmd.cpp) with no thread affinity; `MediaPrompt` owns
+// it alone and `&MediaPrompt` only reads it.
+unsafe impl Send for MediaPrompt {}
+// SAFETY: as above: every `&self` method only reads.
+unsafe impl Sync for MediaPrompt {}
+
 impl Drop for MediaPrompt {
     fn drop(&mut self) {
         // SAFETY: the list is ours and freed once; it frees its chunks.

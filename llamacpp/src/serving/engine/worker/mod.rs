@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, TryRecvError};
 use std::time::{Duration, Instant};
 
+use super::media::EngineMedia;
 use super::metrics::{Counter, Gauge, LatencySeries, Meter};
 use super::request::Checked;
 use super::scheduler::{self, Candidate, Load};
@@ -60,13 +61,14 @@ pub(crate) struct Submission {
 pub(crate) fn run(
     model: &Model,
     config: &EngineConfig,
+    media: Option<Arc<EngineMedia>>,
     inbox: mpsc::Receiver<Submission>,
     shared: &Shared,
     ready: mpsc::SyncSender<Result<usize>>,
     served: mpsc::Sender<()>,
 ) {
     std::thread::scope(|scope| {
-        let mut worker = match Worker::new(model, config, shared) {
+        let mut worker = match Worker::new(model, config, media, shared) {
             Ok(worker) => worker,
             Err(e) => {
                 let _ = ready.send(Err(e));
@@ -137,6 +139,8 @@ struct Worker<'m> {
     step: Step,
     /// Where requests with a grammar are sampled (`None`: on the step).
     grammar_helpers: Option<GrammarHelpers<'m>>,
+    /// The projector that encodes requests' media.
+    media: Option<Arc<EngineMedia>>,
 }
 
 /// The engine's settings the step loop decides by (from
@@ -177,7 +181,12 @@ struct Step {
 }
 
 impl<'m> Worker<'m> {
-    fn new(model: &'m Model, config: &EngineConfig, shared: &'m Shared) -> Result<Self> {
+    fn new(
+        model: &'m Model,
+        config: &EngineConfig,
+        media: Option<Arc<EngineMedia>>,
+        shared: &'m Shared,
+    ) -> Result<Self> {
         let ctx = model.new_context(&config.context_params())?;
         let capacity = ctx.n_ctx() as usize;
         let n_seq = (config.max_running + config.max_cached_prefixes) as usize;
@@ -209,6 +218,7 @@ impl<'m> Worker<'m> {
                 outbox: Vec::new(),
             },
             grammar_helpers: None,
+            media,
         })
     }
 
@@ -391,6 +401,7 @@ impl<'m> Worker<'m> {
                 &self.step.loads,
                 &mut self.step.tokens,
             );
+            self.fit_media();
             let needed: usize = self.step.tokens.iter().sum();
             if needed == 0 {
                 return false;
@@ -505,7 +516,12 @@ impl<'m> Worker<'m> {
             if !self.schedule_with_room() {
                 return Ok(false);
             }
+            let media = self.decode_media()?;
             self.choose_drafts();
+            if media {
+                // The step's time went to media too: not a decode step to fit.
+                self.step.decode_rows = None;
+            }
             self.step.batch.clear();
             for ((seq, &n), &k) in self.running.iter().zip(&self.step.tokens).zip(&self.step.drafts) {
                 if n == 0 {
@@ -520,6 +536,9 @@ impl<'m> Worker<'m> {
                 for (j, &token) in seq.draft()[..k].iter().enumerate() {
                     self.step.batch.push(token, (from + n + j) as Pos, &[slot], Logits::Yes)?;
                 }
+            }
+            if self.step.batch.is_empty() {
+                return Ok(media);
             }
             match self.ctx.decode(&self.step.batch) {
                 Ok(()) => return Ok(true),
@@ -546,6 +565,62 @@ impl<'m> Worker<'m> {
                 }
             }
         }
+    }
+
+    /// Cuts each prefill of the step at its next medium, and gives a
+    /// prefill that starts at one the whole medium: a medium is decoded
+    /// whole, on its own ([`Worker::decode_media`]).
+    fn fit_media(&mut self) {
+        for (seq, n) in self.running.iter().zip(self.step.tokens.iter_mut()) {
+            if *n == 0 || seq.decoding() {
+                continue;
+            }
+            let from = seq.placement.n_cached;
+            if let Some(len) = seq.media.starting_at(from) {
+                *n = len;
+            } else if let Some(start) = seq.media.next_start_after(from) {
+                *n = (*n).min(start - from);
+            }
+        }
+    }
+
+    /// Decodes the media the step planned (a prefill at a medium's start),
+    /// each in its own passes, before the step's batch; a sequence whose
+    /// medium fails ends. Returns whether any was decoded.
+    fn decode_media(&mut self) -> Result<bool> {
+        let mut any = false;
+        let mut i = 0;
+        while i < self.running.len() {
+            let seq = &self.running[i];
+            let (n, from) = (self.step.tokens[i], seq.placement.n_cached);
+            if n == 0 || seq.decoding() || seq.media.starting_at(from).is_none() {
+                i += 1;
+                continue;
+            }
+            let slot = seq.placement.slot.expect("running sequences have a slot");
+            let result = match &self.media {
+                Some(media) => media.decode(&mut self.ctx, &seq.media, from, slot),
+                None => Err(Error::Unsupported("this engine has no projector for media".into())),
+            };
+            match result {
+                Ok(()) => {
+                    self.pool.decoded(&mut self.running[i], n);
+                    self.meter.count(Counter::PromptTokensEvaluated, n as u64);
+                    // Decoded: nothing of it goes into the batch.
+                    self.step.tokens[i] = 0;
+                    any = true;
+                    i += 1;
+                }
+                Err(e @ (Error::Poisoned { .. } | Error::Exception { .. })) => return Err(e),
+                Err(e) => {
+                    let mut seq = self.running.remove(i);
+                    self.step.tokens.remove(i);
+                    self.pool.drop_failed(&mut self.ctx, &mut seq);
+                    self.finish(seq, Cause::Failed(Failure::from(e)));
+                }
+            }
+        }
+        Ok(any)
     }
 
     /// Ends a request: sends its last piece and final event, and keeps its

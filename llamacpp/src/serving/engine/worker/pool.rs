@@ -6,6 +6,7 @@ use super::seq::{Follow, Saved, Seq};
 use crate::context::Context;
 use crate::engine::EngineConfig;
 use crate::engine::kv::{Cells, PrefixIndex, cells_in_use};
+use crate::engine::media::media_boundary;
 use crate::generate::session::swa_window_present;
 use crate::types::{Pos, SeqId, Token};
 
@@ -243,7 +244,10 @@ impl Pool {
                 continue; // a hash collision
             }
             let len = depth + held[depth..].iter().zip(&tokens[depth..limit]).take_while(|(a, b)| a == b).count();
-            found.push(Share { slot, len });
+            let len = media_boundary(tokens, len);
+            if len > 0 {
+                found.push(Share { slot, len });
+            }
         }
         // The longest match whose source still holds every position the
         // new sequence attends to (a sliding-window cache may have dropped
@@ -266,7 +270,7 @@ impl Pool {
             .map(|s| {
                 let prompt = &s.tokens[..s.placement.prefill_to];
                 let common = prompt.iter().zip(&tokens[..limit]).take_while(|(a, b)| a == b).count();
-                Follow { leader: s.id, to: common }
+                Follow { leader: s.id, to: media_boundary(tokens, common) }
             })
             .filter(|f| f.to >= shareable + MIN_FOLLOW)
             .max_by_key(|f| f.to)

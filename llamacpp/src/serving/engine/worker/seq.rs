@@ -9,6 +9,7 @@ use super::Submission;
 use super::cause::Cause;
 use crate::context::Context;
 use crate::engine::kv::Cells;
+use crate::engine::media::{Spans, is_placeholder};
 use crate::engine::request::Request;
 use crate::engine::{Event, Finish, Piece, Timings, TokenLogprob, Usage};
 use crate::error::Result;
@@ -40,6 +41,8 @@ pub(super) struct Seq<'m> {
     pub usage: Usage,
     /// Speculative decoding, if the request has it.
     drafting: Option<Drafting>,
+    /// The media runs among its prompt's tokens.
+    pub media: Spans,
 }
 
 /// A sequence's drafter and the draft of the current step.
@@ -235,6 +238,7 @@ impl<'m> Seq<'m> {
             limits: Limits { max_tokens, stop_at_eog, max_context: checked.max_context },
             clock: Clock::new(submitted, submit_step),
             drafting,
+            media: checked.media,
         }
     }
 
@@ -257,6 +261,10 @@ impl<'m> Seq<'m> {
         let max = max.min(to_sample.saturating_sub(1)).min(cells);
         let Some(d) = &mut self.drafting else { return 0 };
         d.drafter.draft(&self.tokens, max, &mut d.draft);
+        // A medium's placeholders are no tokens to decode.
+        if let Some(cut) = d.draft.iter().position(|&t| is_placeholder(t)) {
+            d.draft.truncate(cut);
+        }
         d.draft.len()
     }
 

@@ -1,0 +1,346 @@
+//! The engine's media with the `mtmd` feature.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use super::is_placeholder;
+use crate::context::Context;
+use crate::error::{Error, Result};
+use crate::model::Model;
+use crate::mtmd::{ChunkKind, Media, MediaPrompt, Projector, ProjectorParams};
+use crate::types::{Pos, SeqId, Token};
+use crate::vocab::{AddBos, Special, Vocab};
+
+/// The projector an engine loads ([`EngineConfig::projector`](crate::engine::EngineConfig::projector)).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct MediaConfig {
+    pub projector: Option<(PathBuf, ProjectorParams)>,
+}
+
+/// A request's media, in the order of their places in its prompt.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Attached(pub Vec<Arc<Media>>);
+
+impl PartialEq for Attached {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.len() == other.0.len()
+            && self.0.iter().zip(&other.0).all(|(a, b)| {
+                a.id() == b.id() && a.is_audio() == b.is_audio() && (a.width(), a.height()) == (b.width(), b.height())
+            })
+    }
+}
+
+impl Attached {
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+}
+
+/// One medium of a prompt: the run of placeholders `start..start + len`
+/// and the tokenized chunk its embeddings come from.
+#[derive(Debug)]
+struct Span {
+    start: usize,
+    len: usize,
+    prompt: MediaPrompt,
+    chunk: usize,
+}
+
+/// A prompt's media runs, in order.
+#[derive(Debug, Default)]
+pub(crate) struct Spans(Vec<Span>);
+
+impl Spans {
+    /// The length of the medium whose run starts at `pos`.
+    pub fn starting_at(&self, pos: usize) -> Option<usize> {
+        self.find(pos).map(|s| s.len)
+    }
+
+    /// The start of the first medium after `pos`.
+    pub fn next_start_after(&self, pos: usize) -> Option<usize> {
+        self.0.iter().map(|s| s.start).find(|&start| start > pos)
+    }
+
+    fn find(&self, pos: usize) -> Option<&Span> {
+        self.0.iter().find(|s| s.start == pos)
+    }
+}
+
+/// An engine's projector, shared by the submitting threads (which
+/// tokenize media) and the worker (which encodes them).
+pub(crate) struct EngineMedia {
+    // Declared before `_model`: dropped first, while the model it
+    // borrows is alive.
+    projector: Mutex<Projector<'static>>,
+    _model: Arc<Model>,
+    marker: String,
+    vision: bool,
+    audio: bool,
+}
+
+impl std::fmt::Debug for EngineMedia {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EngineMedia").field("vision", &self.vision).field("audio", &self.audio).finish()
+    }
+}
+
+impl EngineMedia {
+    /// Loads the configured projector for `model`, if there is one.
+    pub fn load(model: &Arc<Model>, config: &MediaConfig) -> Result<Option<Arc<EngineMedia>>> {
+        let Some((path, params)) = &config.projector else { return Ok(None) };
+        // SAFETY: the `Model` lives in its `Arc`'s allocation, which does
+        // not move, and `EngineMedia` holds a clone of that `Arc` in a
+        // field dropped after the projector: the borrow outlives every use.
+        let model_ref: &'static Model = unsafe { &*Arc::as_ptr(model) };
+        let projector = Projector::load(model_ref, path, params)?;
+        if projector.uses_mrope() {
+            return Err(Error::Unsupported(
+                "the engine does not take media of M-RoPE models (Qwen-VL) yet: use Projector::eval".into(),
+            ));
+        }
+        Ok(Some(Arc::new(EngineMedia {
+            marker: projector.marker().to_owned(),
+            vision: projector.supports_vision(),
+            audio: projector.supports_audio(),
+            projector: Mutex::new(projector),
+            _model: Arc::clone(model),
+        })))
+    }
+
+    fn projector(&self) -> std::sync::MutexGuard<'_, Projector<'static>> {
+        self.projector.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The text that marks a medium's place in a text prompt.
+    pub fn marker(&self) -> &str {
+        &self.marker
+    }
+
+    pub fn supports_vision(&self) -> bool {
+        self.vision
+    }
+
+    pub fn supports_audio(&self) -> bool {
+        self.audio
+    }
+
+    /// [`Media::from_bytes`] with the engine's projector.
+    pub fn media_from_bytes(&self, bytes: &[u8]) -> Result<Media> {
+        Media::from_bytes(&self.projector(), bytes)
+    }
+
+    /// Tokenizes `text` whose markers say where `n` media go: its tokens
+    /// (BOS as `add_bos` says, on the first piece only) and the places of
+    /// the media among them.
+    pub fn split_text(
+        &self,
+        vocab: &Vocab,
+        text: &str,
+        n: usize,
+        add_bos: AddBos,
+        special: Special,
+    ) -> Result<(Vec<Token>, Vec<usize>)> {
+        let markers = text.matches(self.marker.as_str()).count();
+        if markers != n {
+            return Err(Error::Media(format!(
+                "the prompt has {markers} media markers ({}) for {n} media",
+                self.marker
+            )));
+        }
+        let (mut tokens, mut at, mut scratch) = (Vec::new(), Vec::with_capacity(n), Vec::new());
+        for (i, piece) in text.split(self.marker.as_str()).enumerate() {
+            if i > 0 {
+                at.push(tokens.len());
+            }
+            let bos = if i == 0 { add_bos } else { AddBos::No };
+            if !piece.is_empty() || bos == AddBos::Yes {
+                vocab.tokenize_into(piece, bos, special, &mut scratch)?;
+                tokens.extend_from_slice(&scratch);
+            }
+        }
+        Ok((tokens, at))
+    }
+
+    /// `tokens` with `media` in the places `at` (each a run of
+    /// placeholders between the model's delimiters), and those runs.
+    ///
+    /// # Errors
+    /// [`Error::Media`] when places and media differ in number or the
+    /// projector refuses a medium; [`Error::InvalidBatch`] for an image the
+    /// model attends to at once that does not fit `n_ubatch`;
+    /// [`Error::InvalidArgument`] for a prompt that ends with a medium (the
+    /// first token is sampled from the logits of a text token).
+    pub fn splice(
+        &self,
+        tokens: Vec<Token>,
+        at: &[usize],
+        media: &Attached,
+        n_ubatch: usize,
+    ) -> Result<(Vec<Token>, Spans)> {
+        if at.len() != media.0.len() {
+            return Err(Error::Media(format!(
+                "the prompt has places for {} media, and {} came",
+                at.len(),
+                media.0.len()
+            )));
+        }
+        if at.windows(2).any(|w| w[0] > w[1]) || at.last().is_some_and(|&p| p > tokens.len()) {
+            return Err(Error::InvalidArgument("the media's places are out of order or past the prompt".into()));
+        }
+        let projector = self.projector();
+        let (mut out, mut spans, mut prev) = (Vec::with_capacity(tokens.len()), Vec::new(), 0);
+        for (&place, medium) in at.iter().zip(&media.0) {
+            out.extend_from_slice(&tokens[prev..place]);
+            prev = place;
+            let prompt = projector.tokenize(projector.marker(), &[medium], AddBos::No, Special::Markup)?;
+            let mut run = None;
+            for (i, chunk) in prompt.chunks().enumerate() {
+                if chunk.kind() == ChunkKind::Text {
+                    out.extend_from_slice(chunk.tokens());
+                    continue;
+                }
+                let n = chunk.n_tokens();
+                if n == 0 || chunk.n_pos() != n {
+                    return Err(Error::Unsupported("a medium whose positions are not its tokens (M-RoPE)".into()));
+                }
+                if projector.is_non_causal(&chunk) && n > n_ubatch {
+                    return Err(Error::InvalidBatch(format!(
+                        "the {n} tokens of this image are attended to at once: they must fit one micro-batch \
+                         (the engine's n_ubatch is {n_ubatch})"
+                    )));
+                }
+                let start = out.len();
+                out.extend(placeholders(medium.id(), n));
+                run = Some((start, n, i));
+            }
+            let Some((start, len, chunk)) = run else {
+                return Err(Error::Media("the projector made no embeddings of a medium".into()));
+            };
+            spans.push(Span { start, len, prompt, chunk });
+        }
+        out.extend_from_slice(&tokens[prev..]);
+        if out.last().is_some_and(|&t| is_placeholder(t)) {
+            return Err(Error::InvalidArgument(
+                "the prompt ends with a medium: the first token is sampled after text (add some after it)".into(),
+            ));
+        }
+        Ok((out, Spans(spans)))
+    }
+
+    /// Encodes the medium whose run starts at `pos` of `spans` and decodes
+    /// it into `seq` of `ctx` from that position.
+    pub fn decode(&self, ctx: &mut Context<'_>, spans: &Spans, pos: usize, seq: SeqId) -> Result<()> {
+        let span = spans.find(pos).ok_or_else(|| Error::InvalidArgument("no medium starts there".into()))?;
+        let chunk =
+            span.prompt.chunks().nth(span.chunk).ok_or_else(|| Error::InvalidArgument("no such media chunk".into()))?;
+        let pos = Pos::try_from(pos).map_err(|_| Error::InvalidArgument("position out of range".into()))?;
+        self.projector().eval_media_chunk(ctx, &chunk, pos, seq).map(drop)
+    }
+}
+
+/// `n` placeholder tokens for the medium `id`: negative, and different
+/// for different media (the id is a SHA-256; the tokens are a splitmix64
+/// stream seeded by its first 64 bits).
+fn placeholders(id: &str, n: usize) -> impl Iterator<Item = Token> {
+    let seed = id.get(..16).and_then(|h| u64::from_str_radix(h, 16).ok()).unwrap_or(0);
+    (0..n as u64).map(move |i| {
+        let mut z = seed.wrapping_add((i + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        Token(-1 - (z & 0x3FFF_FFFF) as i32)
+    })
+}
+
+impl crate::engine::EngineConfig {
+    /// The multimodal projector (`mmproj` GGUF) the engine loads beside
+    /// its model, for requests with images or audio
+    /// ([`Request::media`](crate::engine::Request::media)). Default none:
+    /// media are refused.
+    #[must_use]
+    pub fn projector(mut self, path: impl Into<PathBuf>, params: ProjectorParams) -> Self {
+        self.media.projector = Some((path.into(), params));
+        self
+    }
+}
+
+impl crate::engine::Request {
+    /// A request for text with media: each of the text's markers
+    /// ([`Engine::media_marker`](crate::engine::Engine::media_marker),
+    /// `<__media__>`) takes the next of `media`, in order. Tokenized at
+    /// submit as [`Request::text`](crate::engine::Request::text) is, each
+    /// medium by the engine's projector (with the model's delimiters
+    /// around it); the text must go on after the last medium.
+    pub fn media(text: impl Into<String>, media: impl IntoIterator<Item = Media>) -> Self {
+        crate::engine::Request::text(text).with_media(media)
+    }
+
+    /// This request with `media` in the places its prompt has for them:
+    /// the markers of a text prompt, or the image parts of a chat prompt
+    /// ([`ChatPrompt::media_at`](crate::chat::ChatPrompt::media_at)).
+    #[must_use]
+    pub fn with_media(mut self, media: impl IntoIterator<Item = Media>) -> Self {
+        self.media = Attached(media.into_iter().map(Arc::new).collect());
+        self
+    }
+
+    /// [`Request::with_media`] for media shared with other requests.
+    #[must_use]
+    pub fn with_shared_media(mut self, media: impl IntoIterator<Item = Arc<Media>>) -> Self {
+        self.media = Attached(media.into_iter().collect());
+        self
+    }
+}
+
+impl crate::engine::Engine {
+    fn media(&self) -> Result<&EngineMedia> {
+        self.handle.media.as_deref().ok_or_else(|| {
+            Error::Unsupported("this engine has no projector for media (EngineConfig::projector)".into())
+        })
+    }
+
+    /// Whether the engine takes images (its projector has vision).
+    pub fn takes_images(&self) -> bool {
+        self.media().is_ok_and(EngineMedia::supports_vision)
+    }
+
+    /// Whether the engine takes audio (its projector has audio).
+    pub fn takes_audio(&self) -> bool {
+        self.media().is_ok_and(EngineMedia::supports_audio)
+    }
+
+    /// The text that marks a medium's place in a text prompt (`None`
+    /// without a projector).
+    pub fn media_marker(&self) -> Option<&str> {
+        self.media().ok().map(EngineMedia::marker)
+    }
+
+    /// Decodes an image or audio file in memory for this engine's
+    /// projector ([`Media::from_bytes`]).
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] without a projector; otherwise as
+    /// [`Media::from_bytes`].
+    pub fn media_from_bytes(&self, bytes: &[u8]) -> Result<Media> {
+        self.media()?.media_from_bytes(bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn placeholders_are_negative_and_depend_on_the_medium() {
+        let a: Vec<Token> = placeholders("00112233445566778899", 64).collect();
+        let b: Vec<Token> = placeholders("00112233445566770000", 64).collect();
+        let c: Vec<Token> = placeholders("10112233445566778899", 64).collect();
+        assert!(a.iter().all(|&t| is_placeholder(t)));
+        assert_eq!(a, b, "only the first 64 bits of the id seed them");
+        assert!(a.iter().zip(&c).all(|(x, y)| x != y), "another medium differs at every position");
+    }
+}
