@@ -292,6 +292,7 @@ mod engine {
     use std::sync::Arc;
 
     use llama_suite::safe_api::greedy_continue;
+    use llamacpp::chat::{ChatMessage, ChatOptions, ContentPart};
     use llamacpp::engine::{Engine, EngineConfig, Request};
     use llamacpp::{ContextParams, KvType};
 
@@ -409,5 +410,57 @@ mod engine {
         let narrow = Engine::start(Arc::clone(&model), config).unwrap();
         let err = narrow.submit(Request::media("a <__media__> b", [image(1, 32)])).unwrap_err();
         assert!(matches!(&err, Error::InvalidBatch(m) if m.contains("n_ubatch")), "{err}");
+    }
+
+    /// A conversation whose user message has an image part: the prompt
+    /// says where the image goes, and the engine runs it there, as the
+    /// same tokens with the image between them run alone.
+    #[test]
+    fn a_chat_with_an_image_part_runs_with_the_image_in_its_place() {
+        let model = Arc::new(tiny_model());
+        let format = model.chat_format(None).unwrap();
+        let messages = [
+            ChatMessage::system("Be brief."),
+            ChatMessage::parts(
+                "user",
+                [
+                    ContentPart::text("What is in"),
+                    ContentPart::image_url("data:image/png;base64,AAAA"),
+                    ContentPart::text("this picture?"),
+                ],
+            ),
+        ];
+        let prompt = format.prompt(&model, &messages, &ChatOptions::default()).unwrap();
+        let [place] = prompt.media_at[..] else { panic!("one place: {:?}", prompt.media_at) };
+        let vocab = model.vocab();
+        let before = vocab.detokenize(&prompt.tokens[..place], AddBos::No, Special::Markup).unwrap();
+        let after = vocab.detokenize(&prompt.tokens[place..], AddBos::No, Special::Markup).unwrap();
+        assert!(before.ends_with("What is in"), "{before:?}");
+        assert!(after.starts_with("this picture?"), "{after:?}");
+
+        let engine = engine(&model, 64);
+        let request = Request::chat(&prompt).with_media([image(5, 16)]).max_tokens(N).stop_at_eog(false);
+        let done = engine.submit(request).unwrap().wait();
+        // Alone: the text before, the image through Projector::eval, the
+        // text after, then greedy.
+        let mut projector = Projector::load(&model, mlp_path(), &params()).unwrap();
+        let params = ContextParams::default().n_ctx(512).n_batch(64).n_ubatch(64).n_threads(1).kv_type(KvType::F32);
+        let mut ctx = model.new_context(&params).unwrap();
+        let picture = image(5, 16);
+        let alone_image = projector.tokenize("<__media__>", &[&picture], AddBos::No, Special::Markup).unwrap();
+        ctx.eval(&prompt.tokens[..place], 0).unwrap();
+        projector.eval(&mut ctx, &alone_image, 0).unwrap();
+        ctx.eval(&prompt.tokens[place..], 0).unwrap();
+        let n_prompt = prompt.tokens.len() + alone_image.n_tokens();
+        let logits = ctx.logits(Output::Last).unwrap().to_vec();
+        let expected = greedy_continue(&mut ctx, logits, n_prompt as i32, N).0;
+        assert_eq!(done.finish.usage.prompt_tokens, n_prompt);
+        assert_eq!(done.tokens, expected);
+
+        // Without its image the request is refused, as is one with two.
+        let err = engine.submit(Request::chat(&prompt)).unwrap_err();
+        assert!(matches!(&err, Error::Media(m) if m.contains("none came")), "{err}");
+        let two = Request::chat(&prompt).with_media([image(5, 16), image(6, 16)]);
+        assert!(matches!(engine.submit(two), Err(Error::Media(_))));
     }
 }

@@ -20,6 +20,7 @@
 mod builtin;
 mod conversation;
 mod jinja;
+mod media;
 mod output;
 mod plain;
 mod prompt;
@@ -33,6 +34,7 @@ mod typed;
 pub(crate) use plain::ControlTexts;
 
 pub use conversation::{Conversation, DEFAULT_CONTEXT, DEFAULT_REPLY_TOKENS, Reply, Turn};
+pub use media::{MediaPart, media_parts};
 pub use output::{ChatEvent, ChatParser};
 pub use prompt::{ChatOptions, ChatPrompt, ReasoningBudget};
 pub use reasoning::{Reasoning, ReasoningFormat};
@@ -90,6 +92,49 @@ pub enum ContentPart {
         /// The text.
         text: String,
     },
+    /// An image, by URL (a `data:` URL holds the file): its place in the
+    /// prompt is in [`ChatPrompt::media_at`], and a request made from the
+    /// prompt takes the decoded image.
+    ImageUrl {
+        /// Where the image is.
+        image_url: ImageUrl,
+    },
+    /// An audio clip, base64.
+    InputAudio {
+        /// The clip.
+        input_audio: InputAudio,
+    },
+}
+
+impl ContentPart {
+    /// A text part.
+    pub fn text(text: impl Into<String>) -> Self {
+        ContentPart::Text { text: text.into() }
+    }
+
+    /// An image part by URL (`data:image/jpeg;base64,…`).
+    pub fn image_url(url: impl Into<String>) -> Self {
+        ContentPart::ImageUrl { image_url: ImageUrl { url: url.into(), detail: None } }
+    }
+}
+
+/// The URL of an [`ContentPart::ImageUrl`] part.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImageUrl {
+    /// The URL (`data:image/png;base64,…`).
+    pub url: String,
+    /// OpenAI's `detail` (`auto`, `low`, `high`), passed through.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+}
+
+/// The clip of an [`ContentPart::InputAudio`] part.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InputAudio {
+    /// The file, base64.
+    pub data: String,
+    /// Its format: `wav` or `mp3`.
+    pub format: String,
 }
 
 /// A function call made by an assistant turn.
@@ -149,14 +194,24 @@ impl ChatMessage {
         ChatMessage { tool_call_id: Some(tool_call_id.into()), ..Self::new("tool", content) }
     }
 
+    /// A message of `parts` (text, images, audio) with the given role.
+    pub fn parts(role: impl Into<String>, parts: impl IntoIterator<Item = ContentPart>) -> Self {
+        ChatMessage { content: Some(MessageContent::Parts(parts.into_iter().collect())), ..Self::new(role, "") }
+    }
+
     /// The message's text: the content string, or its text parts joined.
     pub fn text(&self) -> String {
         match &self.content {
             None => String::new(),
             Some(MessageContent::Text(t)) => t.clone(),
-            Some(MessageContent::Parts(parts)) => {
-                parts.iter().map(|ContentPart::Text { text }| text.as_str()).collect::<Vec<_>>().concat()
-            }
+            Some(MessageContent::Parts(parts)) => parts
+                .iter()
+                .filter_map(|p| match p {
+                    ContentPart::Text { text } => Some(text.as_str()),
+                    _ => None,
+                })
+                .collect::<Vec<_>>()
+                .concat(),
         }
     }
 }

@@ -359,29 +359,39 @@ fn partition(controls: &ControlTexts, pieces: Vec<Piece>) -> Vec<Piece> {
 
 /// The tokens of the partitioned pieces: the text between two control
 /// tokens in one plain tokenization, then the model's BOS unless the
-/// template wrote it.
-fn tokens(vocab: &Vocab, controls: &ControlTexts, pieces: &[Piece]) -> Result<Vec<Token>> {
-    let mut out = Vec::new();
+/// template wrote it; and the places of the media marks
+/// ([`MEDIA`](super::media::MEDIA)), where the text is cut.
+fn tokens(vocab: &Vocab, controls: &ControlTexts, pieces: &[Piece]) -> Result<(Vec<Token>, Vec<usize>)> {
+    let (mut out, mut places) = (Vec::new(), Vec::new());
     let mut text = String::new();
-    let flush = |text: &mut String, out: &mut Vec<Token>| -> Result<()> {
-        if !text.is_empty() {
-            out.extend(vocab.tokenize(text, AddBos::No)?);
-            text.clear();
+    let flush = |text: &mut String, out: &mut Vec<Token>, places: &mut Vec<usize>| -> Result<()> {
+        for (i, piece) in text.split(super::media::MEDIA).enumerate() {
+            if i > 0 {
+                places.push(out.len());
+            }
+            if !piece.is_empty() {
+                out.extend(vocab.tokenize(piece, AddBos::No)?);
+            }
         }
+        text.clear();
         Ok(())
     };
     for piece in pieces {
         match piece {
             Piece::Template(t) | Piece::Caller(t) => text.push_str(t),
             Piece::Control(index) => {
-                flush(&mut text, &mut out)?;
+                flush(&mut text, &mut out, &mut places)?;
                 out.push(controls.tokens[*index].token);
             }
         }
     }
-    flush(&mut text, &mut out)?;
+    flush(&mut text, &mut out, &mut places)?;
+    let before = out.len();
     vocab.chat_bos(&mut out)?;
-    Ok(out)
+    // A BOS put in front moves every place.
+    let shift = out.len() - before;
+    places.iter_mut().for_each(|p| *p += shift);
+    Ok((out, places))
 }
 
 impl ChatFormat {
@@ -417,6 +427,23 @@ impl ChatFormat {
     /// # Errors
     /// As [`ChatFormat::tokenize`].
     pub fn tokenize_json(&self, vocab: &Vocab, messages: &Value, options: &RenderOptions) -> Result<Vec<Token>> {
+        let (tokens, places) = self.tokenize_json_with_media(vocab, messages, options)?;
+        if !places.is_empty() {
+            return Err(Error::ChatMarkup(
+                "a message holds U+FDD2, the noncharacter that stands for an image or audio part".into(),
+            ));
+        }
+        Ok(tokens)
+    }
+
+    /// [`ChatFormat::tokenize_json`], with the places of the media marks
+    /// among the tokens.
+    pub(crate) fn tokenize_json_with_media(
+        &self,
+        vocab: &Vocab,
+        messages: &Value,
+        options: &RenderOptions,
+    ) -> Result<(Vec<Token>, Vec<usize>)> {
         let controls = vocab.control_texts()?;
         let real = self.render_marked(controls, Mark::Nothing, messages, options)?;
         // Every caller's string between markers: control tokens can only

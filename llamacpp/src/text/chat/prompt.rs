@@ -195,11 +195,23 @@ impl ChatFormat {
             Some(t) if t.parsed() => messages = std::borrow::Cow::Owned(with_tool_instructions(&messages, t)?),
             _ => {}
         }
-        let mut tokens = if options.control_tokens_in_text {
-            vocab.tokenize_chat(&self.render_value(&messages, &render)?)?
+        let (messages, n_media) = super::media::substitute(&messages)?;
+        let (mut tokens, media_at) = if options.control_tokens_in_text {
+            if n_media > 0 {
+                return Err(Error::Unsupported(
+                    "image and audio parts with control_tokens_in_text (the text is not cut at their places)".into(),
+                ));
+            }
+            (vocab.tokenize_chat(&self.render_value(&messages, &render)?)?, Vec::new())
         } else {
-            self.tokenize_json(vocab, &messages, &render)?
+            self.tokenize_json_with_media(vocab, &messages, &render)?
         };
+        if media_at.len() != n_media {
+            return Err(Error::ChatTemplate(format!(
+                "the chat template rendered {} of the conversation's {n_media} image and audio parts",
+                media_at.len()
+            )));
+        }
         let constraint = match tools {
             Some(t) => t.forcing_constraint(tool_format, model)?,
             None => None,
@@ -238,7 +250,7 @@ impl ChatFormat {
                 tokens,
             }),
             tool_format: reads_calls,
-            media_at: Vec::new(),
+            media_at,
         })
     }
 }
