@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "llama-serve", 
 
 import anthropic_client  # noqa: E402
 import openai_client  # noqa: E402
-from sdk import KEY, TEMPLATES, THINKING_TEMPLATE, run_checks, says_port  # noqa: E402
+from sdk import KEY, TEMPLATES, THINKING_TEMPLATE, mmproj, run_checks, says_port  # noqa: E402
 
 TOOL_TEMPLATE = os.path.join(TEMPLATES, "Qwen-Qwen2.5-7B-Instruct.jinja")
 
@@ -33,7 +33,7 @@ def template(needs):
 def ours(binary, model):
     @says_port
     def command(needs, port):
-        extra = ["--embeddings"] if needs == "embeddings" else []
+        extra = {"embeddings": ["--embeddings"], "vision": ["--mmproj", mmproj()]}.get(needs, [])
         return [binary, "--model", model, "--port", "0", "--api-key", KEY, "--threads", "2", "--ctx", "4096", "--parallel", "4",
                 "--chat-template-file", template(needs), *extra]
     return command
@@ -43,7 +43,7 @@ def theirs(binary, model):
     def command(needs, port):
         # llama-server's --embeddings serves embeddings only; mean pooling
         # as llama-serve's (this model defines none).
-        extra = ["--embeddings", "--pooling", "mean"] if needs == "embeddings" else []
+        extra = {"embeddings": ["--embeddings", "--pooling", "mean"], "vision": ["--mmproj", mmproj()]}.get(needs, [])
         return [binary, "-m", model, "--host", "127.0.0.1", "--port", str(port), "--api-key", KEY, "-t", "2", "-c", "4096", "-np", "4",
                 "--jinja", "--chat-template-file", template(needs), *extra]
     return command

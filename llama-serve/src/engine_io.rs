@@ -35,6 +35,11 @@ pub fn engine_error(e: Error) -> ApiError {
             ApiError::bad_request(e.to_string()).param("messages")
         }
         Error::InvalidParameter { name, .. } => ApiError::bad_request(e.to_string()).param(name),
+        // A medium the projector refuses, an image that does not fit a
+        // micro-batch, media where the server takes none.
+        Error::Media(_) | Error::InvalidBatch(_) | Error::Unsupported(_) => {
+            ApiError::bad_request(e.to_string()).param("messages")
+        }
         Error::CannotSpeculate(_) => ApiError::bad_request(e.to_string()).param("speculative"),
         Error::InvalidArgument(_)
         | Error::EmptyPrompt

@@ -22,6 +22,7 @@ mod connections;
 mod embeddings;
 mod engine_io;
 mod guard;
+mod media;
 mod openai;
 mod rate;
 mod routes;
@@ -196,6 +197,14 @@ pub struct Args {
     /// Most tokens one draft holds (--spec, `speculative: true`).
     #[arg(long, default_value_t = Speculation::ngram().max_draft() as u64, value_parser = clap::value_parser!(u64).range(1..=Speculation::DRAFT_LIMIT as u64))]
     draft_max: u64,
+    /// A multimodal projector (`mmproj` GGUF) for the model: chat requests
+    /// may then carry images (`image_url` parts with `data:` URLs) or
+    /// audio (`input_audio`), as the projector takes (feature `mtmd`).
+    #[arg(long, value_name = "PATH")]
+    mmproj: Option<PathBuf>,
+    /// Most images and clips in one request.
+    #[arg(long, default_value_t = 8)]
+    max_media: usize,
     /// Wait this long before loading the model (for tests of the loading
     /// state).
     #[arg(long, default_value_t = 0, hide = true)]
@@ -263,6 +272,7 @@ fn new_state(args: &Args, model_path: &std::path::Path, prometheus: PrometheusHa
             body_limit: args.body_limit,
             body_timeout: Duration::from_secs(args.body_timeout),
             special_in_content: args.special_in_content,
+            max_media: args.max_media,
             reasoning_budget: usize::try_from(args.reasoning_budget).ok(),
             speculation: speculation(args),
         },
@@ -451,7 +461,7 @@ fn engine_config(args: &Args) -> EngineConfig {
 }
 
 fn load(path: &std::path::Path, args: &Args, delay: Duration) -> Result<Ready, String> {
-    let config = engine_config(args);
+    let config = media::configure(engine_config(args), args.mmproj.as_deref(), args.threads)?;
     let params = model_params(args, &config);
     let (embeddings, threads) = (args.embeddings, args.threads.unwrap_or(2));
     std::thread::sleep(delay);

@@ -47,6 +47,8 @@ pub struct Config {
     /// Message content may hold control tokens (llama.cpp's behaviour), not
     /// only the template's markup (`--special-in-content`).
     pub special_in_content: bool,
+    /// Most images and clips in one request (`--max-media`).
+    pub max_media: usize,
     /// The most tokens of thought (`--reasoning-budget`; `None`: no limit).
     pub reasoning_budget: Option<usize>,
     /// Speculative decoding's settings for requests that ask for it (and

@@ -8,7 +8,8 @@ a text answer, a stream whose text deltas add up to the final message,
 count_tokens equal to the same request's input tokens, stop sequences, a
 forced tool use (`tool_choice` any, and a named tool, streamed) whose
 input validates against the tool's schema, the second turn with the
-tool's result, thinking blocks, and Anthropic's error shape for what the
+tool's result, thinking blocks, a base64 image block (with a projector),
+and Anthropic's error shape for what the
 API forbids and for a wrong key. Reports every check; exits non-zero if
 any failed. The same checks run against llama-server in
 scripts/api_parity.py.
@@ -19,7 +20,7 @@ import sys
 import anthropic
 import jsonschema
 
-from sdk import KEY, Check, check, main
+from sdk import KEY, Check, check, jpeg_base64, main
 
 MODEL = "default"
 # The SDK has no sampling parameters any more; the server still reads
@@ -149,6 +150,16 @@ def wrong_key(base):
           f"a wrong x-api-key is a 401 in Anthropic's shape ({err.status_code}, {body})")
 
 
+def image(base):
+    c = client(base)
+    question = {"type": "text", "text": "What is in this picture?"}
+    picture = {"type": "image", "source": {"type": "base64", "media_type": "image/jpeg", "data": jpeg_base64()}}
+    m = c.messages.create(model=MODEL, max_tokens=8, messages=[{"role": "user", "content": [question, picture]}], extra_body=GREEDY)
+    plain = c.messages.create(model=MODEL, max_tokens=8, messages=[{"role": "user", "content": [question]}], extra_body=GREEDY)
+    check(m.content and m.content[0].type == "text" and m.usage.output_tokens == 8, "a base64 image block is answered")
+    check(m.usage.input_tokens > plain.usage.input_tokens, f"its tokens count ({m.usage.input_tokens} with, {plain.usage.input_tokens} without)")
+
+
 CHECKS = [
     Check("messages: text, stop_reason, usage", text),
     Check("messages: stream deltas equal the final message", stream),
@@ -158,6 +169,7 @@ CHECKS = [
     Check("messages: a named tool, streamed", named_tool_streamed),
     Check("messages: second turn with tool_result", second_turn),
     Check("messages: thinking blocks (thinking template)", thinking, needs="thinking"),
+    Check("messages: a base64 image block (synthetic projector)", image, needs="vision"),
     Check("messages: 400s in Anthropic's shape (empty, max_tokens 0, orphan tool_result)", refusals),
     Check("messages: a wrong x-api-key is a 401 in Anthropic's shape", wrong_key),
 ]

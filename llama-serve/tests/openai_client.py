@@ -9,7 +9,8 @@ response that validates, streamed and parallel forced tool calls whose
 arguments validate against the tool's schema, n=2, embeddings (float and
 base64), a wrong key refused with 401, and the Responses API (text,
 stream, input_tokens, forced and streamed function calls, the second
-turn, text.format, reasoning items, the stateless 400s). Reports every
+turn, text.format, reasoning items, the stateless 400s), and with a
+projector a base64 image in Chat Completions and Responses. Reports every
 check; exits non-zero if any failed. The same checks run against
 llama-server in scripts/api_parity.py.
 """
@@ -22,7 +23,7 @@ import sys
 import jsonschema
 import openai
 
-from sdk import KEY, Check, check, main
+from sdk import KEY, Check, check, jpeg_base64, main
 
 MESSAGES = [{"role": "user", "content": "List three fruits."}]
 PARAMS = {
@@ -132,6 +133,34 @@ def chat_n2(base):
     c = client(base)
     two = c.chat.completions.create(model=model(c), messages=MESSAGES, max_tokens=8, temperature=1.0, seed=3, n=2)
     check([choice.index for choice in two.choices] == [0, 1], "n=2 gives two choices")
+
+
+def image_question(url):
+    return [{"role": "user", "content": [{"type": "text", "text": "What is in this picture?"},
+                                         {"type": "image_url", "image_url": {"url": url}}]}]
+
+
+def chat_image(base):
+    c = client(base)
+    url = "data:image/jpeg;base64," + jpeg_base64()
+    r = c.chat.completions.create(model=model(c), messages=image_question(url), max_tokens=8, temperature=0)
+    text_only = [{"role": "user", "content": [{"type": "text", "text": "What is in this picture?"}]}]
+    plain = c.chat.completions.create(model=model(c), messages=text_only, max_tokens=8, temperature=0)
+    check(r.choices[0].message.content and r.usage.completion_tokens == 8, "a base64 image in an image_url part is answered")
+    check(r.usage.prompt_tokens > plain.usage.prompt_tokens, f"its tokens count ({r.usage.prompt_tokens} with, {plain.usage.prompt_tokens} without)")
+    stream = c.chat.completions.create(model=model(c), messages=image_question(url), max_tokens=8, temperature=0, stream=True)
+    streamed = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+    check(streamed == r.choices[0].message.content, "streamed, the same answer")
+    resp = c.responses.create(model=model(c), max_output_tokens=8, temperature=0, input=[
+        {"role": "user", "content": [{"type": "input_text", "text": "What is in this picture?"},
+                                     {"type": "input_image", "image_url": url}]}])
+    check(resp.output_text == r.choices[0].message.content, "the Responses API's input_image, the same answer")
+    try:
+        c.chat.completions.create(model=model(c), messages=image_question("https://example.com/cat.jpg"), max_tokens=4)
+        check(False, "a remote image URL is refused")
+    except openai.BadRequestError as err:
+        body = err.body if isinstance(err.body, dict) else {}
+        check(err.status_code == 400 and "not fetched" in str(body.get("message")), f"a remote image URL is a 400 ({body.get('message')})")
 
 
 def embeddings(base):
@@ -255,6 +284,7 @@ CHECKS = [
     Check("chat: tool_choice required, streamed, arguments validate", chat_forced_tool_streamed),
     Check("chat: parallel forced calls end as tool_calls", chat_parallel_tools),
     Check("chat: n=2", chat_n2),
+    Check("chat and responses: a base64 image (synthetic projector)", chat_image, needs="vision"),
     Check("embeddings: float and base64", embeddings, needs="embeddings"),
     Check("auth: a wrong key is a 401", wrong_key),
     Check("responses: text, incomplete at max_output_tokens, usage", responses_text),

@@ -3,12 +3,14 @@ share: checks that name what they verify, a server started per group of
 checks, and a runner that reports every check rather than the first.
 
 A script is a list of `Check`s. Each needs one kind of server: `base`
-(the arguments given), `embeddings` (an embeddings endpoint) or
-`thinking` (a chat template whose model thinks), so the same checks run
+(the arguments given), `embeddings` (an embeddings endpoint), `thinking`
+(a chat template whose model thinks) or `vision` (a projector, for
+images: `LLAMA_TEST_MMPROJ`), so the same checks run
 against llama-serve in CI and against llama-server side by side
 (scripts/api_parity.py), each server started as its own flags say.
 """
 
+import base64
 import os
 import socket
 import subprocess
@@ -22,6 +24,23 @@ TEMPLATES = os.path.join(os.path.dirname(__file__), "..", "..", "vendor", "llama
 # A template that opens the model's thoughts (QwQ's generation prompt ends
 # in `<think>`), so a base model "thinks" until its budget closes them.
 THINKING_TEMPLATE = os.path.join(TEMPLATES, "Qwen-QwQ-32B.jinja")
+# The image the vision checks send (llama.cpp's own test image).
+TEST_JPEG = os.path.join(os.path.dirname(__file__), "..", "..", "vendor", "llama.cpp", "tools", "mtmd", "test-1.jpeg")
+
+
+def mmproj():
+    """The projector the `vision` checks' servers load: LLAMA_TEST_MMPROJ,
+    written by `cargo run --example tiny_projector -- --model M OUT` (a
+    synthetic one: outputs do not describe the image)."""
+    path = os.environ.get("LLAMA_TEST_MMPROJ")
+    if not path:
+        raise Failed("the vision checks need LLAMA_TEST_MMPROJ: cargo run --example tiny_projector -- --model M OUT.gguf")
+    return path
+
+
+def jpeg_base64():
+    with open(TEST_JPEG, "rb") as f:
+        return base64.b64encode(f.read()).decode()
 
 
 class Failed(Exception):
@@ -114,8 +133,9 @@ def says_port(command):
 
 def llama_serve(binary, args):
     """How llama-serve is started for each kind of check."""
-    extra = {"base": [], "embeddings": ["--embeddings"], "thinking": ["--chat-template-file", THINKING_TEMPLATE]}
-    return says_port(lambda needs, port: [binary, "--port", "0", "--api-key", KEY, *args, *extra[needs]])
+    extra = {"base": lambda: [], "embeddings": lambda: ["--embeddings"],
+             "thinking": lambda: ["--chat-template-file", THINKING_TEMPLATE], "vision": lambda: ["--mmproj", mmproj()]}
+    return says_port(lambda needs, port: [binary, "--port", "0", "--api-key", KEY, *args, *extra[needs]()])
 
 
 def main(name, checks, argv):

@@ -55,8 +55,8 @@ pub enum Content {
     Blocks(Vec<Block>),
 }
 
-/// A content block. Kinds this server cannot take (images, documents)
-/// are a 400 rather than dropped.
+/// A content block. Kinds this server cannot take (documents) are a 400
+/// rather than dropped.
 #[derive(Debug, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Block {
@@ -76,12 +76,44 @@ pub enum Block {
         #[serde(default)]
         is_error: bool,
     },
+    /// An image: `{"type": "base64", "media_type", "data"}` or `{"type":
+    /// "url", "url"}` (refused later: the server fetches nothing).
+    Image {
+        source: ImageSource,
+    },
     /// Earlier thoughts sent back: not part of the prompt (as Anthropic
     /// drops them from earlier turns).
     Thinking {},
     RedactedThinking {},
     #[serde(other)]
     Other,
+}
+
+/// Where an image block's image is.
+#[derive(Debug, Deserialize)]
+pub struct ImageSource {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default)]
+    pub media_type: Option<String>,
+    #[serde(default)]
+    pub data: Option<String>,
+    #[serde(default)]
+    pub url: Option<String>,
+}
+
+impl ImageSource {
+    /// The image as a chat `image_url` part.
+    fn to_part(&self) -> Result<Value, String> {
+        let url = match (self.kind.as_str(), &self.data, &self.url) {
+            ("base64", Some(data), _) => {
+                format!("data:{};base64,{data}", self.media_type.as_deref().unwrap_or("image/jpeg"))
+            }
+            ("url", _, Some(url)) => url.clone(),
+            (kind, ..) => return Err(format!("an image source of type {kind:?} without its data or url")),
+        };
+        Ok(json!({"type": "image_url", "image_url": {"url": url}}))
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -175,6 +207,7 @@ impl MessagesRequest {
                     for block in blocks {
                         match block {
                             Block::Text { text: t } => text.push(json!({"type": "text", "text": t})),
+                            Block::Image { source } => text.push(source.to_part().map_err(at)?),
                             Block::ToolResult { tool_use_id, content, is_error } => {
                                 if !called.contains(tool_use_id.as_str()) {
                                     return Err(at(format!(
@@ -195,7 +228,9 @@ impl MessagesRequest {
                             Block::Thinking {} | Block::RedactedThinking {} => {}
                             Block::ToolUse { .. } => return Err(at("a user message cannot hold tool_use".into())),
                             Block::Other => {
-                                return Err(at("this server reads text, tool_use and tool_result blocks only".into()));
+                                return Err(at(
+                                    "this server reads text, image, tool_use and tool_result blocks only".into()
+                                ));
                             }
                         }
                     }
@@ -218,8 +253,11 @@ impl MessagesRequest {
                             Block::ToolResult { .. } => {
                                 return Err(at("an assistant message cannot hold tool_result".into()));
                             }
+                            Block::Image { .. } => return Err(at("an assistant message cannot hold an image".into())),
                             Block::Other => {
-                                return Err(at("this server reads text, tool_use and tool_result blocks only".into()));
+                                return Err(at(
+                                    "this server reads text, image, tool_use and tool_result blocks only".into()
+                                ));
                             }
                         }
                     }
@@ -359,8 +397,8 @@ mod tests {
             {"type": "tool_result", "tool_use_id": "toolu_9", "content": "x"}]}]});
         assert!(err(orphan).contains("no tool_use"), "a tool_result without its tool_use");
         assert!(err(json!({"messages": [{"role": "system", "content": "x"}]})).contains("not user or assistant"));
-        let image = json!({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]});
-        assert!(err(image).contains("text, tool_use and tool_result"));
+        let document = json!({"messages": [{"role": "user", "content": [{"type": "document", "source": {}}]}]});
+        assert!(err(document).contains("text, image, tool_use and tool_result"));
         let choice = json!({"messages": [{"role": "user", "content": "x"}], "tool_choice": {"type": "tool"}});
         assert!(err(choice).contains("needs a name"));
         let thinking = json!({"messages": [{"role": "user", "content": "x"}], "thinking": {"type": "enabled"}});

@@ -66,7 +66,32 @@ fn bad(message: impl Into<String>, param: &str) -> ApiError {
 }
 
 /// A message item's content as chat content: a string, or the text of its
-/// `input_text`/`output_text` parts.
+/// `input_text`/`output_text` parts, or with `input_image` parts a list of
+/// chat parts (`text` and `image_url`, in order).
+fn message_content(content: &Value, at: &str) -> Result<Value, ApiError> {
+    let Value::Array(parts) = content else { return content_text(content, at).map(Value::String) };
+    if !parts.iter().any(|p| p.get("type").and_then(Value::as_str) == Some("input_image")) {
+        return content_text(content, at).map(Value::String);
+    }
+    let mut out = Vec::with_capacity(parts.len());
+    for part in parts {
+        if part.get("type").and_then(Value::as_str) == Some("input_image") {
+            let Some(url) = part.get("image_url").and_then(Value::as_str) else {
+                return Err(bad(
+                    format!("{at}: an input_image needs image_url (a data: URL; file_id is not kept here)"),
+                    "input",
+                ));
+            };
+            out.push(json!({"type": "image_url", "image_url": {"url": url}}));
+        } else {
+            out.push(json!({"type": "text", "text": content_text(&Value::Array(vec![part.clone()]), at)?}));
+        }
+    }
+    Ok(Value::Array(out))
+}
+
+/// A content's text: a string, or the text of its `input_text`/
+/// `output_text` parts.
 fn content_text(content: &Value, at: &str) -> Result<String, ApiError> {
     match content {
         Value::String(s) => Ok(s.clone()),
@@ -77,7 +102,7 @@ fn content_text(content: &Value, at: &str) -> Result<String, ApiError> {
                     (Some("input_text" | "output_text" | "text"), Some(t)) => text.push_str(t),
                     (kind, _) => {
                         return Err(bad(
-                            format!("{at}: content part {kind:?} is not input_text or output_text"),
+                            format!("{at}: content part {kind:?} is not input_text, input_image or output_text"),
                             "input",
                         ));
                     }
@@ -135,7 +160,7 @@ impl ResponsesRequest {
                                     "input",
                                 ));
                             }
-                            let content = content_text(item.get("content").unwrap_or(&Value::Null), &at)?;
+                            let content = message_content(item.get("content").unwrap_or(&Value::Null), &at)?;
                             messages.push(json!({"role": role, "content": content}));
                         }
                         "function_call" => {

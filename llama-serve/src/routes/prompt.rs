@@ -136,9 +136,11 @@ pub(super) fn chat_prompt(
     let options = options.control_tokens_in_text(config.special_in_content);
     let messages = Value::Array(req.messages.clone());
     let prompt = ready.chat.prompt_json(&ready.model, &messages, &options).map_err(engine_io::engine_error)?;
+    let media = crate::media::decode(ready, &messages, config.max_media)?;
+    let prompt_tokens = prompt.tokens.len() + media.tokens;
     Ok(ChatSetup {
-        request: Request::chat(&prompt),
-        prompt_tokens: prompt.tokens.len(),
+        request: crate::media::attach(Request::chat(&prompt), media),
+        prompt_tokens,
         response_constraint,
         parser: prompt.parser(),
     })

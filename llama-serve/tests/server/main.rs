@@ -7,6 +7,8 @@
 mod endpoints;
 mod hostile;
 mod loadgen;
+#[cfg(feature = "mtmd")]
+mod media;
 mod messages;
 mod model;
 mod responses;

@@ -133,6 +133,14 @@ impl EngineMedia {
         Media::from_bytes(&self.projector(), bytes)
     }
 
+    /// The tokens `medium` takes in a prompt: its embeddings and the
+    /// model's delimiters around them.
+    pub fn count(&self, medium: &Media) -> Result<usize> {
+        let projector = self.projector();
+        let prompt = projector.tokenize(projector.marker(), &[medium], AddBos::No, Special::Markup)?;
+        Ok(prompt.n_tokens())
+    }
+
     /// Tokenizes `text` whose markers say where `n` media go: its tokens
     /// (BOS as `add_bos` says, on the first piece only) and the places of
     /// the media among them.
@@ -317,6 +325,17 @@ impl crate::engine::Engine {
     /// without a projector).
     pub fn media_marker(&self) -> Option<&str> {
         self.media().ok().map(EngineMedia::marker)
+    }
+
+    /// The tokens `media` takes in a prompt (its embeddings and the
+    /// model's delimiters around them), as a request counts it in
+    /// [`Usage::prompt_tokens`](crate::engine::Usage).
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] without a projector; [`Error::Media`] when the
+    /// projector refuses it.
+    pub fn media_tokens(&self, media: &Media) -> Result<usize> {
+        self.media()?.count(media)
     }
 
     /// Decodes an image or audio file in memory for this engine's

@@ -1,0 +1,154 @@
+//! Images and audio in chat requests (feature `mtmd`): `image_url` parts
+//! with `data:` URLs and `input_audio` parts, decoded on the blocking
+//! pool for the engine's projector (`--mmproj`). Remote URLs are refused:
+//! the server fetches nothing.
+
+use base64::Engine as _;
+use llamacpp::chat::MediaPart;
+use llamacpp::engine::Request;
+use serde_json::Value;
+
+use crate::openai::ApiError;
+use crate::state::Ready;
+
+/// The media of a request, decoded.
+#[derive(Default)]
+pub(crate) struct Decoded {
+    #[cfg(feature = "mtmd")]
+    media: Vec<llamacpp::mtmd::Media>,
+    /// The tokens they take in the prompt.
+    pub tokens: usize,
+}
+
+/// Loads the projector `--mmproj` names into the engine's settings.
+#[cfg(feature = "mtmd")]
+pub(crate) fn configure(
+    config: llamacpp::engine::EngineConfig,
+    mmproj: Option<&std::path::Path>,
+    threads: Option<i32>,
+) -> Result<llamacpp::engine::EngineConfig, String> {
+    let Some(path) = mmproj else { return Ok(config) };
+    let mut params = llamacpp::mtmd::ProjectorParams::default();
+    if let Some(t) = threads {
+        params = params.n_threads(t);
+    }
+    Ok(config.projector(path, params))
+}
+
+#[cfg(not(feature = "mtmd"))]
+pub(crate) fn configure(
+    config: llamacpp::engine::EngineConfig,
+    mmproj: Option<&std::path::Path>,
+    _threads: Option<i32>,
+) -> Result<llamacpp::engine::EngineConfig, String> {
+    match mmproj {
+        None => Ok(config),
+        Some(_) => {
+            Err("--mmproj: this build has no image or audio input (build llama-serve with --features mtmd)".into())
+        }
+    }
+}
+
+/// The media of `messages`, decoded for the engine: at most `max` of
+/// them, each a `data:` URL of an image or a base64 clip.
+pub(crate) fn decode(ready: &Ready, messages: &Value, max: usize) -> Result<Decoded, ApiError> {
+    let parts = llamacpp::chat::media_parts(messages).map_err(|e| bad(e.to_string()))?;
+    if parts.is_empty() {
+        return Ok(Decoded::default());
+    }
+    if parts.len() > max {
+        return Err(bad(format!("{} images and clips; at most {max} per request (--max-media)", parts.len())));
+    }
+    let mut decoded = Decoded::default();
+    for part in &parts {
+        let bytes = match part {
+            MediaPart::Image { url } => image_bytes(url)?,
+            MediaPart::Audio { data, format } => {
+                if !matches!(format.as_str(), "wav" | "mp3" | "flac") {
+                    return Err(bad(format!("input_audio format {format:?}: wav, mp3 or flac")));
+                }
+                base64(data)?
+            }
+            _ => return Err(bad("a media part of a kind this server does not take".into())),
+        };
+        take(ready, &bytes, &mut decoded)?;
+    }
+    Ok(decoded)
+}
+
+#[cfg(feature = "mtmd")]
+fn take(ready: &Ready, bytes: &[u8], decoded: &mut Decoded) -> Result<(), ApiError> {
+    if !ready.engine.takes_images() && !ready.engine.takes_audio() {
+        return Err(bad("this server takes no images or audio (start it with --mmproj)".into()));
+    }
+    let medium = ready.engine.media_from_bytes(bytes).map_err(crate::engine_io::engine_error)?;
+    decoded.tokens += ready.engine.media_tokens(&medium).map_err(crate::engine_io::engine_error)?;
+    decoded.media.push(medium);
+    Ok(())
+}
+
+#[cfg(not(feature = "mtmd"))]
+fn take(_ready: &Ready, _bytes: &[u8], _decoded: &mut Decoded) -> Result<(), ApiError> {
+    Err(bad("this server takes no images or audio (built without the mtmd feature)".into()))
+}
+
+/// `request` with the decoded media in the places its prompt has.
+pub(crate) fn attach(request: Request, decoded: Decoded) -> Request {
+    #[cfg(feature = "mtmd")]
+    let request = if decoded.media.is_empty() { request } else { request.with_media(decoded.media) };
+    #[cfg(not(feature = "mtmd"))]
+    let _ = decoded;
+    request
+}
+
+/// The file a `data:` URL holds; other URLs are refused.
+fn image_bytes(url: &str) -> Result<Vec<u8>, ApiError> {
+    let Some(rest) = url.strip_prefix("data:") else {
+        let scheme = url.split_once(':').map_or("", |(s, _)| s);
+        return Err(bad(format!(
+            "image URLs with scheme {scheme:?} are not fetched: send the image itself as a data: URL \
+             (data:image/png;base64,...)"
+        )));
+    };
+    let (header, payload) = rest.split_once(',').ok_or_else(|| bad("a data: URL without a comma".into()))?;
+    let mut fields = header.split(';');
+    let mime = fields.next().unwrap_or_default();
+    if !mime.is_empty() && !mime.starts_with("image/") {
+        return Err(bad(format!("an image_url of type {mime:?}: images only")));
+    }
+    if !fields.any(|f| f == "base64") {
+        return Err(bad("a data: URL must be base64 (data:image/png;base64,...)".into()));
+    }
+    base64(payload)
+}
+
+fn base64(data: &str) -> Result<Vec<u8>, ApiError> {
+    base64::engine::general_purpose::STANDARD.decode(data.trim()).map_err(|e| bad(format!("base64: {e}")))
+}
+
+fn bad(message: String) -> ApiError {
+    ApiError::bad_request(message).param("messages")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_base64_image_data_urls_are_taken() {
+        assert_eq!(image_bytes("data:image/png;base64,AAEC").unwrap(), [0, 1, 2]);
+        assert_eq!(image_bytes("data:;base64,AAEC").unwrap(), [0, 1, 2]);
+        for (url, why) in [
+            ("https://example.com/a.png", "not fetched"),
+            ("file:///etc/passwd", "not fetched"),
+            ("data:text/html;base64,AAEC", "images only"),
+            ("data:image/png,raw", "must be base64"),
+            ("data:image/png;base64", "without a comma"),
+            ("data:image/png;base64,@@@", "base64"),
+        ] {
+            let err = image_bytes(url).unwrap_err();
+            assert!(err.message.contains(why), "{url}: {}", err.message);
+            assert_eq!(err.status, 400);
+        }
+    }
+}
