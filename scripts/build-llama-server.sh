@@ -16,6 +16,7 @@
 #   nice -n 19 scripts/build-llama-server.sh            # -j2
 #   JOBS=8 scripts/build-llama-server.sh
 # Environment: JOBS (parallel jobs, default 2), CMAKE (a cmake to use),
+# EXTRA_TARGETS (more tools, e.g. llama-mtmd-cli),
 # PYTHON (interpreter for pip, default python3), GGML_NATIVE (ON/OFF,
 # default ON as with the workspace's default `native` feature), GGML_RPC
 # (ON: the RPC backend too, as with the `rpc` feature, in
@@ -40,6 +41,10 @@ PYTHON="${PYTHON:-python3}"
 NATIVE="${GGML_NATIVE:-ON}"
 RPC="${GGML_RPC:-OFF}"
 TARGETS=(llama-server llama-bench)
+# EXTRA_TARGETS: more of llama.cpp's tools, space-separated (llama-mtmd-cli
+# for scripts/mtmd-parity.sh); their paths are printed after the others.
+read -r -a EXTRA <<< "${EXTRA_TARGETS:-}"
+TARGETS+=("${EXTRA[@]}")
 if [[ "$RPC" == ON ]]; then
     BUILD_DIR="$TOOLS_DIR/build-rpc"
     TARGETS+=(ggml-rpc-server)
@@ -143,3 +148,7 @@ if [[ "$RPC" == ON ]]; then
     [[ -x "$BUILD_DIR/bin/ggml-rpc-server" ]] || die "the build finished but ggml-rpc-server is missing"
     echo "$BUILD_DIR/bin/ggml-rpc-server"
 fi
+for t in "${EXTRA[@]}"; do
+    [[ -x "$BUILD_DIR/bin/$t" ]] || die "the build finished but $BUILD_DIR/bin/$t is missing"
+    echo "$BUILD_DIR/bin/$t"
+done

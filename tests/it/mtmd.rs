@@ -457,6 +457,17 @@ mod engine {
         assert_eq!(done.finish.usage.prompt_tokens, n_prompt);
         assert_eq!(done.tokens, expected);
 
+        // A Conversation (and Model::chat) cannot run it yet: an error, not
+        // the conversation without its image.
+        let mut conversation = llamacpp::chat::Conversation::new(&model).unwrap();
+        for m in &messages {
+            conversation.push(m.clone());
+        }
+        let err = conversation.reply().err().expect("refused");
+        assert!(matches!(&err, Error::Unsupported(m) if m.contains("image")), "{err}");
+        let err = model.chat(&messages, &llamacpp::CompleteOptions::default()).unwrap_err();
+        assert!(matches!(err, Error::Unsupported(_)), "{err}");
+
         // Without its image the request is refused, as is one with two.
         let err = engine.submit(Request::chat(&prompt)).unwrap_err();
         assert!(matches!(&err, Error::Media(m) if m.contains("none came")), "{err}");

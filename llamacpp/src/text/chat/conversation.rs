@@ -215,6 +215,14 @@ impl<'m> Conversation<'m> {
                 self.format.prompt(self.model, &self.messages, &options)?
             }
         };
+        if !prompt.media_at.is_empty() {
+            // Its tokens alone would be the conversation without its media.
+            return Err(Error::Unsupported(
+                "a Conversation takes no image or audio parts yet: run the prompt in the engine \
+                 (Request::chat(..).with_media) or through mtmd::Projector::eval"
+                    .into(),
+            ));
+        }
         let parser = prompt.parser();
         let mut sampling = prompt.sampling(self.sampling.clone());
         if let Some(c) = constraint {

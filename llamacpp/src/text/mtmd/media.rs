@@ -307,12 +307,94 @@ fn sniff(b: &[u8]) -> Result<Kind> {
         }
         return Err(unreadable("JPEG"));
     }
-    let wav = b.starts_with(b"RIFF") && b.get(8..12) == Some(b"WAVE");
-    let mp3 = b.starts_with(b"ID3") || (b.len() >= 2 && b[0] == 0xFF && b[1] & 0xE0 == 0xE0);
-    if wav || mp3 || b.starts_with(b"fLaC") {
+    if b.starts_with(b"RIFF") && b.get(8..12) == Some(b"WAVE") {
+        return check_wav(b).map(|()| Kind::Audio);
+    }
+    if b.starts_with(b"fLaC") {
+        return check_flac(b).map(|()| Kind::Audio);
+    }
+    // MP3's length is found by scanning its frames: bounded by the file.
+    if b.starts_with(b"ID3") || (b.len() >= 2 && b[0] == 0xFF && b[1] & 0xE0 == 0xE0) {
         return Ok(Kind::Audio);
     }
     Err(Error::Media("not a JPEG, PNG, GIF or BMP image, nor a WAV, MP3 or FLAC file".into()))
+}
+
+/// The sample rates a WAV or FLAC file may have: miniaudio resamples to
+/// the projector's rate (16 kHz for Whisper-style encoders), so a file
+/// claiming 1 Hz would become 16,000 times its length in memory.
+const AUDIO_RATES: std::ops::RangeInclusive<u32> = 8_000..=384_000;
+
+/// The longest clip a file may claim: libmtmd's helper allocates what the
+/// header says before decoding.
+const MAX_AUDIO_SECONDS: u64 = 3600;
+
+/// A WAV file's header, checked before miniaudio allocates what it claims:
+/// a format chunk before the data, 1 to 8 channels, a sample rate in
+/// [`AUDIO_RATES`], a data chunk no longer than the file holds and at most
+/// an hour long.
+fn check_wav(b: &[u8]) -> Result<()> {
+    let bad = |why: &str| Error::Media(format!("the WAV header {why}"));
+    let le16 = |i: usize| b.get(i..i + 2).map(|s| u16::from_le_bytes([s[0], s[1]]));
+    let le32 = |i: usize| b.get(i..i + 4).map(|s| u32::from_le_bytes([s[0], s[1], s[2], s[3]]));
+    let mut format = None;
+    let mut i = 12;
+    while let (Some(id), Some(size)) = (b.get(i..i + 4), le32(i + 4)) {
+        let (body, size) = (i + 8, size as usize);
+        match id {
+            b"fmt " => {
+                let (Some(channels), Some(rate), Some(align)) = (le16(body + 2), le32(body + 4), le16(body + 12))
+                else {
+                    return Err(bad("is truncated"));
+                };
+                format = Some((channels, rate, align));
+            }
+            b"data" => {
+                let Some((channels, rate, align)) = format else { return Err(bad("has no format before its data")) };
+                if !(1..=8).contains(&channels) || align == 0 {
+                    return Err(bad(&format!("has {channels} channels and {align}-byte frames")));
+                }
+                if !AUDIO_RATES.contains(&rate) {
+                    return Err(bad(&format!("has a sample rate of {rate} Hz (8 to 384 kHz are taken)")));
+                }
+                if size > b.len() - body {
+                    return Err(bad(&format!("claims {size} bytes of samples; the file holds {}", b.len() - body)));
+                }
+                let seconds = (size / usize::from(align)) as u64 / u64::from(rate);
+                if seconds > MAX_AUDIO_SECONDS {
+                    return Err(bad(&format!("claims {seconds} s of audio; at most {MAX_AUDIO_SECONDS} s")));
+                }
+                return Ok(());
+            }
+            _ => {}
+        }
+        i = body.saturating_add(size).saturating_add(size % 2);
+    }
+    Err(bad("has no data chunk"))
+}
+
+/// A FLAC file's STREAMINFO, checked before miniaudio allocates the
+/// samples it claims: a sample rate in [`AUDIO_RATES`], at most an hour.
+fn check_flac(b: &[u8]) -> Result<()> {
+    let bad = |why: String| Error::Media(format!("the FLAC header {why}"));
+    // The first metadata block (type 0: STREAMINFO, 34 bytes from byte 8):
+    // block sizes and frame sizes (10 bytes), then 20 bits of sample rate,
+    // 3 of channels, 5 of bits per sample and 36 of total samples.
+    if b.get(4).map(|t| t & 0x7F) != Some(0) {
+        return Err(bad("does not start with its STREAMINFO".into()));
+    }
+    let Some(packed) = b.get(18..26).map(|s| u64::from_be_bytes(s.try_into().unwrap_or([0; 8]))) else {
+        return Err(bad("is truncated".into()));
+    };
+    let rate = (packed >> 44) as u32;
+    let total = packed & ((1 << 36) - 1);
+    if !AUDIO_RATES.contains(&rate) {
+        return Err(bad(format!("has a sample rate of {rate} Hz (8 to 384 kHz are taken)")));
+    }
+    if total / u64::from(rate) > MAX_AUDIO_SECONDS {
+        return Err(bad(format!("claims {} s of audio; at most {MAX_AUDIO_SECONDS} s", total / u64::from(rate))));
+    }
+    Ok(())
 }
 
 fn sha256_hex(parts: &[&[u8]]) -> String {
@@ -346,12 +428,57 @@ mod tests {
         // SOI, an APP0 segment of 4 bytes, then SOF0 with height 488, width 640.
         let jpeg = [0xFF, 0xD8, 0xFF, 0xE0, 0, 4, 0, 0, 0xFF, 0xC0, 0, 17, 8, 0x01, 0xE8, 0x02, 0x80];
         assert_eq!(sniff(&jpeg).unwrap(), Kind::Image { width: 640, height: 488 });
-        assert_eq!(sniff(b"RIFF\0\0\0\0WAVEfmt ").unwrap(), Kind::Audio);
-        assert_eq!(sniff(b"fLaC").unwrap(), Kind::Audio);
+        assert_eq!(sniff(&wav(16_000, 1, 2, 3200, 3200)).unwrap(), Kind::Audio);
+        assert_eq!(sniff(&flac(16_000, 16_000 * 60)).unwrap(), Kind::Audio);
         assert_eq!(sniff(b"ID3\x04").unwrap(), Kind::Audio);
         for bad in [&b""[..], b"not media", b"\x89PNG\r\n\x1a\n", &jpeg[..12], b"GIF89a\x10", b"\0\0\x02\0TGA"] {
             assert!(matches!(sniff(bad), Err(Error::Media(_))), "{bad:?}");
         }
+    }
+
+    /// A WAV header (format chunk, then a data chunk that claims
+    /// `claimed` bytes) and `held` bytes of samples.
+    fn wav(rate: u32, channels: u16, bytes_per_sample: u16, claimed: u32, held: usize) -> Vec<u8> {
+        let mut b = b"RIFF\0\0\0\0WAVEfmt ".to_vec();
+        b.extend(16u32.to_le_bytes());
+        b.extend(1u16.to_le_bytes()); // PCM
+        b.extend(channels.to_le_bytes());
+        b.extend(rate.to_le_bytes());
+        b.extend((rate * u32::from(channels * bytes_per_sample)).to_le_bytes());
+        b.extend((channels * bytes_per_sample).to_le_bytes());
+        b.extend((bytes_per_sample * 8).to_le_bytes());
+        b.extend(b"data");
+        b.extend(claimed.to_le_bytes());
+        b.resize(b.len() + held, 0);
+        b
+    }
+
+    fn flac(rate: u32, total: u64) -> Vec<u8> {
+        let mut b = b"fLaC\x80\0\0\x22".to_vec();
+        b.extend([0u8; 10]);
+        // Mono (channels - 1 = 0), 16 bits (bits - 1 = 15).
+        let packed = (u64::from(rate) << 44) | (15 << 36) | total;
+        b.extend(packed.to_be_bytes());
+        b.extend([0u8; 16]);
+        b
+    }
+
+    /// Headers that claim more than the file holds, or audio that would be
+    /// huge once resampled, are refused before miniaudio allocates it.
+    #[test]
+    fn audio_headers_are_checked_before_miniaudio_allocates() {
+        let media = |b: Vec<u8>| match sniff(&b) {
+            Err(Error::Media(m)) => m,
+            other => panic!("{other:?}"),
+        };
+        assert!(media(wav(16_000, 1, 2, u32::MAX, 3200)).contains("claims 4294967295 bytes"));
+        assert!(media(wav(1, 1, 2, 3200, 3200)).contains("sample rate of 1 Hz"));
+        assert!(media(wav(16_000, 0, 2, 3200, 3200)).contains("0 channels"));
+        assert!(media(b"RIFF\0\0\0\0WAVEdata\x04\0\0\0abcd".to_vec()).contains("no format"));
+        assert!(media(b"RIFF\0\0\0\0WAVEfmt ".to_vec()).contains("no data chunk"));
+        assert!(media(flac(16_000, 16_000 * 7200)).contains("claims 7200 s"));
+        assert!(media(flac(1, 1000)).contains("sample rate of 1 Hz"));
+        assert!(media(b"fLaC\x04".to_vec()).contains("STREAMINFO"));
     }
 
     #[test]
