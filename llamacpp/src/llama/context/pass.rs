@@ -173,6 +173,16 @@ impl Context<'_> {
             return Err(Error::InvalidBatch("there are no tokens to evaluate".into()));
         }
         let start = self.seq_pos_max(seq)?.map_or(0, |p| p as usize + 1);
+        self.eval_from(tokens, seq, start)
+    }
+
+    /// [`Context::eval`] from position `start` (after an M-RoPE image,
+    /// the next text position is not the cache's last position + 1).
+    pub(crate) fn eval_from(&mut self, tokens: &[Token], seq: SeqId, start: usize) -> Result<()> {
+        self.check_seq(seq)?;
+        if tokens.is_empty() {
+            return Err(Error::InvalidBatch("there are no tokens to evaluate".into()));
+        }
         let n_ctx = self.n_ctx_seq();
         if start.saturating_add(tokens.len()) > n_ctx as usize {
             return Err(Error::ContextFull { n_ctx });

@@ -355,7 +355,9 @@ impl<'m> Projector<'m> {
                     if chunk.tokens().is_empty() {
                         continue;
                     }
-                    ctx.eval(chunk.tokens(), seq)?;
+                    // From `n_past`, as libmtmd's helper does: after an
+                    // M-RoPE image it is not the cache's last position + 1.
+                    ctx.eval_from(chunk.tokens(), seq, n_past as usize)?;
                     n_past += chunk.tokens().len() as Pos;
                 }
                 ChunkKind::Image | ChunkKind::Audio => n_past = self.eval_media_chunk(ctx, &chunk, n_past, seq)?,
