@@ -296,7 +296,7 @@ impl crate::engine::Request {
         self
     }
 
-    /// [`Request::with_media`] for media shared with other requests.
+    /// [`Request::with_media`](crate::engine::Request::with_media) for media shared with other requests.
     #[must_use]
     pub fn with_shared_media(mut self, media: impl IntoIterator<Item = Arc<Media>>) -> Self {
         self.media = Attached(media.into_iter().collect());
