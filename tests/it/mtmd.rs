@@ -463,7 +463,7 @@ mod engine {
         for m in &messages {
             conversation.push(m.clone());
         }
-        let err = conversation.reply().err().expect("refused");
+        let Err(err) = conversation.reply() else { panic!("a conversation with an image part is refused") };
         assert!(matches!(&err, Error::Unsupported(m) if m.contains("image")), "{err}");
         let err = model.chat(&messages, &llamacpp::CompleteOptions::default()).unwrap_err();
         assert!(matches!(err, Error::Unsupported(_)), "{err}");
