@@ -84,7 +84,7 @@ fn message_content(content: &Value, at: &str) -> Result<Value, ApiError> {
             };
             out.push(json!({"type": "image_url", "image_url": {"url": url}}));
         } else {
-            out.push(json!({"type": "text", "text": content_text(&Value::Array(vec![part.clone()]), at)?}));
+            out.push(json!({"type": "text", "text": part_text(part, at)?}));
         }
     }
     Ok(Value::Array(out))
@@ -98,19 +98,21 @@ fn content_text(content: &Value, at: &str) -> Result<String, ApiError> {
         Value::Array(parts) => {
             let mut text = String::new();
             for part in parts {
-                match (part.get("type").and_then(Value::as_str), part.get("text").and_then(Value::as_str)) {
-                    (Some("input_text" | "output_text" | "text"), Some(t)) => text.push_str(t),
-                    (kind, _) => {
-                        return Err(bad(
-                            format!("{at}: content part {kind:?} is not input_text, input_image or output_text"),
-                            "input",
-                        ));
-                    }
-                }
+                text.push_str(part_text(part, at)?);
             }
             Ok(text)
         }
         _ => Err(bad(format!("{at}: content must be a string or a list of parts"), "input")),
+    }
+}
+
+/// The text of an `input_text`/`output_text` part.
+fn part_text<'a>(part: &'a Value, at: &str) -> Result<&'a str, ApiError> {
+    match (part.get("type").and_then(Value::as_str), part.get("text").and_then(Value::as_str)) {
+        (Some("input_text" | "output_text" | "text"), Some(t)) => Ok(t),
+        (kind, _) => {
+            Err(bad(format!("{at}: content part {kind:?} is not input_text, input_image or output_text"), "input"))
+        }
     }
 }
 
