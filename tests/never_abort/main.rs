@@ -11,6 +11,8 @@ mod batch;
 mod context;
 mod encoder;
 mod model_file;
+#[cfg(feature = "mtmd")]
+mod projector;
 mod recurrent;
 mod sampler;
 mod state;

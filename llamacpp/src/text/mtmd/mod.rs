@@ -21,13 +21,16 @@
 //! ```
 //!
 //! What is checked before libmtmd runs (never an abort from safe code): a
-//! projector whose output width is not the text model's input width, a
+//! projector file whose metadata has a key of another type than libmtmd
+//! reads it as, a projector whose output width is not the text model's
+//! input width, a
 //! prompt whose markers and media do not match in number, an empty or
 //! oversized image, bytes that do not decode, a prompt that does not fit
 //! the sequence, an image the model attends to at once that does not fit
 //! one micro-batch: each is an [`Error`].
 
 mod media;
+mod preflight;
 mod prompt;
 
 use std::ffi::CString;
@@ -140,7 +143,8 @@ impl<'m> Projector<'m> {
     /// over the maximum); [`Error::InvalidArgument`] for a model without a
     /// vocabulary; [`Error::Io`] for a file that cannot be read; [`Error::ProjectorLoad`]
     /// when libmtmd refuses it (not a projector, an unknown projector type,
-    /// missing tensors, an output width other than the model's input
+    /// missing tensors, a metadata key stored with another type than
+    /// libmtmd reads it as, an output width other than the model's input
     /// width, a device that cannot hold it); [`Error::Nul`] for a path with
     /// a NUL byte.
     #[doc(alias = "mtmd_init_from_file")]
@@ -149,6 +153,8 @@ impl<'m> Projector<'m> {
         let path = path.as_ref();
         let c_path = crate::model::check_gguf_file(path)?;
         let fail = |reason: String| Error::ProjectorLoad { path: path.to_owned(), reason };
+        // clip asserts on a scalar key of another type than it reads.
+        preflight::check(&c_path).map_err(fail)?;
         // libmtmd tokenizes with the model's vocabulary (and some projectors
         // look tokens up at load): llama.cpp asserts that there is one.
         model.vocab().check_has_tokenizer()?;
