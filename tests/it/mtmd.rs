@@ -164,6 +164,13 @@ fn a_cached_prefix_is_shared_only_with_identical_media() {
     let head = pa.chunks().next().unwrap().n_pos();
     assert_eq!(pa.common_chunks(&pb), 1);
     assert_eq!(pa.common_positions(&pb), head, "the prefix stops at the differing image");
+    // The same image through another projector (of the same file here;
+    // another could have other image-token limits): the text before it
+    // is shared, the image is not.
+    let second = mlp(&model);
+    let pa_second = prompt(&second, &[&a_again]);
+    assert_eq!(pa.common_chunks(&pa_second), 1);
+    assert_eq!(pa.common_positions(&pa_second), head);
 }
 
 #[test]

@@ -143,22 +143,26 @@ impl MediaPrompt {
     }
 
     /// How many leading chunks `self` and `other` share: equal text tokens
-    /// and media of equal id (the SHA-256 of their pixels or file), so
-    /// that a cached prefix is reused only with identical media. The
+    /// and media of equal id (the SHA-256 of their pixels or file)
+    /// tokenized by the same projector (another one, even of the same
+    /// file, may have other limits on image tokens), so that a cached
+    /// prefix is reused only with identical media embeddings. The
     /// count covers whole chunks; [`MediaPrompt::common_positions`] says
     /// how far into the sequence that reaches, including a shared head of
     /// the first differing text chunk.
     pub fn common_chunks(&self, other: &MediaPrompt) -> usize {
-        self.chunks().zip(other.chunks()).take_while(|(a, b)| same_chunk(a, b)).count()
+        let same_projector = self.projector == other.projector;
+        self.chunks().zip(other.chunks()).take_while(|(a, b)| same_chunk(a, b, same_projector)).count()
     }
 
     /// The positions `self` and `other` share from the start: the
     /// positions of their [`common_chunks`](MediaPrompt::common_chunks),
     /// plus the common head of the next chunks' tokens when both are text.
     pub fn common_positions(&self, other: &MediaPrompt) -> usize {
+        let same_projector = self.projector == other.projector;
         let mut positions = 0;
         for (a, b) in self.chunks().zip(other.chunks()) {
-            if same_chunk(&a, &b) {
+            if same_chunk(&a, &b, same_projector) {
                 positions += a.n_pos();
                 continue;
             }
@@ -171,12 +175,14 @@ impl MediaPrompt {
     }
 }
 
-fn same_chunk(a: &Chunk<'_>, b: &Chunk<'_>) -> bool {
+/// Equal text tokens, or the same medium embedded by the same projector.
+fn same_chunk(a: &Chunk<'_>, b: &Chunk<'_>, same_projector: bool) -> bool {
     a.kind() == b.kind()
         && match a.kind() {
             ChunkKind::Text => a.tokens() == b.tokens(),
             _ => {
-                a.media_id().is_some_and(|id| !id.is_empty())
+                same_projector
+                    && a.media_id().is_some_and(|id| !id.is_empty())
                     && a.media_id() == b.media_id()
                     && a.n_tokens() == b.n_tokens()
             }
