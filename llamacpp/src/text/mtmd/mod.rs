@@ -303,11 +303,11 @@ impl<'m> Projector<'m> {
         let call = SendPtr((self.ptr.as_ptr(), prompt.as_mut_ptr(), c_text.as_ptr(), bitmaps.as_ptr()));
         let (add_bos, parse_special) = (add_bos == AddBos::Yes, special == Special::Markup);
         let (len, n) = (text.len(), bitmaps.len());
-        backend::clear_last_error();
-        let (shim, code) = with_stack("the text to tokenize", stack, move || {
+        let code = with_stack("the text to tokenize", stack, move || {
             let call = call;
             let (ctx, out, text, bitmaps) = call.0;
             let mut code = 0;
+            backend::clear_last_error();
             // SAFETY: the projector and list are live (the caller waits for
             // this call), `text` is NUL-terminated at `len` with no NUL
             // inside (CString), `bitmaps` holds `n` live bitmaps; the shim
@@ -315,13 +315,17 @@ impl<'m> Projector<'m> {
             let shim = unsafe {
                 sys::mtmd::llama_rs_mtmd_tokenize(ctx, out, text, len, add_bos, parse_special, bitmaps, n, &mut code)
             };
-            (shim, code)
-        })?;
-        check_shim(shim, "mtmd_tokenize")?;
+            // The exception and the logged error are kept by the thread
+            // that ran the call (a helper thread for a long text).
+            check_shim(shim, "mtmd_tokenize").map(|()| match code {
+                0 | 1 => (code, None),
+                _ => (code, Some(backend::last_error_or("libmtmd could not preprocess the media"))),
+            })
+        })??;
         match code {
-            0 => Ok(prompt),
-            1 => Err(Error::Media(format!("the prompt's media markers do not match its {n} media"))),
-            _ => Err(Error::Media(backend::last_error_or("libmtmd could not preprocess the media"))),
+            (0, _) => Ok(prompt),
+            (1, _) => Err(Error::Media(format!("the prompt's media markers do not match its {n} media"))),
+            (_, message) => Err(Error::Media(message.unwrap_or_default())),
         }
     }
 
