@@ -93,6 +93,25 @@ impl ProjectorSpec {
         }
     }
 
+    /// Gemma 3's vision tower at its real shape (SigLIP-so400m: 896×896
+    /// images in 14×14 patches, width 1152, feed-forward 4304, 27 layers,
+    /// 16 heads; 256 tokens per image after 4×4 pooling), with random
+    /// weights, all F32 (about 1.7 GB): for measuring what one image
+    /// costs, which depends on the shapes, not the values.
+    pub fn gemma3_siglip(n_embd_text: u32) -> ProjectorSpec {
+        ProjectorSpec {
+            kind: ProjectorKind::Gemma3 { merge: 4 },
+            n_embd_text,
+            image_size: 896,
+            patch_size: 14,
+            n_embd: 1152,
+            n_ff: 4304,
+            n_layer: 27,
+            n_head: 16,
+            seed: 7,
+        }
+    }
+
     /// The tokens one image becomes.
     pub fn n_image_tokens(&self) -> usize {
         let side = (self.image_size / self.patch_size.max(1)) as usize;
