@@ -121,7 +121,7 @@ impl ProjectorSpec {
         }
     }
 
-    fn validate(&self) -> io::Result<()> {
+    pub(super) fn validate(&self) -> io::Result<()> {
         let side = self.image_size.checked_div(self.patch_size).unwrap_or(0);
         let ok = self.patch_size > 0
             && self.image_size.is_multiple_of(self.patch_size)
@@ -141,7 +141,7 @@ impl ProjectorSpec {
         if ok { Ok(()) } else { Err(invalid_input(format!("projector spec breaks its constraints: {self:?}"))) }
     }
 
-    fn tensors(&self) -> Vec<TensorDef> {
+    pub(super) fn tensors(&self) -> Vec<TensorDef> {
         let (e, f, p) = (self.n_embd, self.n_ff, self.patch_size);
         let n_patches = (self.image_size / p).pow(2);
         let def = |name: String, ne: &[u32], init| TensorDef { name, ne: ne.to_vec(), init };

@@ -168,3 +168,18 @@ fn shaped_models_count_the_real_models_parameters_and_load_with_finite_logits() 
     assert!(!dir.join("bad.gguf").exists());
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[cfg(feature = "mtmd")]
+#[test]
+fn the_siglip_shaped_projector_has_gemma_3s_vision_tower() {
+    let spec = ProjectorSpec::gemma3_siglip(640);
+    spec.validate().unwrap();
+    assert_eq!(spec.n_image_tokens(), 256);
+    let params: u64 = spec.tensors().iter().map(|t| t.n_elements().unwrap()).sum();
+    // SigLIP-so400m's vision tower: about 400 million parameters (the
+    // synthetic one has no attention biases and no post-norm).
+    assert!((400_000_000..430_000_000).contains(&params), "{params} parameters");
+    // 1,669,333,600 bytes written for a 640-wide model: 4 per parameter
+    // and 16,480 of metadata and alignment.
+    assert_eq!(params, 417_329_280);
+}
