@@ -303,7 +303,7 @@ impl<'m> Projector<'m> {
         let call = SendPtr((self.ptr.as_ptr(), prompt.as_mut_ptr(), c_text.as_ptr(), bitmaps.as_ptr()));
         let (add_bos, parse_special) = (add_bos == AddBos::Yes, special == Special::Markup);
         let (len, n) = (text.len(), bitmaps.len());
-        let code = with_stack("the text to tokenize", stack, move || {
+        with_stack("the text to tokenize", stack, move || {
             let call = call;
             let (ctx, out, text, bitmaps) = call.0;
             let mut code = 0;
@@ -317,16 +317,14 @@ impl<'m> Projector<'m> {
             };
             // The exception and the logged error are kept by the thread
             // that ran the call (a helper thread for a long text).
-            check_shim(shim, "mtmd_tokenize").map(|()| match code {
-                0 | 1 => (code, None),
-                _ => (code, Some(backend::last_error_or("libmtmd could not preprocess the media"))),
-            })
+            check_shim(shim, "mtmd_tokenize")?;
+            match code {
+                0 => Ok(()),
+                1 => Err(Error::Media(format!("the prompt's media markers do not match its {n} media"))),
+                _ => Err(Error::Media(backend::last_error_or("libmtmd could not preprocess the media"))),
+            }
         })??;
-        match code {
-            (0, _) => Ok(prompt),
-            (1, _) => Err(Error::Media(format!("the prompt's media markers do not match its {n} media"))),
-            (_, message) => Err(Error::Media(message.unwrap_or_default())),
-        }
+        Ok(prompt)
     }
 
     /// Evaluates `prompt` into sequence `seq` of `ctx`, after the

@@ -14,6 +14,7 @@
 use std::ffi::CStr;
 
 use crate::gguf::Gguf;
+use crate::sys;
 use crate::sys::gguf_type::{self, Type};
 
 /// How clip reads a key.
@@ -88,7 +89,7 @@ pub(super) const SCALAR_KEYS: &[(&str, Read)] = &[
     ("general.name", Read::Str),
 ];
 
-/// The scalar keys clip reads once per encoder, `clip.<vision|audio>.<key>`
+/// The scalar keys clip reads once per encoder, `clip.<encoder>.<key>`
 /// (`string_format(KEY_*, prefix)`).
 pub(super) const ENCODER_KEYS: &[(&str, Read)] = &[
     ("attention.head_count", Read::U32),
@@ -101,8 +102,9 @@ pub(super) const ENCODER_KEYS: &[(&str, Read)] = &[
     ("projection_dim", Read::U32),
 ];
 
-/// The encoders whose keys are prefixed (clip's `prefix`).
-const ENCODERS: [&str; 2] = ["vision", "audio"];
+/// The encoders whose keys are prefixed (clip's `prefix`): images, audio
+/// in, and the audio-generation encoder (`clip.has_gen_audio_encoder`).
+pub(super) const ENCODERS: [&str; 3] = ["vision", "audio", "gen.audio"];
 
 /// Every scalar key clip reads, with how it reads it.
 fn expected() -> impl Iterator<Item = (String, Read)> {
@@ -142,13 +144,23 @@ pub(super) fn check(path: &CStr) -> Result<(), String> {
         return Err(crate::backend::last_error_or("not a valid GGUF file"));
     };
     for (key, read) in expected() {
-        if let Some((_, stored)) = gguf.find(&key)
-            && stored != read.gguf_type()
-        {
+        let Some((id, stored)) = gguf.find(&key) else { continue };
+        let wanted = read.gguf_type();
+        if stored == wanted {
+            continue;
+        }
+        // ggml reads a one-element array of the right type as its value.
+        let one_element = stored == gguf_type::GGUF_TYPE_ARRAY && {
+            // SAFETY: `id` is a valid key id of this context, of an array
+            // (its type is checked just above).
+            let (elem, n) = unsafe { (sys::gguf_get_arr_type(gguf.ptr(), id), sys::gguf_get_arr_n(gguf.ptr(), id)) };
+            elem == wanted && n == 1
+        };
+        if !one_element {
             return Err(format!(
                 "metadata key `{key}` is stored as {}, but libmtmd reads it as {} (it would abort)",
                 type_name(stored),
-                type_name(read.gguf_type())
+                type_name(wanted)
             ));
         }
     }
@@ -212,8 +224,62 @@ mod tests {
         (plain, per_encoder)
     }
 
+    /// The encoder prefixes clip formats its keys with: the strings of its
+    /// `const char * prefix = is_vision ? …` line and the literal prefixes of
+    /// `string_format(KEY_*, "…")` calls.
+    fn prefixes_from_source() -> std::collections::BTreeSet<String> {
+        let clip = std::fs::read_to_string(Path::new(crate::sys::SOURCE_DIR).join("tools/mtmd/clip.cpp")).unwrap();
+        let quoted = |text: &str| -> Vec<String> { text.split('"').skip(1).step_by(2).map(str::to_owned).collect() };
+        // (Another `prefix` names tensors: "v" or "a".)
+        let lines: Vec<&str> =
+            clip.lines().filter(|l| l.contains("const char * prefix =") && l.contains("\"vision\"")).collect();
+        assert_eq!(lines.len(), 1, "clip.cpp's prefix line: {lines:?}");
+        let mut prefixes: std::collections::BTreeSet<String> = quoted(lines[0]).into_iter().collect();
+        for (at, _) in clip.match_indices("string_format(KEY_") {
+            let args = clip[at..].split(')').next().unwrap();
+            if let Some((_, second)) = args.split_once(',') {
+                prefixes.extend(quoted(second));
+            }
+        }
+        prefixes
+    }
+
+    /// `check` on a file of nothing but the metadata `set` writes.
+    #[cfg(feature = "testing")]
+    fn check_metadata(set: impl FnOnce(&mut crate::testing::GgufWriter) -> std::io::Result<()>) -> Result<(), String> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("meta.gguf");
+        let mut w = crate::testing::GgufWriter::for_tensors(&[]).unwrap();
+        w.set_str("general.architecture", "clip").unwrap();
+        set(&mut w).unwrap();
+        w.write(&path).unwrap();
+        check(&std::ffi::CString::new(path.to_str().unwrap()).unwrap())
+    }
+
+    #[cfg(feature = "testing")]
+    #[test]
+    fn keys_of_each_encoder_are_checked_and_one_element_arrays_pass() {
+        for encoder in ENCODERS {
+            let key = format!("clip.{encoder}.embedding_length");
+            let err = check_metadata(|w| w.set_f32(&key, 1152.0)).unwrap_err();
+            assert!(err.contains(&key) && err.contains("float32") && err.contains("uint32"), "{err}");
+            assert_eq!(check_metadata(|w| w.set_u32(&key, 1152)), Ok(()));
+        }
+        // ggml reads a one-element array of the right type as its value;
+        // any other array aborts.
+        let eps = "clip.gen.audio.attention.layer_norm_epsilon";
+        assert_eq!(check_metadata(|w| w.set_arr_f32(eps, &[1e-5])), Ok(()));
+        let err = check_metadata(|w| w.set_arr_f32(eps, &[1e-5, 1e-6])).unwrap_err();
+        assert!(err.contains("array"), "{err}");
+        assert!(check_metadata(|w| w.set_arr_f32(eps, &[])).is_err());
+        assert!(check_metadata(|w| w.set_arr_i32("clip.vision.image_size", &[896])).is_err());
+        assert_eq!(check_metadata(|w| w.set_str("clip.projector_type", "gemma3")), Ok(()));
+    }
+
     #[test]
     fn the_key_table_is_clips_at_the_pinned_commit() {
+        let ours: std::collections::BTreeSet<String> = ENCODERS.iter().map(|&e| e.to_owned()).collect();
+        assert_eq!(ours, prefixes_from_source());
         let (plain, per_encoder) = derived_from_source();
         let ours = |table: &[(&str, Read)]| table.iter().map(|&(k, r)| (k.to_owned(), r)).collect::<BTreeMap<_, _>>();
         assert_eq!(ours(SCALAR_KEYS), plain);
