@@ -156,7 +156,7 @@ fn greedy_outputs_equal_the_engines() {
         .collect();
     drop(server);
     let model = Arc::new(Model::load(model_path(), &ModelParams::default()).unwrap());
-    let engine = Engine::start(model, EngineConfig::default().n_ctx(4096).max_running(4).n_threads(2)).unwrap();
+    let engine = Engine::start(model, EngineConfig::default().n_ctx(4096).max_running(4).n_threads(THREADS)).unwrap();
     for (p, served) in prompts.iter().zip(&served) {
         let out = engine.submit(Request::text(*p).max_tokens(24)).unwrap().wait();
         assert_eq!(&out.text, served, "prompt {p:?}");

@@ -244,7 +244,7 @@ fn the_api_key_can_come_from_the_environment_or_a_file() {
     std::fs::write(&file, "sesame\n").unwrap();
     for from_file in [false, true] {
         let mut command = Command::new(exe());
-        command.args(["--port", "0", "--threads", "2", "--ctx", "1024", "--model"]).arg(model_path());
+        command.args(["--port", "0", "--threads", &THREADS.to_string(), "--ctx", "1024", "--model"]).arg(model_path());
         if from_file {
             command.arg("--api-key-file").arg(&file);
         } else {
@@ -269,7 +269,7 @@ fn health_tells_a_failed_load_without_its_details() {
     let secret = dir.path().join("private-name.gguf");
     std::fs::write(&secret, b"not a gguf file").unwrap();
     let mut command = Command::new(exe());
-    command.args(["--port", "0", "--threads", "2", "--model"]).arg(&secret);
+    command.args(["--port", "0", "--threads", &THREADS.to_string(), "--model"]).arg(&secret);
     let server = Server::spawn_command(command);
     let deadline = Instant::now() + Duration::from_secs(30);
     let (status, body) = loop {

@@ -38,6 +38,15 @@ fn example(name: &str) -> std::path::PathBuf {
     path
 }
 
+/// Compute threads of every server (and in-process engine) a test starts.
+/// libtest runs as many tests at once as there are cores, each with its own
+/// server: with two threads each the cores are oversubscribed, and every
+/// graph op's OpenMP barrier then waits on a descheduled thread. Measured on
+/// 2 cores: the binary took 110 s with two threads per server, 74 s with the
+/// tests one at a time; a CI machine ran one request past its 120 s timeout.
+/// One thread per server has no barriers and never more threads than cores.
+const THREADS: i32 = 1;
+
 fn exe() -> std::path::PathBuf {
     std::path::PathBuf::from(env!("CARGO_BIN_EXE_llama-serve"))
 }
@@ -63,7 +72,7 @@ impl Server {
     /// Starts the server and waits for its `listening on` line (not for the model).
     fn spawn(args: &[&str]) -> Server {
         let mut command = Command::new(exe());
-        command.args(["--port", "0", "--threads", "2", "--ctx", "4096", "--parallel", "4", "--model"]);
+        command.args(["--port", "0", "--threads", &THREADS.to_string(), "--ctx", "4096", "--parallel", "4", "--model"]);
         command.arg(model_path()).args(args);
         Server::spawn_command(command)
     }

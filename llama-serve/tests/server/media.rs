@@ -77,8 +77,8 @@ fn a_base64_image_is_served_as_the_engine_answers_it() {
     let config = EngineConfig::default()
         .n_ctx(4096)
         .max_running(4)
-        .n_threads(2)
-        .projector(&mmproj, ProjectorParams::default().n_threads(2));
+        .n_threads(THREADS)
+        .projector(&mmproj, ProjectorParams::default().n_threads(THREADS));
     let engine = Engine::start(Arc::clone(&model), config).unwrap();
     let format = model.chat_format(None).unwrap();
     let prompt =

@@ -22,7 +22,7 @@ fn the_model_is_named_or_fetched_on_request() {
     assert!(out.stdout.is_empty(), "nothing listened");
 
     let mut command = Command::new(exe());
-    command.args(["--port", "0", "--threads", "2", "--ctx", "1024", "--fetch-default-model"]);
+    command.args(["--port", "0", "--threads", &THREADS.to_string(), "--ctx", "1024", "--fetch-default-model"]);
     command.env_remove("LLAMA_MODEL").env("LLAMA_CACHE_DIR", cache_dir);
     let server = Server::spawn_command(command).ready();
     let (status, models) = server.get("/v1/models");
