@@ -3,8 +3,6 @@
 //! pool for the engine's projector (`--mmproj`). Remote URLs are refused:
 //! the server fetches nothing.
 
-use base64::Engine as _;
-use llamacpp::chat::MediaPart;
 use llamacpp::engine::Request;
 use serde_json::Value;
 
@@ -50,7 +48,9 @@ pub(crate) fn configure(
 }
 
 /// The media of `messages`, decoded for the engine: at most `max` of
-/// them, each a `data:` URL of an image or a base64 clip.
+/// them, each a `data:` URL of an image or a base64 clip
+/// ([`MediaPart::bytes`](llamacpp::chat::MediaPart::bytes): remote URLs
+/// are refused, the server fetches nothing).
 pub(crate) fn decode(ready: &Ready, messages: &Value, max: usize) -> Result<Decoded, ApiError> {
     let parts = llamacpp::chat::media_parts(messages).map_err(|e| bad(e.to_string()))?;
     if parts.is_empty() {
@@ -61,16 +61,7 @@ pub(crate) fn decode(ready: &Ready, messages: &Value, max: usize) -> Result<Deco
     }
     let mut decoded = Decoded::default();
     for part in &parts {
-        let bytes = match part {
-            MediaPart::Image { url } => image_bytes(url)?,
-            MediaPart::Audio { data, format } => {
-                if !matches!(format.as_str(), "wav" | "mp3" | "flac") {
-                    return Err(bad(format!("input_audio format {format:?}: wav, mp3 or flac")));
-                }
-                base64(data)?
-            }
-            _ => return Err(bad("a media part of a kind this server does not take".into())),
-        };
+        let bytes = part.bytes().map_err(|e| bad(e.to_string()))?;
         take(ready, &bytes, &mut decoded)?;
     }
     Ok(decoded)
@@ -101,54 +92,6 @@ pub(crate) fn attach(request: Request, decoded: Decoded) -> Request {
     request
 }
 
-/// The file a `data:` URL holds; other URLs are refused.
-fn image_bytes(url: &str) -> Result<Vec<u8>, ApiError> {
-    let Some(rest) = url.strip_prefix("data:") else {
-        let scheme = url.split_once(':').map_or("", |(s, _)| s);
-        return Err(bad(format!(
-            "image URLs with scheme {scheme:?} are not fetched: send the image itself as a data: URL \
-             (data:image/png;base64,...)"
-        )));
-    };
-    let (header, payload) = rest.split_once(',').ok_or_else(|| bad("a data: URL without a comma".into()))?;
-    let mut fields = header.split(';');
-    let mime = fields.next().unwrap_or_default();
-    if !mime.is_empty() && !mime.starts_with("image/") {
-        return Err(bad(format!("an image_url of type {mime:?}: images only")));
-    }
-    if !fields.any(|f| f == "base64") {
-        return Err(bad("a data: URL must be base64 (data:image/png;base64,...)".into()));
-    }
-    base64(payload)
-}
-
-fn base64(data: &str) -> Result<Vec<u8>, ApiError> {
-    base64::engine::general_purpose::STANDARD.decode(data.trim()).map_err(|e| bad(format!("base64: {e}")))
-}
-
 fn bad(message: String) -> ApiError {
     ApiError::bad_request(message).param("messages")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn only_base64_image_data_urls_are_taken() {
-        assert_eq!(image_bytes("data:image/png;base64,AAEC").unwrap(), [0, 1, 2]);
-        assert_eq!(image_bytes("data:;base64,AAEC").unwrap(), [0, 1, 2]);
-        for (url, why) in [
-            ("https://example.com/a.png", "not fetched"),
-            ("file:///etc/passwd", "not fetched"),
-            ("data:text/html;base64,AAEC", "images only"),
-            ("data:image/png,raw", "must be base64"),
-            ("data:image/png;base64", "without a comma"),
-            ("data:image/png;base64,@@@", "base64"),
-        ] {
-            let err = image_bytes(url).unwrap_err();
-            assert!(err.message.contains(why), "{url}: {}", err.message);
-            assert_eq!(err.status, 400);
-        }
-    }
 }

@@ -6,3 +6,4 @@ pub mod chat;
 pub mod generate;
 #[cfg(feature = "mtmd")]
 pub mod mtmd;
+pub(crate) mod placeholder;

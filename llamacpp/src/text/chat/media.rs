@@ -38,6 +38,55 @@ pub enum MediaPart {
     },
 }
 
+impl MediaPart {
+    /// The file the part holds: the payload of an image's `data:` URL
+    /// (base64, of an `image/*` type or none), or the decoded clip of an
+    /// audio part (`wav`, `mp3` or `flac`). Nothing is fetched: an image
+    /// by any other URL is refused.
+    ///
+    /// # Errors
+    /// [`Error::Media`] for another scheme than `data:`, a `data:` URL
+    /// that is not base64 or not of an image, invalid base64, or an audio
+    /// format libmtmd does not decode.
+    pub fn bytes(&self) -> Result<Vec<u8>> {
+        match self {
+            MediaPart::Image { url } => image_bytes(url),
+            MediaPart::Audio { data, format } => {
+                if !matches!(format.as_str(), "wav" | "mp3" | "flac") {
+                    return Err(Error::Media(format!("input_audio format {format:?}: wav, mp3 or flac")));
+                }
+                base64(data)
+            }
+        }
+    }
+}
+
+/// The file a `data:` URL holds; other URLs are refused.
+fn image_bytes(url: &str) -> Result<Vec<u8>> {
+    let Some(rest) = url.strip_prefix("data:") else {
+        let scheme = url.split_once(':').map_or("", |(s, _)| s);
+        return Err(Error::Media(format!(
+            "image URLs with scheme {scheme:?} are not fetched: send the image itself as a data: URL \
+             (data:image/png;base64,...)"
+        )));
+    };
+    let (header, payload) = rest.split_once(',').ok_or_else(|| Error::Media("a data: URL without a comma".into()))?;
+    let mut fields = header.split(';');
+    let mime = fields.next().unwrap_or_default();
+    if !mime.is_empty() && !mime.starts_with("image/") {
+        return Err(Error::Media(format!("an image_url of type {mime:?}: images only")));
+    }
+    if !fields.any(|f| f == "base64") {
+        return Err(Error::Media("a data: URL must be base64 (data:image/png;base64,...)".into()));
+    }
+    base64(payload)
+}
+
+fn base64(data: &str) -> Result<Vec<u8>> {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.decode(data.trim()).map_err(|e| Error::Media(format!("base64: {e}")))
+}
+
 /// The media parts of `messages` (OpenAI-style message objects), in the
 /// order their places take in the prompt.
 ///
@@ -149,5 +198,26 @@ mod tests {
         assert!(matches!(substitute(&sneaky), Err(Error::ChatMarkup(_))));
         let empty = json!([{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]);
         assert!(matches!(media_parts(&empty), Err(Error::InvalidArgument(_))));
+    }
+
+    #[test]
+    fn only_base64_image_data_urls_and_known_audio_formats_decode() {
+        let image = |url: &str| MediaPart::Image { url: url.into() }.bytes();
+        assert_eq!(image("data:image/png;base64,AAEC").unwrap(), [0, 1, 2]);
+        assert_eq!(image("data:;base64,AAEC").unwrap(), [0, 1, 2]);
+        for (url, why) in [
+            ("https://example.com/a.png", "not fetched"),
+            ("file:///etc/passwd", "not fetched"),
+            ("data:text/html;base64,AAEC", "images only"),
+            ("data:image/png,raw", "must be base64"),
+            ("data:image/png;base64", "without a comma"),
+            ("data:image/png;base64,@@@", "base64"),
+        ] {
+            let err = image(url).unwrap_err();
+            assert!(matches!(&err, Error::Media(m) if m.contains(why)), "{url}: {err}");
+        }
+        let audio = |format: &str| MediaPart::Audio { data: "AAEC".into(), format: format.into() }.bytes();
+        assert_eq!(audio("wav").unwrap(), [0, 1, 2]);
+        assert!(matches!(audio("ogg"), Err(Error::Media(m)) if m.contains("wav, mp3 or flac")));
     }
 }

@@ -32,6 +32,7 @@
 mod media;
 mod preflight;
 mod prompt;
+pub(crate) mod spliced;
 
 use std::ffi::CString;
 use std::path::Path;
@@ -39,6 +40,7 @@ use std::ptr::NonNull;
 
 pub use media::{MAX_AUDIO_SAMPLES, MAX_IMAGE_PIXELS, MAX_IMAGE_SIDE, MAX_MEDIA_BYTES, MIN_AUDIO_SAMPLES, Media};
 pub use prompt::{Chunk, ChunkKind, MediaPrompt};
+pub(crate) use spliced::splice;
 
 use crate::context::Context;
 use crate::error::{Error, Result, check_shim};

@@ -3,12 +3,12 @@
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use super::is_placeholder;
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::model::Model;
-use crate::mtmd::{ChunkKind, Media, MediaPrompt, Projector, ProjectorParams};
-use crate::types::{Pos, SeqId, Token};
+pub(crate) use crate::mtmd::spliced::Spans;
+use crate::mtmd::{Media, Projector, ProjectorParams};
+use crate::types::{SeqId, Token};
 use crate::vocab::{AddBos, Special, Vocab};
 
 /// The projector an engine loads ([`EngineConfig::projector`](crate::engine::EngineConfig::projector)).
@@ -37,36 +37,6 @@ impl Attached {
 
     pub fn len(&self) -> usize {
         self.0.len()
-    }
-}
-
-/// One medium of a prompt: the run of placeholders `start..start + len`
-/// and the tokenized chunk its embeddings come from.
-#[derive(Debug)]
-struct Span {
-    start: usize,
-    len: usize,
-    prompt: MediaPrompt,
-    chunk: usize,
-}
-
-/// A prompt's media runs, in order.
-#[derive(Debug, Default)]
-pub(crate) struct Spans(Vec<Span>);
-
-impl Spans {
-    /// The length of the medium whose run starts at `pos`.
-    pub fn starting_at(&self, pos: usize) -> Option<usize> {
-        self.find(pos).map(|s| s.len)
-    }
-
-    /// The start of the first medium after `pos`.
-    pub fn next_start_after(&self, pos: usize) -> Option<usize> {
-        self.0.iter().map(|s| s.start).find(|&start| start > pos)
-    }
-
-    fn find(&self, pos: usize) -> Option<&Span> {
-        self.0.iter().find(|s| s.start == pos)
     }
 }
 
@@ -173,15 +143,8 @@ impl EngineMedia {
         Ok((tokens, at))
     }
 
-    /// `tokens` with `media` in the places `at` (each a run of
-    /// placeholders between the model's delimiters), and those runs.
-    ///
-    /// # Errors
-    /// [`Error::Media`] when places and media differ in number or the
-    /// projector refuses a medium; [`Error::InvalidBatch`] for an image the
-    /// model attends to at once that does not fit `n_ubatch`;
-    /// [`Error::InvalidArgument`] for a prompt that ends with a medium (the
-    /// first token is sampled from the logits of a text token).
+    /// `tokens` with `media` in the places `at`, and their runs
+    /// ([`mtmd::splice`](crate::mtmd::splice) with the engine's projector).
     pub fn splice(
         &self,
         tokens: Vec<Token>,
@@ -189,79 +152,15 @@ impl EngineMedia {
         media: &Attached,
         n_ubatch: usize,
     ) -> Result<(Vec<Token>, Spans)> {
-        if at.len() != media.0.len() {
-            return Err(Error::Media(format!(
-                "the prompt has places for {} media, and {} came",
-                at.len(),
-                media.0.len()
-            )));
-        }
-        if at.windows(2).any(|w| w[0] > w[1]) || at.last().is_some_and(|&p| p > tokens.len()) {
-            return Err(Error::InvalidArgument("the media's places are out of order or past the prompt".into()));
-        }
-        let projector = self.projector();
-        let (mut out, mut spans, mut prev) = (Vec::with_capacity(tokens.len()), Vec::new(), 0);
-        for (&place, medium) in at.iter().zip(&media.0) {
-            out.extend_from_slice(&tokens[prev..place]);
-            prev = place;
-            let prompt = projector.tokenize(projector.marker(), &[medium], AddBos::No, Special::Markup)?;
-            let mut run = None;
-            for (i, chunk) in prompt.chunks().enumerate() {
-                if chunk.kind() == ChunkKind::Text {
-                    out.extend_from_slice(chunk.tokens());
-                    continue;
-                }
-                let n = chunk.n_tokens();
-                if n == 0 || chunk.n_pos() != n {
-                    return Err(Error::Unsupported("a medium whose positions are not its tokens (M-RoPE)".into()));
-                }
-                if projector.is_non_causal(&chunk) && n > n_ubatch {
-                    return Err(Error::InvalidBatch(format!(
-                        "the {n} tokens of this image are attended to at once: they must fit one micro-batch \
-                         (the engine's n_ubatch is {n_ubatch})"
-                    )));
-                }
-                let start = out.len();
-                out.extend(placeholders(medium.id(), n));
-                run = Some((start, n, i));
-            }
-            let Some((start, len, chunk)) = run else {
-                return Err(Error::Media("the projector made no embeddings of a medium".into()));
-            };
-            spans.push(Span { start, len, prompt, chunk });
-        }
-        out.extend_from_slice(&tokens[prev..]);
-        if out.last().is_some_and(|&t| is_placeholder(t)) {
-            return Err(Error::InvalidArgument(
-                "the prompt ends with a medium: the first token is sampled after text (add some after it)".into(),
-            ));
-        }
-        Ok((out, Spans(spans)))
+        let media: Vec<&Media> = media.0.iter().map(|m| &**m).collect();
+        crate::mtmd::splice(&self.projector(), tokens, at, &media, n_ubatch)
     }
 
     /// Encodes the medium whose run starts at `pos` of `spans` and decodes
     /// it into `seq` of `ctx` from that position.
     pub fn decode(&self, ctx: &mut Context<'_>, spans: &Spans, pos: usize, seq: SeqId) -> Result<()> {
-        let span = spans.find(pos).ok_or_else(|| Error::InvalidArgument("no medium starts there".into()))?;
-        let chunk =
-            span.prompt.chunks().nth(span.chunk).ok_or_else(|| Error::InvalidArgument("no such media chunk".into()))?;
-        let pos = Pos::try_from(pos).map_err(|_| Error::InvalidArgument("position out of range".into()))?;
-        self.projector().eval_media_chunk(ctx, &chunk, pos, seq).map(drop)
+        spans.decode(&mut self.projector(), ctx, pos, seq)
     }
-}
-
-/// `n` placeholder tokens for the medium `id`: negative, and different
-/// for different media (the id is a SHA-256; the tokens are a splitmix64
-/// stream seeded by its first 64 bits).
-fn placeholders(id: &str, n: usize) -> impl Iterator<Item = Token> {
-    let seed = id.get(..16).and_then(|h| u64::from_str_radix(h, 16).ok()).unwrap_or(0);
-    (0..n as u64).map(move |i| {
-        let mut z = seed.wrapping_add((i + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
-        Token(-1 - (z & 0x3FFF_FFFF) as i32)
-    })
 }
 
 impl crate::engine::EngineConfig {
@@ -346,20 +245,5 @@ impl crate::engine::Engine {
     /// [`Media::from_bytes`].
     pub fn media_from_bytes(&self, bytes: &[u8]) -> Result<Media> {
         self.media()?.media_from_bytes(bytes)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn placeholders_are_negative_and_depend_on_the_medium() {
-        let a: Vec<Token> = placeholders("00112233445566778899", 64).collect();
-        let b: Vec<Token> = placeholders("00112233445566770000", 64).collect();
-        let c: Vec<Token> = placeholders("10112233445566778899", 64).collect();
-        assert!(a.iter().all(|&t| is_placeholder(t)));
-        assert_eq!(a, b, "only the first 64 bits of the id seed them");
-        assert!(a.iter().zip(&c).all(|(x, y)| x != y), "another medium differs at every position");
     }
 }

@@ -8,6 +8,7 @@ use super::Generation;
 use crate::batch::Logits;
 use crate::error::{Error, Result};
 use crate::generate::{FinishReason, Overflow};
+use crate::text::placeholder::is_placeholder;
 use crate::types::{Pos, Token};
 
 impl Generation<'_, '_, '_> {
@@ -34,7 +35,8 @@ impl Generation<'_, '_, '_> {
             self.session.n_cached = to;
         }
         self.ctx.synchronize();
-        self.stats.prefill_time = start.elapsed();
+        // Added to: a conversation's media may have been decoded before.
+        self.stats.prefill_time += start.elapsed();
         Ok(())
     }
 
@@ -78,6 +80,11 @@ impl Generation<'_, '_, '_> {
         let to_sample = self.max_tokens.map_or(usize::MAX, |max| max - self.stats.generated_tokens);
         let max = room.min(self.session.batch.capacity() - 1).min(to_sample - 1);
         drafter.draft(&self.session.tokens, max, &mut self.draft);
+        // A history with media holds placeholders, which are no tokens to
+        // decode: the draft ends before one.
+        if let Some(cut) = self.draft.iter().position(|&t| is_placeholder(t)) {
+            self.draft.truncate(cut);
+        }
     }
 
     /// Removes the cells after the cached tokens (`rejected` draft tokens,

@@ -4,11 +4,12 @@ use std::fmt;
 use std::ops::ControlFlow;
 use std::time::Instant;
 
-use crate::batch::Batch;
+use crate::batch::{Batch, Logits};
 use crate::context::{AbortHandle, Context, Output};
 use crate::error::{Error, Result};
 use crate::sampler::Sampler;
 use crate::speculative::NgramDrafter;
+use crate::text::placeholder::{is_placeholder, media_boundary};
 use crate::types::{Pos, SeqId, Token};
 
 mod decode;
@@ -131,9 +132,6 @@ impl Session {
         if prompt.len() > n_ctx {
             return Err(Error::PromptTooLong { tokens: prompt.len(), limit: n_ctx });
         }
-        for &token in prompt {
-            ctx.model().vocab().check(token)?;
-        }
         let drafter = match options.speculation {
             Some(spec) => {
                 spec.validate()?;
@@ -143,37 +141,13 @@ impl Session {
             None => None,
         };
 
-        // What is in the cache: the record of the last run on this
-        // sequence, if the cache still ends where that record says.
-        if self.seq != seq || self.ctx_id != ctx.id() || self.epoch != ctx.seq_epoch(seq)? {
-            self.seq = seq;
-            self.ctx_id = ctx.id();
-            self.n_cached = 0;
+        let n_match = self.reusable(ctx, seq, prompt)?;
+        // What the cache holds was checked when it was decoded (and may
+        // hold a medium's placeholders: `prefill_runs`).
+        for &token in &prompt[n_match..] {
+            ctx.model().vocab().check(token)?;
         }
-        let end = ctx.seq_pos_max(seq)?.map_or(0, |p| p as usize + 1);
-        if end != self.n_cached {
-            self.n_cached = 0;
-        }
-        self.tokens.truncate(self.n_cached);
-
-        let mut n_match = self.tokens.iter().zip(prompt).take_while(|(a, b)| a == b).count();
-        if n_match == prompt.len() {
-            // The cache holds no logits: decode the last token again.
-            n_match -= 1;
-        }
-        if n_match > 0 && !swa_window_present(ctx, seq, n_match)? {
-            n_match = 0;
-        }
-        if !ctx.seq_rm(Some(seq), Some(n_match as Pos), None)? {
-            // A recurrent cache cannot drop a tail; drop the whole sequence
-            // (which never fails) and decode everything.
-            ctx.seq_rm(Some(seq), None, None)?;
-            n_match = 0;
-        }
-        self.epoch = ctx.seq_epoch(seq)?;
-        self.tokens.clear();
-        self.tokens.extend_from_slice(prompt);
-        self.n_cached = n_match;
+        let n_match = self.keep(ctx, seq, prompt, n_match)?;
 
         let n_batch = ctx.n_batch() as usize;
         if self.batch.capacity() != n_batch {
@@ -215,6 +189,114 @@ impl Session {
             error: None,
             stats,
         })
+    }
+
+    /// How much of `prompt` the cache of `seq` holds for this run to keep:
+    /// the common prefix with the record of the last run, if the cache
+    /// still ends where that record says; never all of the prompt (the
+    /// cache holds no logits: its last token is decoded again), never
+    /// ending inside a medium, and nothing when a sliding window has
+    /// dropped positions the rest would attend to. Changes nothing in `ctx`.
+    fn reusable(&mut self, ctx: &mut Context<'_>, seq: SeqId, prompt: &[Token]) -> Result<usize> {
+        if self.seq != seq || self.ctx_id != ctx.id() || self.epoch != ctx.seq_epoch(seq)? {
+            self.seq = seq;
+            self.ctx_id = ctx.id();
+            self.n_cached = 0;
+        }
+        let end = ctx.seq_pos_max(seq)?.map_or(0, |p| p as usize + 1);
+        if end != self.n_cached {
+            self.n_cached = 0;
+        }
+        self.tokens.truncate(self.n_cached);
+
+        let mut n_match = self.tokens.iter().zip(prompt).take_while(|(a, b)| a == b).count();
+        if n_match == prompt.len() {
+            n_match -= 1;
+        }
+        n_match = media_boundary(prompt, n_match);
+        if n_match > 0 && !swa_window_present(ctx, seq, n_match)? {
+            n_match = 0;
+        }
+        Ok(n_match)
+    }
+
+    /// Keeps the first `n_match` tokens of `prompt` in the cache of `seq`,
+    /// removes the rest of the sequence, and records `prompt` as this
+    /// run's. Returns how many were kept: none where a recurrent cache
+    /// cannot drop a tail (the whole sequence is dropped instead).
+    fn keep(&mut self, ctx: &mut Context<'_>, seq: SeqId, prompt: &[Token], mut n_match: usize) -> Result<usize> {
+        if !ctx.seq_rm(Some(seq), Some(n_match as Pos), None)? {
+            ctx.seq_rm(Some(seq), None, None)?;
+            n_match = 0;
+        }
+        self.epoch = ctx.seq_epoch(seq)?;
+        self.tokens.clear();
+        self.tokens.extend_from_slice(prompt);
+        self.n_cached = n_match;
+        Ok(n_match)
+    }
+
+    /// Decodes `prompt[..upto]` into `seq` of `ctx` ahead of a
+    /// [`Session::generate`] of the same prompt, which then reuses it:
+    /// what the cache holds is kept as `generate` keeps it, text is
+    /// decoded in batches without logits, and each run `start..start + len`
+    /// of `runs` (a medium's placeholders, in order) by `decode_run(ctx,
+    /// start)`. Returns how many positions were decoded.
+    ///
+    /// # Errors
+    /// As [`Session::generate`]; what `decode_run` returns. After an error
+    /// the cache ends with the last text batch or run that was decoded
+    /// whole.
+    #[cfg_attr(not(feature = "mtmd"), allow(dead_code))]
+    pub(crate) fn prefill_runs(
+        &mut self,
+        ctx: &mut Context<'_>,
+        seq: SeqId,
+        prompt: &[Token],
+        upto: usize,
+        runs: &[(usize, usize)],
+        mut decode_run: impl FnMut(&mut Context<'_>, usize) -> Result<()>,
+    ) -> Result<usize> {
+        ctx.check_seq(seq)?;
+        let n_ctx = ctx.n_ctx_seq() as usize;
+        if prompt.len() > n_ctx {
+            return Err(Error::PromptTooLong { tokens: prompt.len(), limit: n_ctx });
+        }
+        let upto = upto.min(prompt.len());
+        let n_match = self.reusable(ctx, seq, prompt)?;
+        for &token in &prompt[n_match..] {
+            if !is_placeholder(token) {
+                ctx.model().vocab().check(token)?;
+            }
+        }
+        let start = self.keep(ctx, seq, prompt, n_match)?;
+        let n_batch = ctx.n_batch() as usize;
+        if self.batch.capacity() != n_batch {
+            self.batch = Batch::new(n_batch, 1);
+        }
+        while self.n_cached < upto {
+            let from = self.n_cached;
+            let result = match runs.iter().find(|&&(s, _)| s == from) {
+                Some(&(_, len)) => decode_run(ctx, from).map(|()| from + len),
+                None => {
+                    let next = runs.iter().map(|&(s, _)| s).find(|&s| s > from).unwrap_or(upto);
+                    let to = next.min(upto).min(from + n_batch);
+                    self.batch.clear();
+                    self.batch
+                        .push_sequence(&prompt[from..to], from as Pos, seq, Logits::No)
+                        .and_then(|()| ctx.decode(&self.batch).map(|()| to))
+                }
+            };
+            match result {
+                Ok(to) => self.n_cached = to,
+                Err(e) => {
+                    ctx.seq_rm(Some(seq), Some(self.n_cached as Pos), None)?;
+                    self.epoch = ctx.seq_epoch(seq)?;
+                    return Err(e);
+                }
+            }
+        }
+        Ok(self.n_cached - start)
     }
 }
 
@@ -313,6 +395,13 @@ impl Generation<'_, '_, '_> {
     /// example after a prompt of exactly that many tokens).
     pub fn n_past(&self) -> usize {
         self.session.n_cached
+    }
+
+    /// Counts `evaluated` prompt positions decoded in `time` before this
+    /// run's own prefill (a conversation's media: [`Session::prefill_runs`]).
+    pub(crate) fn add_prefill(&mut self, evaluated: usize, time: std::time::Duration) {
+        self.stats.prompt_evaluated += evaluated;
+        self.stats.prefill_time += time;
     }
 
     /// Ends the run now, with [`FinishReason::Cancelled`] unless it has

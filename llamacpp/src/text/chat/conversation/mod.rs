@@ -1,6 +1,8 @@
 //! A chat for applications: the history, the tools and the KV cache of
 //! one conversation, each reply streamed as [`ChatEvent`]s.
 
+mod media;
+
 use std::pin::Pin;
 use std::task::{Context as TaskContext, Poll};
 
@@ -62,6 +64,8 @@ pub struct Conversation<'m> {
     generate: GenerateOptions,
     /// Tool calls so far, for their ids.
     calls: usize,
+    /// The projector and the media the messages refer to (feature `mtmd`).
+    media: media::ConversationMedia<'m>,
 }
 
 impl std::fmt::Debug for Conversation<'_> {
@@ -103,6 +107,7 @@ impl<'m> Conversation<'m> {
             sampling: SamplingParams::default(),
             generate: GenerateOptions::default().max_tokens(DEFAULT_REPLY_TOKENS),
             calls: 0,
+            media: media::ConversationMedia::default(),
         })
     }
 
@@ -207,22 +212,25 @@ impl<'m> Conversation<'m> {
     }
 
     fn start(&mut self, constraint: Option<Constraint>) -> Result<Turn<'_, 'm>> {
-        let prompt = match &constraint {
-            None => self.format.prompt(self.model, &self.messages, &self.options)?,
+        let messages = serde_json::to_value(&self.messages).map_err(|e| Error::ChatTemplate(e.to_string()))?;
+        let mut prompt = match &constraint {
+            None => self.format.prompt_json(self.model, &messages, &self.options)?,
             Some(_) => {
                 let options =
                     ChatOptions { tools: None, reasoning: Reasoning::default().enabled(false), ..self.options.clone() };
-                self.format.prompt(self.model, &self.messages, &options)?
+                self.format.prompt_json(self.model, &messages, &options)?
             }
         };
-        if !prompt.media_at.is_empty() {
-            // Its tokens alone would be the conversation without its media.
-            return Err(Error::Unsupported(
-                "a Conversation takes no image or audio parts yet: run the prompt in the engine \
-                 (Request::chat(..).with_media) or through mtmd::Projector::eval"
-                    .into(),
-            ));
-        }
+        let seq = self.generate.seq;
+        // Media go into the cache first, each as a run of placeholders in
+        // the prompt's tokens; the generation then reuses them.
+        let (tokens, media) = if prompt.media_at.is_empty() {
+            (std::mem::take(&mut prompt.tokens), None)
+        } else {
+            let start = std::time::Instant::now();
+            let done = self.media.prefill(&mut self.ctx, &mut self.session, &prompt, &messages, seq)?;
+            (done.tokens, Some((done.evaluated, start.elapsed())))
+        };
         let parser = prompt.parser();
         let mut sampling = prompt.sampling(self.sampling.clone());
         if let Some(c) = constraint {
@@ -232,7 +240,10 @@ impl<'m> Conversation<'m> {
         let options = self.generate.clone().special(prompt.special);
         let Conversation { ctx, session, sampler, messages, calls, .. } = self;
         let sampler = sampler.as_mut().ok_or_else(|| Error::InvalidArgument("no sampler".into()))?;
-        let generation = session.generate(ctx, sampler, &prompt.tokens, &options)?;
+        let mut generation = session.generate(ctx, sampler, &tokens, &options)?;
+        if let Some((evaluated, time)) = media {
+            generation.add_prefill(evaluated, time);
+        }
         Ok(Turn {
             generation,
             parser,
