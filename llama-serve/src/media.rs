@@ -61,7 +61,10 @@ pub(crate) fn decode(ready: &Ready, messages: &Value, max: usize) -> Result<Deco
     }
     let mut decoded = Decoded::default();
     for part in &parts {
-        let bytes = part.bytes().map_err(|e| bad(e.to_string()))?;
+        let bytes = part.bytes().map_err(|e| match e {
+            llamacpp::Error::Media(message) => bad(message),
+            other => bad(other.to_string()),
+        })?;
         take(ready, &bytes, &mut decoded)?;
     }
     Ok(decoded)

@@ -573,8 +573,8 @@ mod conversation {
     #[test]
     fn a_data_url_part_is_the_same_image_as_the_file_attached() {
         let model = tiny_model();
-        let file = concat!(env!("CARGO_MANIFEST_DIR"), "/vendor/llama.cpp/tools/mtmd/test-1.jpeg");
-        let bytes = std::fs::read(file).unwrap();
+        let file = std::path::Path::new(sys::SOURCE_DIR).join("tools/mtmd/test-1.jpeg");
+        let bytes = std::fs::read(&file).unwrap();
         let url = format!("data:image/jpeg;base64,{}", base64::engine::general_purpose::STANDARD.encode(&bytes));
 
         let mut by_url = chat(&model);
@@ -590,7 +590,7 @@ mod conversation {
 
         let mut attached = chat(&model);
         let projector = Projector::load(&model, mlp_path(), &params()).unwrap();
-        let medium = Media::from_file(&projector, file).unwrap();
+        let medium = Media::from_file(&projector, &file).unwrap();
         let (text, _) = text(attached.send_media("Describe it.", [medium]).unwrap());
         assert_eq!(url_text, text);
     }
@@ -620,10 +620,26 @@ mod conversation {
         unknown.push(ChatMessage::parts("user", [ContentPart::image_url("media:0123"), ContentPart::text("a")]));
         let Err(err) = unknown.reply() else { panic!("a medium it does not hold") };
         assert!(matches!(&err, Error::Media(m) if m.contains("does not hold")), "{err}");
-        // The conversation still answers once the bad message is gone.
-        let mut recovered = chat(&model);
-        recovered.user("Just text.");
-        assert!(recovered.reply().unwrap().finish().is_ok());
+
+        // The same conversation answers once the bad message is gone: a
+        // refused `send_media` keeps no message, `pop` takes one back.
+        assert_eq!(with.pop().map(|m| m.role), Some("user".to_owned()));
+        let before = with.messages().len();
+        let clip = Media::audio_pcm(&[0.0; 1600]).unwrap();
+        let refused = with.send_media("What do you hear?", [clip]).map(drop);
+        assert!(matches!(&refused, Err(Error::Media(_))), "a clip for a projector without audio: {refused:?}");
+        assert_eq!(with.messages().len(), before, "the refused message is not kept");
+        let (text, usage) = text(with.send_media("What is it?", [image(3, 16)]).unwrap());
+        assert!(!text.is_empty() && usage.prompt_tokens > 4, "{usage:?}");
+
+        // A medium attached before the message that places it.
+        let mut early = chat(&model);
+        let first = early.attach(image(1, 16));
+        let second = early.attach(image(2, 16));
+        early.push(ChatMessage::parts("user", [first, ContentPart::text("One.")]));
+        early.reply().unwrap().finish().unwrap();
+        early.push(ChatMessage::parts("user", [second, ContentPart::text("Two.")]));
+        assert!(early.reply().unwrap().finish().is_ok(), "an attached medium stays until its message comes");
 
         // A projector loaded for another model.
         let other = other_tiny_model();

@@ -65,7 +65,9 @@ mod on {
         ) -> Result<Prefilled> {
             let projector = self.projector.as_mut().ok_or_else(|| {
                 Error::Unsupported(
-                    "a conversation with image or audio parts needs a projector (Conversation::projector)".into(),
+                    "image and audio parts need a projector: Conversation::projector, or an engine's \
+                     EngineConfig::projector"
+                        .into(),
                 )
             })?;
             let parts = media_parts(messages)?;
@@ -87,8 +89,9 @@ mod on {
                 }
                 keys.push(key.as_str());
             }
-            // Media no message refers to any more are let go.
-            self.known.retain(|k, _| keys.contains(&k.as_str()));
+            // Parts given whole that no message holds any more are let go;
+            // attached media stay (their message may come later).
+            self.known.retain(|k, _| k.starts_with(KEPT) || keys.contains(&k.as_str()));
             let media: Vec<&Media> = keys.iter().map(|k| &self.known[*k]).collect();
             let (tokens, spans) = crate::mtmd::splice(
                 projector,
@@ -127,7 +130,7 @@ mod on {
         /// Keeps `medium` for this conversation and returns the message
         /// part that puts it in a message: an `image_url` (or
         /// `input_audio`) part that refers to it as `media:<id>`. The
-        /// medium is kept while a message refers to it.
+        /// conversation keeps the medium for as long as it lives.
         pub fn attach(&mut self, medium: Media) -> ContentPart {
             let key = format!("{KEPT}{}", medium.id());
             let part = if medium.is_audio() {
@@ -148,7 +151,8 @@ mod on {
         }
 
         /// Appends a user message of `media` and `text`
-        /// ([`Conversation::user_media`]) and starts the reply.
+        /// ([`Conversation::user_media`]) and starts the reply; when the
+        /// reply cannot start, the message is not kept.
         ///
         /// # Errors
         /// As [`Conversation::reply`].
@@ -158,7 +162,7 @@ mod on {
             media: impl IntoIterator<Item = Media>,
         ) -> Result<Turn<'_, 'm>> {
             self.user_media(text, media);
-            self.reply()
+            self.start(None, true)
         }
     }
 }

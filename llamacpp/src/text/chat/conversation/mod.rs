@@ -164,7 +164,8 @@ impl<'m> Conversation<'m> {
         &self.messages
     }
 
-    /// The tokens in the KV cache: the last prompt and reply.
+    /// The tokens in the KV cache: the last prompt and reply (a medium's
+    /// embeddings as a run of negative placeholders, one per position).
     pub fn cached_tokens(&self) -> &[Token] {
         self.session.tokens()
     }
@@ -186,13 +187,21 @@ impl<'m> Conversation<'m> {
         self.messages.push(message);
     }
 
-    /// Appends a user message and starts the reply.
+    /// Appends a user message and starts the reply; when the reply cannot
+    /// start, the message is not kept.
     ///
     /// # Errors
     /// As [`Conversation::reply`].
     pub fn send(&mut self, text: impl Into<String>) -> Result<Turn<'_, 'm>> {
         self.user(text);
-        self.reply()
+        self.start(None, true)
+    }
+
+    /// Removes the last message and returns it (`None` when there is
+    /// none): one that [`Conversation::reply`] refused, or a turn to take
+    /// back. The KV cache keeps what the next prompt still shares.
+    pub fn pop(&mut self) -> Option<ChatMessage> {
+        self.messages.pop()
     }
 
     /// Starts the model's reply to the messages so far. The prompt reuses
@@ -200,18 +209,67 @@ impl<'m> Conversation<'m> {
     ///
     /// # Errors
     /// As [`ChatFormat::prompt`], [`SamplingParams::sampler`] and
-    /// [`Session::generate`].
+    /// [`Session::generate`]; with image or audio parts,
+    /// [`Error::Unsupported`] without a projector (or the `mtmd`
+    /// feature), [`Error::Media`] for a part that cannot be decoded or
+    /// fetched (nothing is) and [`Error::InvalidBatch`] for an image the
+    /// model attends to at once that does not fit `n_ubatch`.
     pub fn reply(&mut self) -> Result<Turn<'_, 'm>> {
-        self.start(None)
+        self.start(None, false)
     }
 
     /// A reply generated under `constraint` (a JSON turn: no tool calls,
     /// thoughts off).
     pub(crate) fn reply_constrained(&mut self, constraint: Constraint) -> Result<Turn<'_, 'm>> {
-        self.start(Some(constraint))
+        self.start(Some(constraint), false)
     }
 
-    fn start(&mut self, constraint: Option<Constraint>) -> Result<Turn<'_, 'm>> {
+    /// Starts a reply; on an error, the last message goes again when
+    /// `pushed` (a `send` keeps no message whose reply could not start).
+    fn start(&mut self, constraint: Option<Constraint>, pushed: bool) -> Result<Turn<'_, 'm>> {
+        let prepared = self.prepare(constraint);
+        let (tokens, parser, options, media) = match prepared {
+            Ok(p) => p,
+            Err(e) => {
+                if pushed {
+                    self.messages.pop();
+                }
+                return Err(e);
+            }
+        };
+        let Conversation { ctx, session, sampler, messages, calls, .. } = self;
+        let sampler = sampler.as_mut().ok_or_else(|| Error::InvalidArgument("no sampler".into()))?;
+        let mut generation = match session.generate(ctx, sampler, &tokens, &options) {
+            Ok(g) => g,
+            Err(e) => {
+                if pushed {
+                    messages.pop();
+                }
+                return Err(e);
+            }
+        };
+        if let Some((evaluated, time)) = media {
+            generation.add_prefill(evaluated, time);
+        }
+        Ok(Turn {
+            generation,
+            parser,
+            messages,
+            calls,
+            queue: std::collections::VecDeque::new(),
+            reply: Reply::default(),
+            state: TurnState::Running,
+        })
+    }
+
+    /// The prompt's tokens (with its media decoded into the cache), the
+    /// reply's parser, the generation's options and the sampler, and the
+    /// media's prefill (positions, time).
+    #[allow(clippy::type_complexity)]
+    fn prepare(
+        &mut self,
+        constraint: Option<Constraint>,
+    ) -> Result<(Vec<Token>, ChatParser, GenerateOptions, Option<(usize, std::time::Duration)>)> {
         let messages = serde_json::to_value(&self.messages).map_err(|e| Error::ChatTemplate(e.to_string()))?;
         let mut prompt = match &constraint {
             None => self.format.prompt_json(self.model, &messages, &self.options)?,
@@ -238,21 +296,7 @@ impl<'m> Conversation<'m> {
         }
         self.sampler = Some(sampling.sampler(self.model)?);
         let options = self.generate.clone().special(prompt.special);
-        let Conversation { ctx, session, sampler, messages, calls, .. } = self;
-        let sampler = sampler.as_mut().ok_or_else(|| Error::InvalidArgument("no sampler".into()))?;
-        let mut generation = session.generate(ctx, sampler, &tokens, &options)?;
-        if let Some((evaluated, time)) = media {
-            generation.add_prefill(evaluated, time);
-        }
-        Ok(Turn {
-            generation,
-            parser,
-            messages,
-            calls,
-            queue: std::collections::VecDeque::new(),
-            reply: Reply::default(),
-            state: TurnState::Running,
-        })
+        Ok((tokens, parser, options, media))
     }
 }
 

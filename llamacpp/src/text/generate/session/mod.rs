@@ -69,6 +69,8 @@ impl Session {
     }
 
     /// The tokens currently in the KV cache of [`Session::seq`], in order.
+    /// A conversation's media are runs of negative placeholders here (one
+    /// per embedding), which are no vocabulary tokens.
     pub fn tokens(&self) -> &[Token] {
         &self.tokens[..self.n_cached.min(self.tokens.len())]
     }
@@ -147,7 +149,12 @@ impl Session {
         for &token in &prompt[n_match..] {
             ctx.model().vocab().check(token)?;
         }
-        let n_match = self.keep(ctx, seq, prompt, n_match)?;
+        let kept = self.keep(ctx, seq, prompt, n_match)?;
+        // A recurrent cache kept nothing: the prefix is decoded again.
+        for &token in &prompt[kept..n_match] {
+            ctx.model().vocab().check(token)?;
+        }
+        let n_match = kept;
 
         let n_batch = ctx.n_batch() as usize;
         if self.batch.capacity() != n_batch {
@@ -186,6 +193,7 @@ impl Session {
             pending: None,
             start: None,
             first_token: None,
+            earlier: std::time::Duration::ZERO,
             error: None,
             stats,
         })
@@ -246,7 +254,22 @@ impl Session {
     /// # Errors
     /// As [`Session::generate`]; what `decode_run` returns. After an error
     /// the cache ends with the last text batch or run that was decoded
-    /// whole.
+    /// whole (a recurrent model's holds nothing).
+    /// Removes what a failed decode left after the cached tokens; where
+    /// the cache cannot drop a tail (a recurrent model's), the whole
+    /// sequence.
+    fn drop_after_cached(&mut self, ctx: &mut Context<'_>, seq: SeqId) {
+        if !matches!(ctx.seq_rm(Some(seq), Some(self.n_cached as Pos), None), Ok(true)) {
+            // Never fails on a sequence the run checked.
+            let _ = ctx.seq_rm(Some(seq), None, None);
+            self.n_cached = 0;
+        }
+        self.tokens.truncate(self.n_cached);
+        if let Ok(epoch) = ctx.seq_epoch(seq) {
+            self.epoch = epoch;
+        }
+    }
+
     #[cfg_attr(not(feature = "mtmd"), allow(dead_code))]
     pub(crate) fn prefill_runs(
         &mut self,
@@ -290,8 +313,7 @@ impl Session {
             match result {
                 Ok(to) => self.n_cached = to,
                 Err(e) => {
-                    ctx.seq_rm(Some(seq), Some(self.n_cached as Pos), None)?;
-                    self.epoch = ctx.seq_epoch(seq)?;
+                    self.drop_after_cached(ctx, seq);
                     return Err(e);
                 }
             }
@@ -356,6 +378,9 @@ pub struct Generation<'a, 'm, 's> {
     pending: Option<Token>,
     start: Option<Instant>,
     first_token: Option<Instant>,
+    /// Prefill done before the run ([`Generation::add_prefill`]), counted
+    /// in the time to the first token.
+    earlier: std::time::Duration,
     /// An error to yield after the held-back text.
     error: Option<Error>,
     stats: GenerationStats,
@@ -402,6 +427,7 @@ impl Generation<'_, '_, '_> {
     pub(crate) fn add_prefill(&mut self, evaluated: usize, time: std::time::Duration) {
         self.stats.prompt_evaluated += evaluated;
         self.stats.prefill_time += time;
+        self.earlier += time;
     }
 
     /// Ends the run now, with [`FinishReason::Cancelled`] unless it has
@@ -565,7 +591,7 @@ impl Generation<'_, '_, '_> {
         match self.first_token {
             None => {
                 self.first_token = Some(now);
-                self.stats.time_to_first_token = self.start.map(|s| now - s);
+                self.stats.time_to_first_token = self.start.map(|s| now - s + self.earlier);
             }
             Some(first) => self.stats.decode_time = now - first,
         }
