@@ -4,6 +4,8 @@
 //! name). Not published.
 
 pub mod bench;
+#[cfg(test)]
+mod house;
 pub use llama_model_cache as model_cache;
 pub mod python;
 pub mod safe_api;

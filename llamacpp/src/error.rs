@@ -2,8 +2,7 @@
 
 use std::path::PathBuf;
 
-use crate::sys;
-use crate::types::{Output, SeqId};
+use crate::llama::types::{FinishReason, Output, SeqId};
 
 /// Everything that can go wrong in this crate.
 ///
@@ -202,7 +201,7 @@ pub enum Error {
         /// Tokens generated.
         tokens: usize,
         /// Why generation ended.
-        reason: crate::generate::FinishReason,
+        reason: FinishReason,
     },
     /// A complete JSON answer that does not deserialize into the type
     /// asked for (serde's message).
@@ -352,28 +351,4 @@ impl Error {
 pub(crate) fn try_reserve<T>(v: &mut Vec<T>, additional: usize) -> Result<()> {
     v.try_reserve(additional)
         .map_err(|_| Error::OutOfMemory { bytes: additional.saturating_mul(std::mem::size_of::<T>()) })
-}
-
-/// Turns a shim return code into a `Result`, fetching the exception message.
-pub(crate) fn check_shim(code: std::os::raw::c_int, function: &'static str) -> Result<()> {
-    if code == sys::shim::OK {
-        return Ok(());
-    }
-    // SAFETY: the shim returns a pointer to a thread-local NUL-terminated
-    // string that stays valid until the next shim call on this thread; we
-    // copy it out at once.
-    let message = unsafe { crate::ffi::owned_lossy(sys::shim::llama_rs_last_exception()) };
-    Err(Error::Exception { function, message })
-}
-
-/// Maps the documented return codes of `llama_decode`/`llama_encode`.
-pub(crate) fn check_decode(code: i32) -> Result<()> {
-    match code {
-        0 => Ok(()),
-        1 => Err(Error::NoKvSlot),
-        2 => Err(Error::Aborted),
-        -1 => Err(Error::BatchRejected),
-        -2 => Err(Error::AllocationFailed),
-        other => Err(Error::ComputeFailed(other)),
-    }
 }

@@ -66,8 +66,11 @@ macro_rules! setters {
     (@conv $v:ident, $conv:expr) => { $conv($v) };
 }
 
-// The crate's floors, bottom up; each module keeps its path at the root
-// (`llamacpp::chat`, `crate::model`) through the re-exports below.
+// The crate's floors, bottom up: a floor uses the floors below it, never
+// above (tests/house.rs of the suite checks every `crate::` path). Inside
+// the crate, paths name the floor (`crate::llama::model::Model`); the
+// public paths (`llamacpp::chat`, `llamacpp::Model`) are the re-exports
+// below.
 mod error;
 mod llama;
 mod sampling;
@@ -77,42 +80,40 @@ mod serving;
 pub mod testing;
 mod text;
 
+#[cfg(feature = "mtmd")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mtmd")))]
+pub use llama::mtmd;
 pub use llama::plan;
 #[cfg(feature = "rpc")]
 #[cfg_attr(docsrs, doc(cfg(feature = "rpc")))]
 pub use llama::rpc;
-pub(crate) use llama::{adapter, backend, batch, context, ffi, gguf, model, quantize, stack, thread, types, vocab};
-pub(crate) use sampling::sampler;
 pub use sampling::{constraint, json_schema, speculative};
 pub use serving::embed;
 #[cfg(feature = "engine")]
 #[cfg_attr(docsrs, doc(cfg(feature = "engine")))]
 pub use serving::engine;
-#[cfg(feature = "mtmd")]
-#[cfg_attr(docsrs, doc(cfg(feature = "mtmd")))]
-pub use text::mtmd;
 pub use text::{chat, generate};
 
-pub use adapter::LoraAdapter;
-pub use backend::{
+pub use error::{Error, Result, StateError};
+pub use llama::adapter::LoraAdapter;
+pub use llama::backend::{
     Device, DeviceKind, cpu_variant, cpu_variants, devices, init, supports_gpu_offload, supports_mlock, supports_mmap,
     supports_rpc, system_info, time_us, unused_cpu_features, version,
 };
-pub use batch::{Batch, Logits, Pos, SeqId};
-pub use chat::{ChatFormat, ChatMessage, ChatTemplate, apply_chat_template, builtin_chat_templates};
-pub use context::{
+pub use llama::batch::{Batch, Logits, Pos, SeqId};
+pub use llama::context::{
     AbortHandle, Attention, Context, ContextParams, FlashAttention, KvType, Output, OwnedContext, PerfCounters,
     Pooling, max_sequences,
 };
-pub use embed::{EmbedParams, Embedder};
-pub use error::{Error, Result, StateError};
-pub use generate::{CompleteOptions, Completed};
-pub use model::{
+pub use llama::model::{
     DEFAULT_FIT_MARGIN, GpuLayers, LoadMode, MetadataValue, Model, ModelParams, RopeType, SplitMode, split_path,
     split_prefix,
 };
-pub use quantize::{FileType, QuantizeParams, quantize};
-pub use sampler::{
+pub use llama::quantize::{FileType, QuantizeParams, quantize};
+pub use llama::vocab::{AddBos, Detokenizer, Special, Token, TokenAttrs, Vocab};
+pub use sampling::sampler::{
     Candidates, CustomSampler, MAX_TOP_LOGPROBS, SamplePath, Sampler, SamplerChain, SamplingParams, TokenData,
 };
-pub use vocab::{AddBos, Detokenizer, Special, Token, TokenAttrs, Vocab};
+pub use serving::embed::{EmbedParams, Embedder};
+pub use text::chat::{ChatFormat, ChatMessage, ChatTemplate, apply_chat_template, builtin_chat_templates};
+pub use text::generate::{CompleteOptions, Completed};

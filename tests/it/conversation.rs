@@ -9,8 +9,8 @@ use std::sync::{Arc, OnceLock};
 
 use llama_suite::model_cache::model_path;
 use llamacpp::chat::{
-    ChatEvent, ChatFormat, ChatMessage, ChatOptions, ChatTemplate, Conversation, Reasoning, ReasoningBudget,
-    ReasoningFormat, Tool, ToolChoice, Tools,
+    ChatEvent, ChatFormat, ChatMessage, ChatOptions, ChatTemplate, Conversation, Reasoning, ReasoningFormat, Tool,
+    ToolChoice, Tools,
 };
 use llamacpp::engine::{Engine, EngineConfig, Request};
 use llamacpp::generate::{FinishReason, GenerateOptions, Session};
@@ -143,8 +143,7 @@ fn gemma_a_reasoning_budget_closes_the_thoughts_after_that_many_tokens() {
     let thought = run(SamplingParams::default(), budget);
     let close = "\n</think>\n\n";
     let forced = vocab.tokenize_special(close, AddBos::No).unwrap().len();
-    let budgeted =
-        SamplingParams::default().reasoning_budget(ReasoningBudget::new(ReasoningFormat::Think, true, budget));
+    let budgeted = SamplingParams::default().reasoning_budget(ReasoningFormat::Think.budget(true, budget).unwrap());
     let text = run(budgeted.clone(), budget + forced + 4);
     assert!(text.starts_with(&format!("{thought}{close}")), "{text:?} after {thought:?}");
     assert_ne!(run(SamplingParams::default(), budget + forced), format!("{thought}{close}"), "the control");

@@ -3,10 +3,11 @@
 use std::fmt;
 use std::ptr::NonNull;
 
-use crate::context::Context;
-use crate::error::{Error, Result, check_shim};
-use crate::ffi::path_to_cstring;
-use crate::model::{Model, read_string};
+use crate::error::{Error, Result};
+use crate::llama::context::Context;
+use crate::llama::ffi::check_shim;
+use crate::llama::ffi::path_to_cstring;
+use crate::llama::model::{Model, read_string};
 use crate::sys;
 
 /// A LoRA adapter loaded for one model.
@@ -52,14 +53,17 @@ impl Model {
         }
         let c_path = path_to_cstring(path)?;
         let _guard = self.adapters_write();
-        crate::backend::clear_last_error();
+        crate::llama::backend::clear_last_error();
         // SAFETY: a live model and a NUL-terminated path; the call mutates
         // the model's adapter set, which the write lock serialises against
         // every reader of the set (context creation, decode). It
         // catches its own exceptions and returns NULL.
         let ptr = unsafe { sys::llama_adapter_lora_init(self.as_ptr(), c_path.as_ptr()) };
         let ptr = NonNull::new(ptr).ok_or_else(|| {
-            Error::Adapter(crate::backend::last_error_or(&format!("cannot load LoRA adapter {}", path.display())))
+            Error::Adapter(crate::llama::backend::last_error_or(&format!(
+                "cannot load LoRA adapter {}",
+                path.display()
+            )))
         })?;
         Ok(LoraAdapter { ptr, model: self })
     }
@@ -78,7 +82,7 @@ impl LoraAdapter<'_> {
 
     /// The activation tokens of an aLoRA adapter (empty for plain LoRA).
     #[doc(alias = "llama_adapter_get_alora_invocation_tokens")]
-    pub fn alora_invocation_tokens(&self) -> &[crate::Token] {
+    pub fn alora_invocation_tokens(&self) -> &[crate::llama::types::Token] {
         // SAFETY: the array lives in the adapter, which `&self` keeps alive.
         unsafe {
             let n = sys::llama_adapter_get_alora_n_invocation_tokens(self.ptr.as_ptr()) as usize;
@@ -162,7 +166,7 @@ impl<'m> Context<'m> {
             sys::llama_set_adapter_cvec(self.as_ptr(), data.as_ptr(), data.len(), n_embd as i32, layer_start, layer_end)
         };
         if ret != 0 {
-            return Err(Error::Adapter(crate::backend::last_error_or("llama_set_adapter_cvec failed")));
+            return Err(Error::Adapter(crate::llama::backend::last_error_or("llama_set_adapter_cvec failed")));
         }
         Ok(())
     }

@@ -78,7 +78,7 @@ fn initialize_lazy_devices() {
         let (dev, reg_name) = unsafe {
             let dev = sys::ggml_backend_dev_get(i);
             let reg = sys::ggml_backend_dev_backend_reg(dev);
-            (dev, crate::ffi::owned_lossy(sys::ggml_backend_reg_name(reg)))
+            (dev, crate::llama::ffi::owned_lossy(sys::ggml_backend_reg_name(reg)))
         };
         if reg_name != "Vulkan" {
             continue;
@@ -87,7 +87,7 @@ fn initialize_lazy_devices() {
         // SAFETY: a valid device handle; the out-pointer is valid for a
         // write; the shim catches what the device's set-up throws.
         let code = unsafe { sys::shim::llama_rs_dev_buffer_type(dev, &mut buft) };
-        if let Err(e) = crate::error::check_shim(code, "ggml_backend_dev_buffer_type") {
+        if let Err(e) = crate::llama::ffi::check_shim(code, "ggml_backend_dev_buffer_type") {
             // The load that uses it will fail with the same error.
             log::warn!(target: "llamacpp", "a Vulkan device could not be set up: {e}");
         }
@@ -140,13 +140,13 @@ thread_local! {
 unsafe extern "C" fn log_trampoline(level: sys::ggml_log_level::Type, text: *const c_char, _user: *mut c_void) {
     // A panic must not cross into C, and there is nobody to resume it in:
     // the log can fire on ggml worker threads. Drop it.
-    let _ = crate::ffi::catch(|| {
+    let _ = crate::llama::ffi::catch(|| {
         if text.is_null() {
             return;
         }
         // SAFETY: llama.cpp passes a NUL-terminated string valid for the
         // duration of the call.
-        let message = unsafe { crate::ffi::owned_lossy(text) };
+        let message = unsafe { crate::llama::ffi::owned_lossy(text) };
         let message = message.trim_end_matches('\n');
         let level = match level {
             sys::ggml_log_level::GGML_LOG_LEVEL_ERROR => log::Level::Error,
@@ -219,7 +219,7 @@ fn raw_system_info() -> String {
     // SAFETY: the returned pointer is a NUL-terminated static buffer that
     // only another call rewrites, and the lock keeps other callers out until
     // the copy is made.
-    unsafe { crate::ffi::owned_lossy(sys::llama_print_system_info()) }
+    unsafe { crate::llama::ffi::owned_lossy(sys::llama_print_system_info()) }
 }
 
 /// The x86-64 CPU features that matter most to llama.cpp's CPU kernels
@@ -355,7 +355,7 @@ impl Device {
     pub(crate) fn from_raw(raw: sys::ggml_backend_dev_t) -> Device {
         // SAFETY: the registry's strings are NULL or NUL-terminated and
         // static.
-        let cstr = |p: *const c_char| unsafe { crate::ffi::owned_lossy(p) };
+        let cstr = |p: *const c_char| unsafe { crate::llama::ffi::owned_lossy(p) };
         let (mut free, mut total) = (0usize, 0usize);
         // SAFETY: `raw` is a valid device handle; the out-pointers are valid
         // for writes.
@@ -385,7 +385,7 @@ pub fn version() -> &'static str {
     // SAFETY: returns a pointer to a static NUL-terminated string.
     let ptr = unsafe { sys::llama_version() };
     // SAFETY: NULL or static and NUL-terminated.
-    unsafe { crate::ffi::borrowed_str(ptr) }.unwrap_or("")
+    unsafe { crate::llama::ffi::borrowed_str(ptr) }.unwrap_or("")
 }
 
 /// Microseconds since the backend was initialised.

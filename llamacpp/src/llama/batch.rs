@@ -6,8 +6,8 @@ use crate::error::{Error, Result};
 use crate::sys;
 // Defined in the leaf module `types` (errors and contexts use them too);
 // kept here at their old paths.
-pub use crate::types::{Pos, SeqId};
-use crate::types::{Token, max_sequences};
+pub use crate::llama::types::{Pos, SeqId};
+use crate::llama::types::{Token, max_sequences};
 
 /// Whether a batch token computes an output: its logits (or, while
 /// embeddings are on, its embedding), read afterwards through

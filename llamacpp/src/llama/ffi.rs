@@ -10,6 +10,9 @@ use std::ffi::{CStr, CString, NulError, c_char};
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::path::Path;
 
+use crate::error::{Error, Result};
+use crate::sys;
+
 /// A panic caught at the C boundary, kept to be resumed once C returned.
 pub(crate) type Panic = Box<dyn Any + Send>;
 
@@ -77,6 +80,30 @@ pub(crate) unsafe fn borrowed_str<'a>(ptr: *const c_char) -> Option<&'a str> {
     }
     // SAFETY: the caller's contract.
     unsafe { CStr::from_ptr(ptr) }.to_str().ok()
+}
+
+/// Turns a shim return code into a `Result`, fetching the exception message.
+pub(crate) fn check_shim(code: std::os::raw::c_int, function: &'static str) -> Result<()> {
+    if code == sys::shim::OK {
+        return Ok(());
+    }
+    // SAFETY: the shim returns a pointer to a thread-local NUL-terminated
+    // string that stays valid until the next shim call on this thread; we
+    // copy it out at once.
+    let message = unsafe { owned_lossy(sys::shim::llama_rs_last_exception()) };
+    Err(Error::Exception { function, message })
+}
+
+/// Maps the documented return codes of `llama_decode`/`llama_encode`.
+pub(crate) fn check_decode(code: i32) -> Result<()> {
+    match code {
+        0 => Ok(()),
+        1 => Err(Error::NoKvSlot),
+        2 => Err(Error::Aborted),
+        -1 => Err(Error::BatchRejected),
+        -2 => Err(Error::AllocationFailed),
+        other => Err(Error::ComputeFailed(other)),
+    }
 }
 
 #[cfg(test)]

@@ -48,7 +48,7 @@ impl Gguf {
         }
         // SAFETY: a valid id of a string value (type checked above); the
         // string lives as long as the context and is copied at once.
-        Some(unsafe { crate::ffi::owned_lossy(sys::gguf_get_val_str(self.ptr(), id)) })
+        Some(unsafe { crate::llama::ffi::owned_lossy(sys::gguf_get_val_str(self.ptr(), id)) })
     }
 
     /// A scalar `u32`, as llama.cpp's `get_key<uint32_t>` reads it (the

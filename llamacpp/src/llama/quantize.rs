@@ -3,8 +3,8 @@
 use std::path::Path;
 
 use crate::error::{Error, Result};
-use crate::ffi::path_to_cstring;
-use crate::model::{Model, check_gguf_file, publish, temp_sibling};
+use crate::llama::ffi::path_to_cstring;
+use crate::llama::model::{Model, check_gguf_file, publish, temp_sibling};
 use crate::sys;
 
 /// A model file type (`LLAMA_FTYPE_*`): the dominant tensor type of a
@@ -124,7 +124,7 @@ impl QuantizeParams {
 /// if llama.cpp fails to quantize.
 #[doc(alias = "llama_model_quantize")]
 pub fn quantize(input: impl AsRef<Path>, output: impl AsRef<Path>, params: &QuantizeParams) -> Result<()> {
-    crate::backend::init();
+    crate::llama::backend::init();
     let (input, output) = (input.as_ref(), output.as_ref());
     let c_in = check_gguf_file(input)?;
     if params.threads < 0 {
@@ -142,7 +142,7 @@ pub fn quantize(input: impl AsRef<Path>, output: impl AsRef<Path>, params: &Quan
     raw.allow_requantize = params.allow_requantize;
     raw.quantize_output_tensor = params.quantize_output_tensor;
     raw.pure_ = params.pure;
-    crate::backend::clear_last_error();
+    crate::llama::backend::clear_last_error();
     // SAFETY: NUL-terminated paths and parameters built from the defaults;
     // llama_model_quantize catches its exceptions and returns non-zero.
     let code = unsafe { sys::llama_model_quantize(c_in.as_ptr(), c_temp.as_ptr(), &raw) };
@@ -150,7 +150,7 @@ pub fn quantize(input: impl AsRef<Path>, output: impl AsRef<Path>, params: &Quan
         // Dropping `temp` removes the partial file.
         return Err(Error::Quantize {
             path: input.to_owned(),
-            reason: crate::backend::last_error_or("llama.cpp failed to quantize the model"),
+            reason: crate::llama::backend::last_error_or("llama.cpp failed to quantize the model"),
         });
     }
     publish(temp, output)

@@ -3,7 +3,7 @@
 //! ([`SendPtr`]).
 //!
 //! Two parts of the crate run llama.cpp calls off the caller's thread: the
-//! deep-stack helper (`crate::stack`: a thread with a stack sized for the
+//! deep-stack helper (`crate::llama::stack`: a thread with a stack sized for the
 //! input) and, with feature `rpc`, the RPC guard (`crate::rpc`: a thread
 //! that may stay blocked in llama.cpp for good when a worker dies). Both
 //! use this module, which imports nothing else of the crate, so that the
@@ -114,7 +114,7 @@ impl Drop for CallThread {
 
 /// A value holding raw pointers (one pointer, or a tuple of them with what
 /// they point into) moved to a thread that uses it only while its owner
-/// waits for that thread: a scoped thread of `crate::stack`, a [`CallThread`]
+/// waits for that thread: a scoped thread of `crate::llama::stack`, a [`CallThread`]
 /// call, or a guarded RPC call (which, once abandoned, its owner never
 /// touches again); or not moved at all, when the same call runs in place
 /// for a local model (`model::Remote`, `context::Calls`). The pointees are

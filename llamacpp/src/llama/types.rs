@@ -1,6 +1,6 @@
 //! The small types and limits that most of the crate shares: token ids,
-//! positions, sequence ids, which output row to read, and how many
-//! sequences a context can have.
+//! positions, sequence ids, which output row to read, how many
+//! sequences a context can have, and why a generation ended.
 //!
 //! They live in this leaf module (it imports nothing of the crate but
 //! `sys`) so that batches, errors, the vocabulary and contexts can all name
@@ -65,4 +65,43 @@ impl fmt::Display for Output {
 pub fn max_sequences() -> u32 {
     // SAFETY: returns a compile-time constant of llama.cpp.
     unsafe { sys::llama_max_parallel_sequences() as u32 }
+}
+
+/// Why a generation ended.
+#[non_exhaustive]
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// `max_tokens` tokens were sampled.
+    Length,
+    /// This stop string appeared in the text.
+    Stop(String),
+    /// The model sampled an end-of-generation token.
+    EndOfGeneration,
+    /// Cancelled: the context's [`AbortHandle`](crate::AbortHandle), [`Generation::cancel`](crate::generate::Generation::cancel), or
+    /// a callback of [`Generation::stream`](crate::generate::Generation::stream).
+    Cancelled,
+    /// The context was full and the overflow policy was [`Overflow::Error`](crate::generate::Overflow::Error)
+    /// (or a shift could free nothing); in the
+    /// [engine](crate::engine), the request reached its `max_context` or
+    /// could not get room in the KV pool even alone.
+    ContextFull,
+    /// The [engine](crate::engine) shut down while the request ran.
+    Shutdown,
+    /// The [engine](crate::engine) could not run the request (a failed
+    /// decode, a sampler error): the message says why.
+    Failed(String),
+}
+
+impl fmt::Display for FinishReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FinishReason::Length => f.write_str("length"),
+            FinishReason::Stop(s) => write!(f, "stop {s:?}"),
+            FinishReason::EndOfGeneration => f.write_str("end of generation"),
+            FinishReason::Cancelled => f.write_str("cancelled"),
+            FinishReason::ContextFull => f.write_str("context full"),
+            FinishReason::Shutdown => f.write_str("shutdown"),
+            FinishReason::Failed(why) => write!(f, "failed: {why}"),
+        }
+    }
 }

@@ -49,13 +49,13 @@
 //! 262,144-entry vocabulary, more than the transformer itself). Packing
 //! removes the per-pass overhead of short texts, not that cost.
 
-use crate::batch::{Batch, Logits};
-use crate::context::{Attention, Context, ContextParams, FlashAttention, KvType, Pooling};
 use crate::error::{Error, Result, try_reserve};
-use crate::model::Model;
+use crate::llama::batch::{Batch, Logits};
+use crate::llama::context::{Attention, Context, ContextParams, FlashAttention, KvType, Pooling};
+use crate::llama::model::Model;
+use crate::llama::types::{SeqId, Token};
+use crate::llama::vocab::AddBos;
 use crate::sys;
-use crate::types::{SeqId, Token};
-use crate::vocab::AddBos;
 
 /// Parameters of an [`Embedder`], as a builder.
 ///

@@ -8,7 +8,7 @@
 //! ends inside one ([`media_boundary`]). The engine's requests and a
 //! [`Conversation`](crate::chat::Conversation) with a projector use them.
 
-use crate::types::Token;
+use crate::llama::types::Token;
 
 /// Whether `token` stands for one embedding of a medium.
 pub(crate) fn is_placeholder(token: Token) -> bool {

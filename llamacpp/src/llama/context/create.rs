@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::{Attention, Calls, Context, ContextParams, ModelRef, NEXT_CONTEXT_ID, OwnedContext, Produced};
-use crate::backend;
 use crate::error::{Error, Result};
-use crate::model::Model;
+use crate::llama::backend;
+use crate::llama::model::Model;
 use crate::sys;
 
 unsafe extern "C" fn abort_trampoline(data: *mut std::ffi::c_void) -> bool {
@@ -60,7 +60,7 @@ impl<'m> Context<'m> {
         // Creating it allocates buffers on the workers of a remote model:
         // then on the context's call thread, guarded.
         let mut calls = Calls::start(model.remote())?;
-        let call = crate::thread::SendPtr((model.as_ptr(), raw));
+        let call = crate::llama::thread::SendPtr((model.as_ptr(), raw));
         // SAFETY: a live model and parameters built from the defaults with
         // valid enum values; the abort flag lives in `abort`, which the
         // context keeps. llama_init_from_model catches its exceptions. It

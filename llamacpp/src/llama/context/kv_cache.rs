@@ -4,10 +4,10 @@
 //! Position ranges are half-open `p0..p1`; `None` for an end means
 //! "from the start" or "to the end".
 
-use crate::context::Context;
 use crate::error::{Error, Result};
+use crate::llama::context::Context;
+use crate::llama::types::{Pos, SeqId};
 use crate::sys;
-use crate::types::{Pos, SeqId};
 
 fn bounds(p0: Option<Pos>, p1: Option<Pos>) -> (Pos, Pos) {
     (p0.unwrap_or(-1), p1.unwrap_or(-1))

@@ -7,14 +7,14 @@
 
 use std::path::Path;
 
-use crate::batch::{Batch, Logits};
-use crate::context::Context;
 use crate::error::StateError;
 use crate::error::{Error, Result, try_reserve};
-use crate::ffi::path_to_cstring;
-use crate::model::{publish, temp_sibling};
+use crate::llama::batch::{Batch, Logits};
+use crate::llama::context::Context;
+use crate::llama::ffi::path_to_cstring;
+use crate::llama::model::{publish, temp_sibling};
+use crate::llama::types::{SeqId, Token};
 use crate::sys;
-use crate::types::{SeqId, Token};
 
 /// Writes a file through `write(temp)` and renames it into place, so a
 /// failure never leaves a half-written file under `path`.
@@ -297,7 +297,7 @@ impl Context<'_> {
         let code = unsafe {
             sys::shim::llama_rs_state_seq_set_data_ext(self.as_ptr(), data.as_ptr(), data.len(), dest, 0, &mut read)
         };
-        crate::error::check_shim(code, "llama_state_seq_set_data")?;
+        crate::llama::ffi::check_shim(code, "llama_state_seq_set_data")?;
         if read == 0 {
             return Err(Error::state(StateError::Mismatch, "the sequence state does not fit this context"));
         }

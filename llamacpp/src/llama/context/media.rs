@@ -4,9 +4,10 @@
 //! attention to non-causal for the chunks that need it.
 
 use super::Context;
-use crate::error::{Error, Result, check_decode, check_shim};
+use crate::error::{Error, Result};
+use crate::llama::ffi::{check_decode, check_shim};
+use crate::llama::types::{Pos, SeqId};
 use crate::sys;
-use crate::types::{Pos, SeqId};
 
 /// A media chunk ready to decode.
 pub(crate) struct EncodedChunk {

@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use crate::error::{Error, Result};
-use crate::model::Model;
+use crate::llama::model::Model;
+use crate::llama::types::SeqId;
 use crate::sys;
-use crate::types::SeqId;
 
 mod create;
 mod kv_cache;
@@ -428,7 +428,7 @@ impl Drop for Context<'_> {
                 std::mem::forget(self.abort.clone());
                 return;
             }
-            let call = crate::thread::SendPtr(self.ptr.as_ptr());
+            let call = crate::llama::thread::SendPtr(self.ptr.as_ptr());
             // SAFETY: as below, on the context's call thread.
             let freed = self.calls.run(self.model.remote(), "freeing a context", false, move || unsafe {
                 let call = call;

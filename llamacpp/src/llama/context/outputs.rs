@@ -2,13 +2,13 @@
 //! logits and embeddings read from them.
 
 use super::{Context, Produced};
-use crate::batch::Batch;
 use crate::error::{Error, Result};
+use crate::llama::batch::Batch;
+use crate::llama::types::SeqId;
 use crate::sys;
-use crate::types::SeqId;
 // Defined in the leaf module `types` (errors name it too); kept here at
 // its old path.
-pub use crate::types::Output;
+pub use crate::llama::types::Output;
 
 impl Context<'_> {
     /// Records the outputs of a decode through the KV cache: the tokens

@@ -4,11 +4,11 @@
 #[cfg(doc)]
 use super::Context;
 use crate::error::{Error, Result};
-use crate::model::Model;
+use crate::llama::model::Model;
 use crate::sys;
 // Defined in the leaf module `types` (batches use it too); kept here at
 // its old path.
-pub use crate::types::max_sequences;
+pub use crate::llama::types::max_sequences;
 
 /// The element type of the KV cache. Quantized types save memory at some
 /// cost in accuracy; a quantized V cache needs flash attention.

@@ -2,10 +2,11 @@
 //! checks around each pass (poisoned contexts, lost RPC workers).
 
 use super::Context;
-use crate::batch::{Batch, Logits};
-use crate::error::{Error, Result, check_decode, check_shim};
+use crate::error::{Error, Result};
+use crate::llama::batch::{Batch, Logits};
+use crate::llama::ffi::{check_decode, check_shim};
+use crate::llama::types::{Pos, SeqId, Token};
 use crate::sys;
-use crate::types::{Pos, SeqId, Token};
 
 impl Context<'_> {
     /// Runs llama_decode (or, `encode`, llama_encode) on `batch` through
@@ -17,7 +18,7 @@ impl Context<'_> {
     /// `batch` must be valid for this context (see `decode`).
     unsafe fn call_pass(&mut self, batch: &Batch, code: &mut i32, encode: bool) -> Result<std::os::raw::c_int> {
         if self.calls.is_remote() {
-            let call = crate::thread::SendPtr((self.ptr.as_ptr(), batch.raw()));
+            let call = crate::llama::thread::SendPtr((self.ptr.as_ptr(), batch.raw()));
             let what = if encode { "encoding" } else { "decoding" };
             let (shim, result) = self.calls.run(self.model.remote(), what, true, move || {
                 let call = call;

@@ -5,13 +5,13 @@
 //! code has no `cfg` of its own.
 
 use crate::error::Result;
-use crate::model::Remote;
+use crate::llama::model::Remote;
 
 /// A context's call thread, when its model is remote.
 #[derive(Debug)]
 pub(super) struct Calls {
     #[cfg(feature = "rpc")]
-    runner: Option<crate::rpc::Runner>,
+    runner: Option<crate::llama::rpc::Runner>,
 }
 
 impl Calls {
@@ -22,7 +22,7 @@ impl Calls {
     /// [`Error::Rpc`](crate::Error::Rpc) when the thread cannot start.
     pub(super) fn start(remote: &Remote) -> Result<Calls> {
         #[cfg(feature = "rpc")]
-        return Ok(Calls { runner: remote.is_remote().then(crate::rpc::Runner::start).transpose()? });
+        return Ok(Calls { runner: remote.is_remote().then(crate::llama::rpc::Runner::start).transpose()? });
         #[cfg(not(feature = "rpc"))]
         {
             let _ = remote;
@@ -44,7 +44,7 @@ impl Calls {
     pub(super) fn check(&self, remote: &Remote) -> Result<()> {
         remote.check()?;
         #[cfg(feature = "rpc")]
-        if self.runner.as_ref().is_some_and(crate::rpc::Runner::is_lost) {
+        if self.runner.as_ref().is_some_and(crate::llama::rpc::Runner::is_lost) {
             return Err(crate::Error::Rpc {
                 endpoint: String::new(),
                 message: "a call of this context was lost".into(),
@@ -58,7 +58,7 @@ impl Calls {
     /// connection, or race the abandoned call).
     pub(super) fn is_lost(&self, remote: &Remote) -> bool {
         #[cfg(feature = "rpc")]
-        return remote.is_lost() || self.runner.as_ref().is_some_and(crate::rpc::Runner::is_lost);
+        return remote.is_lost() || self.runner.as_ref().is_some_and(crate::llama::rpc::Runner::is_lost);
         #[cfg(not(feature = "rpc"))]
         {
             let _ = remote;

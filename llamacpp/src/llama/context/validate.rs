@@ -1,10 +1,10 @@
 //! The checks a batch passes before llama.cpp sees it.
 
 use super::Context;
-use crate::batch::Batch;
 use crate::error::{Error, Result};
+use crate::llama::batch::Batch;
+use crate::llama::types::Pos;
 use crate::sys;
-use crate::types::Pos;
 
 impl Context<'_> {
     /// Checks everything llama.cpp would abort on, or reject with a less

@@ -8,11 +8,12 @@ use std::sync::RwLock;
 
 use super::params::{build_overrides, render_override};
 use super::{Model, ModelParams, Remote, Source, preflight};
-use crate::backend;
 use crate::error::{Error, Result};
-use crate::ffi::{self, path_to_cstring};
+use crate::llama::backend;
+use crate::llama::extensions::Extensions;
+use crate::llama::ffi::{self, path_to_cstring};
+use crate::llama::vocab::Vocab;
 use crate::sys;
-use crate::vocab::Vocab;
 
 struct Progress<'f> {
     callback: &'f mut dyn FnMut(f32) -> bool,
@@ -202,7 +203,7 @@ impl Model {
         // guarded, so that a worker that dies meanwhile is an error (the
         // load thread then stays blocked in llama.cpp, with what it holds).
         // A local load runs here.
-        let owned = crate::thread::SendPtr((raw, c_paths, devices, overrides, tensor_split));
+        let owned = crate::llama::thread::SendPtr((raw, c_paths, devices, overrides, tensor_split));
         let ptr = remote.run_once("loading the model", true, move || {
             let owned = owned;
             let (raw, c_paths, ..) = &owned.0;
@@ -268,8 +269,7 @@ impl Model {
             repacked: params.repack_weights,
             overridden,
             adapters: RwLock::new(()),
-            constraint_tokens: std::sync::Mutex::new(None),
-            chat: std::panic::AssertUnwindSafe(std::sync::OnceLock::new()),
+            extensions: Extensions::default(),
             remote,
         };
         let pre = model.metadata("tokenizer.ggml.pre");

@@ -6,9 +6,10 @@ use std::ptr::NonNull;
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::error::{Error, Result};
-use crate::ffi::{self, path_to_cstring};
+use crate::llama::extensions::Extensions;
+use crate::llama::ffi::{self, path_to_cstring};
+use crate::llama::vocab::Vocab;
 use crate::sys;
-use crate::vocab::Vocab;
 
 mod load;
 mod offload;
@@ -109,16 +110,10 @@ pub struct Model {
     /// (write), context creation and every decode may iterate it when
     /// llama.cpp sizes its compute graph (read, `graph_max_nodes`).
     adapters: RwLock<()>,
-    /// llguidance's table of the vocabulary, built by the first
-    /// constrained sampler ([`crate::constraint`]).
-    constraint_tokens: std::sync::Mutex<Option<std::sync::Arc<crate::constraint::TokenTable>>>,
-    /// Its default chat format, compiled by the first
-    /// [`Model::chat_format`]`(None)` and shared by every later one.
-    /// Asserted unwind-safe (minijinja's environment is not marked so):
-    /// the cell is set once, whole, after a successful compile, and never
-    /// changed, so a panic cannot leave it half-written and `Model` stays
-    /// `UnwindSafe` as before.
-    pub(crate) chat: std::panic::AssertUnwindSafe<std::sync::OnceLock<crate::chat::ChatFormat>>,
+    /// The caches upper floors build from the model (the default chat
+    /// format, the constraint table of the vocabulary), each built on first
+    /// use and shared by every later one.
+    extensions: Extensions,
     /// The RPC workers it uses, if any (dropped after the model is freed).
     remote: Remote,
 }
@@ -158,31 +153,9 @@ impl Model {
         self.ptr.as_ptr()
     }
 
-    /// Builds the vocabulary's token table for constrained sampling
-    /// ([`crate::constraint`]) now, rather than in the first constrained
-    /// sampler (about a second for a 262,144-token vocabulary): a server
-    /// calls it at startup, off its request path.
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a model
-    /// without a vocabulary;
-    /// [`Error::Grammar`](crate::Error::Grammar) for a vocabulary without an
-    /// end-of-generation token.
-    pub fn prepare_constraints(&self) -> crate::Result<()> {
-        self.constraint_tokens().map(drop)
-    }
-
-    /// llguidance's token table of the vocabulary, built on first use and
-    /// shared by every constrained sampler of this model.
-    pub(crate) fn constraint_tokens(&self) -> crate::Result<std::sync::Arc<crate::constraint::TokenTable>> {
-        let mut slot = self.constraint_tokens.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(table) = &*slot {
-            return Ok(table.clone());
-        }
-        self.vocab.check_has_tokenizer()?;
-        let table = crate::constraint::TokenTable::build(&self.vocab)?;
-        *slot = Some(table.clone());
-        Ok(table)
+    /// The caches upper floors keep for this model, one per type.
+    pub(crate) fn extensions(&self) -> &Extensions {
+        &self.extensions
     }
 
     /// The model's vocabulary and tokenizer.
@@ -388,10 +361,10 @@ impl Model {
 
     /// The token that starts decoding in encoder-decoder models.
     #[doc(alias = "llama_model_decoder_start_token")]
-    pub fn decoder_start_token(&self) -> Option<crate::Token> {
+    pub fn decoder_start_token(&self) -> Option<crate::llama::types::Token> {
         // SAFETY: a pure read of a live model.
         let t = unsafe { sys::llama_model_decoder_start_token(self.as_ptr()) };
-        (t >= 0).then_some(crate::Token(t))
+        (t >= 0).then_some(crate::llama::types::Token(t))
     }
 
     /// Whether the model is recurrent (Mamba, RWKV, …).
@@ -472,7 +445,7 @@ impl Model {
         // exceptions.
         let code = unsafe { sys::shim::llama_rs_model_save_to_file(self.as_ptr(), c_temp.as_ptr()) };
         // On an error, dropping `temp` removes the partial file.
-        crate::error::check_shim(code, "llama_model_save_to_file")?;
+        crate::llama::ffi::check_shim(code, "llama_model_save_to_file")?;
         publish(temp, path)
     }
 }
@@ -484,7 +457,7 @@ impl Drop for Model {
             // worker is leaked instead (its buffers live behind the dead
             // connection, and llama.cpp would abort or wait for ever).
             if !self.remote.is_lost() {
-                let ptr = crate::thread::SendPtr(self.ptr.as_ptr());
+                let ptr = crate::llama::thread::SendPtr(self.ptr.as_ptr());
                 // SAFETY: as below, on the guarded thread.
                 let _ = self.remote.run_once("freeing the model", false, move || unsafe {
                     let ptr = ptr;

@@ -5,9 +5,9 @@ use std::path::Path;
 
 use super::params::{GpuLayers, ModelParams};
 use super::remote::Remote;
-use crate::backend::{self, Device, DeviceKind};
 use crate::error::{Error, Result};
-use crate::plan::{self, Budget};
+use crate::llama::backend::{self, Device, DeviceKind};
+use crate::llama::plan::{self, Budget};
 
 /// `params.gpu_layers` as llama.cpp's `n_gpu_layers` (negative: all),
 /// fitting the model at `paths` where it asks for a fit.

@@ -4,10 +4,10 @@
 
 use std::ffi::c_char;
 
-use crate::backend::Device;
-use crate::context::ContextParams;
 use crate::error::{Error, Result};
-use crate::plan::Budget;
+use crate::llama::backend::Device;
+use crate::llama::context::ContextParams;
+use crate::llama::plan::Budget;
 use crate::sys;
 
 /// How many of a model's layers go to its GPUs and RPC workers

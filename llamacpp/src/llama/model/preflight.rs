@@ -33,7 +33,7 @@ use std::path::Path;
 
 use super::MetadataValue;
 use crate::error::{Error, Result};
-use crate::gguf::Gguf;
+use crate::llama::gguf::Gguf;
 use crate::sys;
 
 /// `LLAMA_MAX_LAYERS` (src/llama-hparams.h).
@@ -127,9 +127,9 @@ fn unescape_rwkv(escaped: &[u8]) -> Vec<u8> {
 /// Checks the model file at `path` (as `c_path`) with `overrides` applied.
 pub(super) fn check(path: &Path, c_path: &CStr, overrides: &[(String, MetadataValue)], vocab_only: bool) -> Result<()> {
     let invalid = |reason: String| Error::ModelLoad { path: path.to_owned(), reason };
-    crate::backend::clear_last_error();
+    crate::llama::backend::clear_last_error();
     let Some(gguf) = Gguf::open(c_path) else {
-        return Err(invalid(crate::backend::last_error_or("not a valid GGUF file")));
+        return Err(invalid(crate::llama::backend::last_error_or("not a valid GGUF file")));
     };
     check_vocab(&gguf).map_err(invalid)?;
     if vocab_only {

@@ -3,8 +3,8 @@
 //! calls that reach the workers; without the feature it is empty and says
 //! every call is local, so the core code has no `cfg` of its own.
 
-use crate::backend::Device;
 use crate::error::Result;
+use crate::llama::backend::Device;
 
 use super::ModelParams;
 
@@ -13,7 +13,7 @@ use super::ModelParams;
 #[derive(Debug)]
 pub(crate) struct Remote {
     #[cfg(feature = "rpc")]
-    lease: Option<crate::rpc::Lease>,
+    lease: Option<crate::llama::rpc::Lease>,
 }
 
 impl Remote {
@@ -31,8 +31,11 @@ impl Remote {
     pub(super) fn prepare(params: &ModelParams) -> Result<(Option<Vec<Device>>, Remote)> {
         #[cfg(feature = "rpc")]
         {
-            let (devices, lease) =
-                crate::rpc::prepare(&params.rpc_servers, params.devices.as_deref(), crate::rpc::DEFAULT_TIMEOUT)?;
+            let (devices, lease) = crate::llama::rpc::prepare(
+                &params.rpc_servers,
+                params.devices.as_deref(),
+                crate::llama::rpc::DEFAULT_TIMEOUT,
+            )?;
             Ok((devices, Remote { lease }))
         }
         #[cfg(not(feature = "rpc"))]
@@ -61,7 +64,7 @@ impl Remote {
     /// freed (freeing goes through the dead connection).
     pub(crate) fn is_lost(&self) -> bool {
         #[cfg(feature = "rpc")]
-        return self.lease.as_ref().is_some_and(crate::rpc::Lease::is_lost);
+        return self.lease.as_ref().is_some_and(crate::llama::rpc::Lease::is_lost);
         #[cfg(not(feature = "rpc"))]
         false
     }
@@ -91,7 +94,7 @@ impl Remote {
     ) -> Result<R> {
         #[cfg(feature = "rpc")]
         if let Some(lease) = &self.lease {
-            return crate::rpc::run_once(lease, what, catches, call);
+            return crate::llama::rpc::run_once(lease, what, catches, call);
         }
         let _ = (what, catches);
         Ok(call())
@@ -112,7 +115,7 @@ impl Remote {
 
     /// The lease, for the context's call thread (`rpc::Runner::run`).
     #[cfg(feature = "rpc")]
-    pub(crate) fn lease(&self) -> Option<&crate::rpc::Lease> {
+    pub(crate) fn lease(&self) -> Option<&crate::llama::rpc::Lease> {
         self.lease.as_ref()
     }
 }

@@ -71,9 +71,9 @@
 
 use std::path::Path;
 
-use crate::context::{ContextParams, FlashAttention, KvType};
 use crate::error::{Error, Result};
-use crate::gguf::Gguf;
+use crate::llama::context::{ContextParams, FlashAttention, KvType};
+use crate::llama::gguf::Gguf;
 use crate::sys;
 
 /// The alignment of a CPU buffer's tensors (`TENSOR_ALIGNMENT`).
@@ -225,7 +225,7 @@ impl ModelShape {
     /// file; [`Error::Unsupported`] for the architectures the formulas do
     /// not cover (see the module documentation).
     pub fn read(path: &Path) -> Result<ModelShape> {
-        let c_path = crate::model::check_gguf_file(path)?;
+        let c_path = crate::llama::model::check_gguf_file(path)?;
         let gguf = Gguf::open(&c_path).ok_or_else(|| Error::ModelLoad {
             path: path.to_owned(),
             reason: "ggml's GGUF parser rejected the file".into(),
@@ -239,7 +239,7 @@ impl ModelShape {
         for t in gguf.tensors() {
             // SAFETY: a lookup in ggml's type table; the type was
             // validated by the GGUF parser.
-            let name = unsafe { crate::ffi::owned_lossy(sys::ggml_type_name(t.ggml_type)) };
+            let name = unsafe { crate::llama::ffi::owned_lossy(sys::ggml_type_name(t.ggml_type)) };
             // SAFETY: as above.
             let (size, block) =
                 unsafe { (sys::ggml_type_size(t.ggml_type) as u64, sys::ggml_blck_size(t.ggml_type) as u64) };

@@ -3,9 +3,9 @@
 use std::path::Path;
 
 use super::{HOST, MemoryBreakdown, MemoryPlan, Planner};
-use crate::context::{ContextParams, KvType};
 use crate::error::{Error, Result};
-use crate::model::ModelParams;
+use crate::llama::context::{ContextParams, KvType};
+use crate::llama::model::ModelParams;
 
 /// A memory budget: bytes per device ([`HOST`] for RAM) and/or in total.
 /// Devices without a budget are not limited.
@@ -143,7 +143,7 @@ impl Planner {
         let n_seq_cap = if self.model.has_encoder() && !base.kv_unified {
             1
         } else {
-            crate::context::max_sequences().min(base.n_batch).max(1)
+            crate::llama::context::max_sequences().min(base.n_batch).max(1)
         };
         let (configure, top): (Box<dyn Fn(u32) -> ContextParams>, u32) = match goal {
             FitGoal::MaxContext { n_seq } => {
@@ -151,7 +151,7 @@ impl Planner {
                     return Err(Error::InvalidArgument("MaxContext needs at least one sequence".into()));
                 }
                 let train = u64::from(self.n_ctx_train().max(256)) * u64::from(n_seq);
-                let limit = train.min(u64::from(crate::context::MAX_TOKENS));
+                let limit = train.min(u64::from(crate::llama::context::MAX_TOKENS));
                 let base = base.clone();
                 (Box::new(move |k| base.clone().n_ctx(k * 256).n_seq_max(n_seq)), (limit / 256) as u32)
             }
@@ -160,7 +160,8 @@ impl Planner {
                     return Err(Error::InvalidArgument("MaxSequences needs at least one cell per sequence".into()));
                 }
                 let base = base.clone();
-                let most = (u64::from(crate::context::MAX_TOKENS) / u64::from(n_ctx_seq)).min(u64::from(n_seq_cap));
+                let most =
+                    (u64::from(crate::llama::context::MAX_TOKENS) / u64::from(n_ctx_seq)).min(u64::from(n_seq_cap));
                 (Box::new(move |k| base.clone().n_ctx(n_ctx_seq * k).n_seq_max(k)), most as u32)
             }
         };

@@ -37,10 +37,10 @@
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 
-use crate::backend;
-use crate::context::{ContextParams, KvType};
 use crate::error::{Error, Result};
-use crate::model::{Model, ModelParams};
+use crate::llama::backend;
+use crate::llama::context::{ContextParams, KvType};
+use crate::llama::model::{Model, ModelParams};
 use crate::sys;
 
 pub mod analytic;
@@ -150,7 +150,7 @@ impl MemoryBreakdown {
             let code = unsafe {
                 sys::shim::llama_rs_get_memory_breakdown(ctx, entries.as_mut_ptr(), entries.len(), &mut count)
             };
-            crate::error::check_shim(code, "llama_get_memory_breakdown")?;
+            crate::llama::ffi::check_shim(code, "llama_get_memory_breakdown")?;
             if count > entries.len() {
                 entries = vec![empty; count];
                 continue;
@@ -165,7 +165,7 @@ impl MemoryBreakdown {
                 // objects of their backends (they live as long as the
                 // process); their names are static strings.
                 unsafe {
-                    let buffer = crate::ffi::owned_lossy(sys::ggml_backend_buft_name(e.buft));
+                    let buffer = crate::llama::ffi::owned_lossy(sys::ggml_backend_buft_name(e.buft));
                     let dev = sys::ggml_backend_buft_get_device(e.buft);
                     let on_cpu = !dev.is_null()
                         && sys::ggml_backend_dev_type(dev) == sys::ggml_backend_dev_type::GGML_BACKEND_DEVICE_TYPE_CPU;
@@ -176,7 +176,7 @@ impl MemoryBreakdown {
                     } else if dev.is_null() {
                         buffer.clone()
                     } else {
-                        crate::ffi::owned_lossy(sys::ggml_backend_dev_name(dev))
+                        crate::llama::ffi::owned_lossy(sys::ggml_backend_dev_name(dev))
                     };
                     BufferMemory {
                         buffer,
@@ -347,7 +347,7 @@ impl Drop for SimulatedContext {
     }
 }
 
-impl crate::Context<'_> {
+impl crate::llama::context::Context<'_> {
     /// What this context and its model allocated, per buffer type: the
     /// live counterpart of [`Planner::plan`].
     ///

@@ -42,7 +42,7 @@ pub fn parse_size(s: &str) -> Result<u64> {
 
 #[cfg(test)]
 mod tests {
-    use crate::plan::{Budget, HOST};
+    use crate::llama::plan::{Budget, HOST};
 
     #[test]
     fn budgets_parse_from_name_size_pairs() {

@@ -3,8 +3,8 @@
 //! call, not the process.
 //!
 //! A context's call thread is the crate's plain kept thread
-//! (`crate::thread::CallThread`), and the pointers go to it in
-//! `crate::thread::SendPtr`; what this module adds is the guard around
+//! (`crate::llama::thread::CallThread`), and the pointers go to it in
+//! `crate::llama::thread::SendPtr`; what this module adds is the guard around
 //! each call and the wait that gives up on a call lost with its worker.
 
 use std::sync::mpsc;
@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use super::Lease;
 use crate::error::{Error, Result};
+use crate::llama::thread::{CallThread, Job, OnDrop};
 use crate::sys;
-use crate::thread::{CallThread, Job, OnDrop};
 
 /// Installs the shim's RPC guard (once).
 pub(super) fn install_guard() {

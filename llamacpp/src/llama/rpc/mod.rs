@@ -56,8 +56,8 @@ use std::net::{TcpStream, ToSocketAddrs};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use crate::backend::{self, Device, DeviceKind};
 use crate::error::{Error, Result};
+use crate::llama::backend::{self, Device, DeviceKind};
 use crate::sys;
 
 mod guard;

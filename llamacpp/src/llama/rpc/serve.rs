@@ -6,8 +6,8 @@ use std::net::TcpListener;
 use std::path::PathBuf;
 
 use super::{Endpoint, is_rpc_device};
-use crate::backend::{self, Device, DeviceKind};
 use crate::error::{Error, Result};
+use crate::llama::backend::{self, Device, DeviceKind};
 use crate::sys;
 
 /// What a worker serves, and how.
@@ -63,7 +63,7 @@ pub fn serve(endpoint: &str, options: &ServerOptions) -> Result<Infallible> {
     let cache_dir = match &options.cache_dir {
         Some(dir) => {
             std::fs::create_dir_all(dir).map_err(|e| Error::io(dir.clone(), e))?;
-            Some(crate::ffi::path_to_cstring(dir)?)
+            Some(crate::llama::ffi::path_to_cstring(dir)?)
         }
         None => None,
     };

@@ -3,17 +3,19 @@
 use std::fmt;
 use std::ptr::NonNull;
 
-use crate::error::{Error, Result, check_shim, try_reserve};
-use crate::stack::{REGEX_STACK_PER_BYTE, with_stack};
+use crate::error::{Error, Result, try_reserve};
+use crate::llama::extensions::Extensions;
+use crate::llama::ffi::check_shim;
+use crate::llama::stack::{REGEX_STACK_PER_BYTE, with_stack};
+use crate::llama::thread::SendPtr;
 use crate::sys;
-use crate::thread::SendPtr;
 
 mod detokenizer;
 
 pub use detokenizer::Detokenizer;
 // Defined in the leaf module `types` (batches and samplers use it too);
 // kept here at its old path.
-pub use crate::types::Token;
+pub use crate::llama::types::Token;
 
 /// The attribute bits of a token (`LLAMA_TOKEN_ATTR_*`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
@@ -75,12 +77,11 @@ pub struct Vocab {
     n_tokens: i32,
     has_vocab: bool,
     /// The pre-tokenizer splits text with `std::regex`, whose matcher
-    /// recurses once per character of a match (see `crate::stack`).
+    /// recurses once per character of a match (see `crate::llama::stack`).
     regex_split: bool,
-    /// The control tokens' texts, for keeping chat text plain
-    /// ([`ChatFormat::tokenize`](crate::ChatFormat::tokenize)): built on
-    /// first use, once per model.
-    control_texts: std::sync::OnceLock<crate::chat::ControlTexts>,
+    /// The caches upper floors build from the vocabulary (the control
+    /// tokens' texts that keep chat text plain), once per model.
+    extensions: Extensions,
 }
 
 /// The pre-tokenizers (`tokenizer.ggml.pre`) of BPE vocabularies whose
@@ -167,17 +168,13 @@ impl Vocab {
             n_tokens,
             has_vocab: kind != sys::llama_vocab_type::LLAMA_VOCAB_TYPE_NONE,
             regex_split: kind == sys::llama_vocab_type::LLAMA_VOCAB_TYPE_BPE,
-            control_texts: std::sync::OnceLock::new(),
+            extensions: Extensions::default(),
         }
     }
 
-    /// The control tokens' texts and lookups, built on first use.
-    pub(crate) fn control_texts(&self) -> Result<&crate::chat::ControlTexts> {
-        if let Some(texts) = self.control_texts.get() {
-            return Ok(texts);
-        }
-        let built = crate::chat::ControlTexts::new(self)?;
-        Ok(self.control_texts.get_or_init(|| built))
+    /// The caches upper floors keep for this vocabulary, one per type.
+    pub(crate) fn extensions(&self) -> &Extensions {
+        &self.extensions
     }
 
     /// Records the model's pre-tokenizer name (`tokenizer.ggml.pre`): a
@@ -495,7 +492,7 @@ impl Vocab {
         let code = unsafe { sys::shim::llama_rs_vocab_get_text(self.as_ptr(), token.0, &mut ptr) };
         check_shim(code, "llama_vocab_get_text")?;
         // SAFETY: NULL, or a string in the vocab, which outlives `&self`.
-        Ok(unsafe { crate::ffi::borrowed_str(ptr) }.unwrap_or(""))
+        Ok(unsafe { crate::llama::ffi::borrowed_str(ptr) }.unwrap_or(""))
     }
 
     /// The token's score (SentencePiece log-probability).

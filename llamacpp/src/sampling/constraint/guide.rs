@@ -11,8 +11,8 @@ use serde_json::Value;
 use super::closing::Closing;
 use super::{Constraint, MAX_DEPTH, TokenTable, prepared_schema};
 use crate::error::{Error, Result};
-use crate::stack::with_stack;
-use crate::types::Token;
+use crate::llama::stack::with_stack;
+use crate::llama::types::Token;
 
 // `Sampler` is `Send` (its `unsafe impl` covers llama.cpp's chain); the
 // guide it holds must be `Send` on its own account, which this checks at
@@ -75,7 +75,7 @@ fn schema_error(schema: &Value, message: String) -> Error {
         message.strip_prefix("Unimplemented keys: [\"").and_then(|rest| rest.split('"').next()).map(str::to_string);
     let pointer = keyword
         .and_then(|k| pointer_of_key(schema, &k, String::new()))
-        .or_else(|| match crate::json_schema::schema_to_grammar(schema) {
+        .or_else(|| match crate::sampling::json_schema::schema_to_grammar(schema) {
             Err(Error::JsonSchema { pointer, .. }) => Some(pointer),
             _ => None,
         })

@@ -10,8 +10,8 @@ use llguidance::toktrie::{ApproximateTokEnv, TokEnv, TokRxInfo, TokTrie};
 use super::closing::ClosingSets;
 use super::{STEP_LEXER_FUEL, STEP_MAX_ITEMS};
 use crate::error::{Error, Result};
-use crate::types::Token;
-use crate::vocab::{Special, Vocab};
+use crate::llama::types::Token;
+use crate::llama::vocab::{Special, Vocab};
 
 /// llguidance's grammar compiler for one model's vocabulary: its token
 /// trie and the per-vocabulary tables its masks are computed with.
@@ -37,7 +37,7 @@ impl TokenTable {
     /// renders it, control tokens as `0xFF` + their markup (llguidance's
     /// convention for tokens no text can produce), the end-of-generation
     /// tokens as the tokens that end a document.
-    pub(crate) fn build(vocab: &Vocab) -> Result<Arc<TokenTable>> {
+    pub(crate) fn build(vocab: &Vocab) -> Result<TokenTable> {
         let n = vocab.n_tokens();
         let mut words = Vec::with_capacity(n);
         let mut eog = Vec::new();
@@ -79,6 +79,6 @@ impl TokenTable {
             verbose_errors: false,
             ..ParserLimits::default()
         };
-        Ok(Arc::new(TokenTable { factory, closing: OnceLock::new() }))
+        Ok(TokenTable { factory, closing: OnceLock::new() })
     }
 }

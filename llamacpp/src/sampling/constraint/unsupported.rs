@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use super::Constraint;
 use crate::error::{Error, Result};
-use crate::types::Token;
-use crate::vocab::Vocab;
+use crate::llama::types::Token;
+use crate::llama::vocab::Vocab;
 
 fn unsupported() -> Error {
     Error::Unsupported(
@@ -22,7 +22,7 @@ fn unsupported() -> Error {
 pub(crate) enum TokenTable {}
 
 impl TokenTable {
-    pub(crate) fn build(_vocab: &Vocab) -> Result<Arc<TokenTable>> {
+    pub(crate) fn build(_vocab: &Vocab) -> Result<TokenTable> {
         Err(unsupported())
     }
 }
@@ -89,7 +89,7 @@ impl Mask {
 
 #[cfg(all(test, feature = "testing"))]
 mod tests {
-    use crate::constraint::Constraint;
+    use crate::sampling::constraint::Constraint;
     use crate::testing::{TinyModelSpec, tiny_llama_path};
     use crate::{Error, Model, ModelParams, SamplerChain, SamplingParams};
 

@@ -5,13 +5,13 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::ptr::NonNull;
 
-use crate::constraint::{Constraint, Guide};
 use crate::error::{Error, Result};
-use crate::model::Model;
+use crate::llama::model::Model;
+use crate::llama::thread::SendPtr;
+use crate::llama::types::Token;
+use crate::llama::vocab::Vocab;
+use crate::sampling::constraint::{Constraint, Guide};
 use crate::sys;
-use crate::thread::SendPtr;
-use crate::types::Token;
-use crate::vocab::Vocab;
 
 use super::custom::{CustomSampler, custom_sampler_new, resume_pending_panic_in_drop, sampler_name};
 use super::{Kind, MAX_PENALTY_WINDOW, Sampler, init_grammar, stack_estimate};
@@ -28,7 +28,7 @@ pub struct SamplerChain<'m> {
     kinds: Vec<Kind>,
     vocab: Option<VocabId>,
     /// The stack that creating and advancing the chain's grammars needs
-    /// (see `crate::stack`).
+    /// (see `crate::llama::stack`).
     grammar_stack: usize,
     /// The chain has a lazy grammar with trigger patterns: every accepted
     /// token's text is matched against them while it waits.
@@ -94,7 +94,7 @@ impl<'m> SamplerChain<'m> {
     /// An empty chain.
     #[doc(alias = "llama_sampler_chain_init")]
     pub fn new() -> Self {
-        crate::backend::init();
+        crate::llama::backend::init();
         // SAFETY: returns default chain parameters.
         let mut params = unsafe { sys::llama_sampler_chain_default_params() };
         params.no_perf = true;
@@ -467,7 +467,7 @@ impl<'m> SamplerChain<'m> {
                 return Err(Error::Grammar("a chain takes one constraint or grammar".into()));
             }
             chain.bind_vocab(model.vocab())?;
-            chain.guide = Some(Guide::new(model.constraint_tokens()?, constraint)?);
+            chain.guide = Some(Guide::new(crate::sampling::constraint::TokenTable::of(model)?, constraint)?);
             Ok(())
         })
     }

@@ -5,9 +5,9 @@ use std::cell::RefCell;
 use std::ffi::{CString, c_char};
 
 use crate::error::{Error, Result};
-use crate::ffi;
+use crate::llama::ffi;
+use crate::llama::types::Token;
 use crate::sys;
-use crate::types::Token;
 
 /// One candidate token: id, logit and (after softmax-based samplers) its
 /// probability. Same layout as `llama_token_data`.

@@ -3,11 +3,12 @@
 
 use super::scan::{argmax, scan_top_k};
 use super::{Kind, SamplePath, Sampler, TokenData, grammar_allows, resume_pending_panic};
-use crate::constraint::Guide;
-use crate::error::{Error, Result, check_shim};
+use crate::error::{Error, Result};
+use crate::llama::ffi::check_shim;
+use crate::llama::thread::SendPtr;
+use crate::llama::types::Token;
+use crate::sampling::constraint::Guide;
 use crate::sys;
-use crate::thread::SendPtr;
-use crate::types::Token;
 
 /// How many of the best tokens a greedy chain behind grammars checks one
 /// by one, when the best is refused, before masking the vocabulary.

@@ -16,14 +16,15 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::ptr::NonNull;
 
-use crate::constraint::Guide;
-use crate::context::{Context, Output};
-use crate::error::{Error, Result, check_shim};
-use crate::stack::{DeepStack, REGEX_STACK_PER_BYTE, with_stack};
+use crate::error::{Error, Result};
+use crate::llama::context::{Context, Output};
+use crate::llama::ffi::check_shim;
+use crate::llama::stack::{DeepStack, REGEX_STACK_PER_BYTE, with_stack};
+use crate::llama::thread::SendPtr;
+use crate::llama::types::Token;
+use crate::llama::vocab::Vocab;
+use crate::sampling::constraint::Guide;
 use crate::sys;
-use crate::thread::SendPtr;
-use crate::types::Token;
-use crate::vocab::Vocab;
 
 mod from_logits;
 mod scan;
@@ -51,10 +52,13 @@ impl Kind {
     }
 }
 
+mod budget;
 mod chain;
 mod custom;
 mod params;
 
+pub(crate) use budget::BudgetSampler;
+pub use budget::ReasoningBudget;
 pub use chain::SamplerChain;
 use chain::VocabId;
 pub use custom::{Candidates, CustomSampler, TokenData};
@@ -82,7 +86,7 @@ pub struct Sampler<'m> {
     heap: Vec<(f32, i32)>,
     /// The vocabulary the chain's samplers hold ids of, if any.
     vocab: Option<VocabId>,
-    /// The stack the chain's grammars need (see `crate::stack`).
+    /// The stack the chain's grammars need (see `crate::llama::stack`).
     grammar_stack: usize,
     /// A lazy grammar with trigger patterns is in the chain.
     lazy_patterns: bool,
@@ -112,12 +116,12 @@ fn init_grammar(
     init: impl FnOnce(&mut *mut sys::llama_sampler) -> std::os::raw::c_int + Send,
 ) -> Result<*mut sys::llama_sampler> {
     let raw = with_stack("the grammar", stack, move || {
-        crate::backend::clear_last_error();
+        crate::llama::backend::clear_last_error();
         let mut raw = std::ptr::null_mut();
         let code = init(&mut raw);
         check_shim(code, function).map_err(|e| Error::Grammar(e.to_string()))?;
         if raw.is_null() {
-            return Err(Error::Grammar(crate::backend::last_error_or("the grammar does not parse")));
+            return Err(Error::Grammar(crate::llama::backend::last_error_or("the grammar does not parse")));
         }
         Ok(SendPtr(raw))
     })??;
@@ -137,7 +141,7 @@ fn grammar_allows(grammar: SendPtr<*mut sys::llama_sampler>, token: Token) -> Re
     Ok(one.logit != f32::NEG_INFINITY)
 }
 
-/// Runs `f` with `needed` bytes of stack on `helper` (see `crate::stack`).
+/// Runs `f` with `needed` bytes of stack on `helper` (see `crate::llama::stack`).
 /// A panic of a custom sampler that `f` caught but did not resume is handed
 /// back to this thread's pending slot, so the usual resume points see it.
 fn deep<R: Send>(helper: &mut DeepStack, needed: usize, f: impl FnOnce() -> R + Send) -> Result<R> {

@@ -1,11 +1,11 @@
 //! Sampling as a plain value ([`SamplingParams`]), shared by
 //! [`Model::complete`](crate::Model::complete) and the engine's requests.
 
-use crate::constraint::Constraint;
 use crate::error::{Error, Result};
-use crate::model::Model;
-use crate::types::Token;
-use crate::vocab::Vocab;
+use crate::llama::model::Model;
+use crate::llama::types::Token;
+use crate::llama::vocab::Vocab;
+use crate::sampling::constraint::Constraint;
 
 use super::{MAX_PENALTY_WINDOW, Sampler, SamplerChain};
 
@@ -31,7 +31,7 @@ pub struct SamplingParams {
     pub(crate) grammar: Option<String>,
     pub(crate) constraint: Option<Constraint>,
     pub(crate) logprobs: Option<usize>,
-    pub(crate) reasoning_budget: Option<crate::chat::ReasoningBudget>,
+    pub(crate) reasoning_budget: Option<super::ReasoningBudget>,
 }
 
 /// The most alternatives [`SamplingParams::logprobs`] reports per token
@@ -206,7 +206,7 @@ impl SamplingParams {
     /// `budget.tokens` tokens of thought, the closing marker is forced
     /// (usually set by [`ChatPrompt::sampling`](crate::chat::ChatPrompt::sampling)).
     #[must_use]
-    pub fn reasoning_budget(mut self, budget: crate::chat::ReasoningBudget) -> Self {
+    pub fn reasoning_budget(mut self, budget: super::ReasoningBudget) -> Self {
         self.reasoning_budget = Some(budget);
         self
     }
@@ -226,16 +226,14 @@ impl SamplingParams {
     pub(crate) fn sampler_with<'m>(
         &self,
         model: &'m Model,
-        compiled: Option<crate::constraint::Guide>,
+        compiled: Option<crate::sampling::constraint::Guide>,
     ) -> Result<Sampler<'m>> {
         let vocab = model.vocab();
         self.validate(vocab)?;
         let mut chain = SamplerChain::new();
         // First: once the budget is spent, only the closing text is left.
-        if let Some(budget) = &self.reasoning_budget
-            && let Some(sampler) = crate::chat::reasoning::BudgetSampler::new(vocab, budget)?
-        {
-            chain = chain.custom(sampler);
+        if let Some(budget) = &self.reasoning_budget {
+            chain = chain.custom(super::BudgetSampler::new(vocab, budget)?);
         }
         if !self.logit_bias.is_empty() {
             chain = chain.logit_bias(vocab, &self.logit_bias);

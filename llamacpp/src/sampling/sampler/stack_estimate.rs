@@ -1,5 +1,5 @@
 //! Stack estimates for the grammar code of llama.cpp that recurses once
-//! per level of its input (see `crate::stack`).
+//! per level of its input (see `crate::llama::stack`).
 //!
 //! - The GBNF parser recurses once per nesting level of parentheses.
 //! - Left-recursion detection at grammar creation, and advancing the parse
@@ -21,9 +21,9 @@
 //! compilers and targets. `tests/stack_depth.rs` overflows a small stack
 //! with each of these inputs when the helper is disabled. The regex size
 //! per byte, which the vocabulary's pre-tokenizers use too, is
-//! `crate::stack::REGEX_STACK_PER_BYTE`.
+//! `crate::llama::stack::REGEX_STACK_PER_BYTE`.
 
-use crate::stack::REGEX_STACK_PER_BYTE;
+use crate::llama::stack::REGEX_STACK_PER_BYTE;
 
 /// Stack bytes per grammar rule level (parser, left-recursion check,
 /// stack advance); measured at most 500 on x86-64.
@@ -397,12 +397,12 @@ mod tests {
         // Repetitions in separate rules or separate groups do not multiply.
         let spread = (0..200).map(|i| format!("r{i} ::= \"y\"{{1000}}\n")).collect::<String>();
         assert!(check_grammar_budget(&format!("root ::= r0\n{spread}")).is_ok());
-        assert!(check_grammar_budget(crate::json_schema::json_grammar()).is_ok());
+        assert!(check_grammar_budget(crate::sampling::json_schema::json_grammar()).is_ok());
         let schema = serde_json::json!({"type": "object", "properties": {
             "name": {"type": "string", "maxLength": 64}, "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 16},
             "n": {"type": "integer"}, "nested": {"type": "array", "items": {"type": "array", "items": {"type": "number"}}}},
             "required": ["name"]});
-        let gbnf = crate::json_schema::schema_to_grammar(&schema).unwrap();
+        let gbnf = crate::sampling::json_schema::schema_to_grammar(&schema).unwrap();
         check_grammar_budget(&gbnf).unwrap_or_else(|e| panic!("{e}\n{gbnf}"));
     }
 

@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 
 use super::{MAX_PAUSE, Speculation};
-use crate::types::Token;
+use crate::llama::types::Token;
 
 /// Drafts the continuation of a history from where its last n tokens
 /// occurred before, and adapts the draft length to how much is accepted.

@@ -5,8 +5,8 @@ use std::pin::Pin;
 use std::task::{Context as TaskContext, Poll};
 
 use super::{Completion, Engine, Event, Request};
-use crate::chat::{ChatEvent, ChatParser};
 use crate::error::Result;
+use crate::text::chat::{ChatEvent, ChatParser};
 
 impl Engine {
     /// Submits a chat request ([`Request::chat`]) and reads its reply as

@@ -1,8 +1,8 @@
 //! The engine's settings: pool, step budget, limits.
 
-use crate::context::{ContextParams, FlashAttention, KvType};
 use crate::error::{Error, Result};
-use crate::speculative::Speculation;
+use crate::llama::context::{ContextParams, FlashAttention, KvType};
+use crate::sampling::speculative::Speculation;
 
 /// How the engine is set up; a builder.
 ///
@@ -28,7 +28,7 @@ pub struct EngineConfig {
     pub(crate) kv_type: KvType,
     pub(crate) flash_attention: FlashAttention,
     pub(crate) prefix_block: usize,
-    pub(crate) memory_budget: Option<crate::plan::Budget>,
+    pub(crate) memory_budget: Option<crate::llama::plan::Budget>,
     pub(crate) grammar_wait: std::time::Duration,
     pub(crate) speculation: Option<Speculation>,
     pub(crate) draft_by_cost: bool,
@@ -135,11 +135,11 @@ impl EngineConfig {
         /// at [`Engine::start`](super::Engine::start), instead of `n_ctx`.
         /// With layers on GPUs, [`EngineConfig::device_budget`] limits
         /// each device instead.
-        memory_budget: u64 => memory_budget (|bytes| Some(crate::plan::Budget::total(bytes)));
+        memory_budget: u64 => memory_budget (|bytes| Some(crate::llama::plan::Budget::total(bytes)));
         /// [`EngineConfig::memory_budget`] per device: a limit on each
         /// device the budget names (a GPU's memory, [`HOST`](crate::plan::HOST)
         /// for RAM) and, optionally, in total.
-        device_budget: crate::plan::Budget => memory_budget (Some);
+        device_budget: crate::llama::plan::Budget => memory_budget (Some);
         /// Requests with a grammar are sampled off the step, on a helper
         /// thread, from a copy of their logits (a grammar's mask can cost
         /// far more than a decode); a step waits at most this long after
@@ -175,7 +175,7 @@ impl EngineConfig {
             return bad("max_running", "must be at least 1".into());
         }
         let n_seq = self.max_running as u64 + self.max_cached_prefixes as u64;
-        let most = crate::context::max_sequences() as u64;
+        let most = crate::llama::context::max_sequences() as u64;
         if n_seq > most {
             return bad(
                 "max_cached_prefixes",

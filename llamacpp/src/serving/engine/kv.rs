@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
 
-use crate::types::{SeqId, Token};
+use crate::llama::types::{SeqId, Token};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Run {

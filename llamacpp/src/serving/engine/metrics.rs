@@ -7,7 +7,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use super::{EngineStats, lock};
-use crate::context::PerfCounters;
+use crate::llama::context::PerfCounters;
 
 /// A count that only grows: a field of [`EngineStats`] and, for most, a
 /// `metrics` counter.

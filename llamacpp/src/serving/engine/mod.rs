@@ -81,12 +81,12 @@ use std::task::{Context as TaskContext, Poll};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::context::PerfCounters;
 use crate::error::{Error, Result};
-use crate::generate::FinishReason;
-pub use crate::generate::Usage;
-use crate::model::Model;
-use crate::types::Token;
+use crate::llama::context::PerfCounters;
+use crate::llama::model::Model;
+use crate::llama::types::Token;
+use crate::text::generate::FinishReason;
+pub use crate::text::generate::Usage;
 
 mod chat;
 mod config;
@@ -98,8 +98,8 @@ mod scheduler;
 mod step_cost;
 mod worker;
 
-pub use crate::sampler::{MAX_TOP_LOGPROBS, SamplingParams};
-pub use crate::speculative::Speculation;
+pub use crate::sampling::sampler::{MAX_TOP_LOGPROBS, SamplingParams};
+pub use crate::sampling::speculative::Speculation;
 pub use chat::ChatCompletion;
 pub use config::EngineConfig;
 pub use metrics::Latency;
@@ -400,7 +400,7 @@ struct Handle {
     pool: usize,
     max_queue: usize,
     /// The engine's default for requests that do not choose.
-    speculation: Option<crate::speculative::Speculation>,
+    speculation: Option<crate::sampling::speculative::Speculation>,
     /// The projector, when the engine takes media.
     media: Option<Arc<media::EngineMedia>>,
     /// The context's micro-batch.
@@ -460,10 +460,10 @@ pub struct Engine {
 
 /// The most cells whose context fits `budget` with `config`'s other
 /// settings.
-fn pool_for_budget(model: &Model, config: &EngineConfig, budget: &crate::plan::Budget) -> Result<u32> {
-    let planner = crate::plan::Planner::for_model(model)?;
+fn pool_for_budget(model: &Model, config: &EngineConfig, budget: &crate::llama::plan::Budget) -> Result<u32> {
+    let planner = crate::llama::plan::Planner::for_model(model)?;
     let n_seq = config.max_running + config.max_cached_prefixes;
-    let fit = planner.fit(&config.context_params(), budget, crate::plan::FitGoal::MaxContext { n_seq })?;
+    let fit = planner.fit(&config.context_params(), budget, crate::llama::plan::FitGoal::MaxContext { n_seq })?;
     Ok(fit.plan.n_ctx)
 }
 

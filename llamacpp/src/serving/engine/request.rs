@@ -1,14 +1,14 @@
 //! What a caller submits: the prompt, per-request sampling as a plain value,
 //! and limits; checked before the request reaches the worker.
 
-use crate::chat::ChatPrompt;
 use crate::error::{Error, Result};
-use crate::generate::GenerateOptions;
-use crate::model::Model;
-use crate::sampler::{SamplerChain, SamplingParams};
-use crate::speculative::Speculation;
-use crate::types::Token;
-use crate::vocab::{AddBos, Special};
+use crate::llama::model::Model;
+use crate::llama::types::Token;
+use crate::llama::vocab::{AddBos, Special};
+use crate::sampling::sampler::{SamplerChain, SamplingParams};
+use crate::sampling::speculative::Speculation;
+use crate::text::chat::ChatPrompt;
+use crate::text::generate::GenerateOptions;
 
 use super::media::{Attached, EngineMedia, Spans};
 
@@ -199,7 +199,7 @@ pub(crate) struct Checked {
     /// worker builds the sampler around it instead of compiling it on the
     /// engine's thread, where a large schema's compile (seconds) would
     /// stall every request's step.
-    pub compiled: Option<crate::constraint::Guide>,
+    pub compiled: Option<crate::sampling::constraint::Guide>,
 }
 
 /// What [`check`] needs of the engine.
@@ -258,7 +258,7 @@ pub(crate) fn check(model: &Model, engine: &EngineSetup<'_>, mut request: Reques
         // The markers the reply's parser reads must reach it.
         request.generate.special = chat.special;
     }
-    crate::generate::check_stops(&request.generate.stop)?;
+    crate::text::generate::check_stops(&request.generate.stop)?;
     if request.generate.max_tokens == Some(0) {
         return Err(Error::InvalidParameter { name: "max_tokens", message: "must be at least 1".into() });
     }
@@ -306,17 +306,22 @@ pub(crate) fn check(model: &Model, engine: &EngineSetup<'_>, mut request: Reques
 /// Compiles `constraint` on a thread of the lowest priority: a large
 /// schema's compile takes seconds of CPU, which the engine's decode threads
 /// (every running request's step) win whenever both want a core.
-fn compile_niced(model: &Model, constraint: &crate::constraint::Constraint) -> Result<crate::constraint::Guide> {
-    let table = model.constraint_tokens()?;
+fn compile_niced(
+    model: &Model,
+    constraint: &crate::sampling::constraint::Constraint,
+) -> Result<crate::sampling::constraint::Guide> {
+    let table = crate::sampling::constraint::TokenTable::of(model)?;
     std::thread::scope(|scope| {
         let compiling = std::thread::Builder::new().name("llama-constraint".into()).spawn_scoped(scope, || {
             super::worker::lower_priority();
-            crate::constraint::Guide::new(table, constraint)
+            crate::sampling::constraint::Guide::new(table, constraint)
         });
         match compiling {
             Ok(handle) => handle.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
             // No thread to be had: compile here.
-            Err(_) => crate::constraint::Guide::new(model.constraint_tokens()?, constraint),
+            Err(_) => {
+                crate::sampling::constraint::Guide::new(crate::sampling::constraint::TokenTable::of(model)?, constraint)
+            }
         }
     })
 }

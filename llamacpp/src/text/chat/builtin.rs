@@ -4,7 +4,8 @@
 use std::ffi::{CString, c_char};
 
 use super::ChatMessage;
-use crate::error::{Error, Result, check_shim, try_reserve};
+use crate::error::{Error, Result, try_reserve};
+use crate::llama::ffi::check_shim;
 use crate::sys;
 
 /// Formats `messages` with llama.cpp's built-in `template`: a name (see
@@ -75,6 +76,6 @@ pub fn builtin_chat_templates() -> Vec<&'static str> {
     unsafe { sys::llama_chat_builtin_templates(ptrs.as_mut_ptr(), n) };
     ptrs.into_iter()
         // SAFETY: the names are NULL or static NUL-terminated strings.
-        .filter_map(|p| unsafe { crate::ffi::borrowed_str(p) })
+        .filter_map(|p| unsafe { crate::llama::ffi::borrowed_str(p) })
         .collect()
 }

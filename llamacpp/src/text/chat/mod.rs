@@ -18,6 +18,7 @@
 //!   turns, and streams each reply as [`ChatEvent`]s.
 
 mod builtin;
+mod complete;
 mod conversation;
 mod jinja;
 mod media;
@@ -31,12 +32,11 @@ pub mod tools;
 #[cfg_attr(docsrs, doc(cfg(feature = "schemars")))]
 mod typed;
 
-pub(crate) use plain::ControlTexts;
-
+pub use crate::sampling::sampler::ReasoningBudget;
 pub use conversation::{Conversation, DEFAULT_CONTEXT, DEFAULT_REPLY_TOKENS, Reply, Turn};
 pub use media::{MediaPart, media_parts};
 pub use output::{ChatEvent, ChatParser};
-pub use prompt::{ChatOptions, ChatPrompt, ReasoningBudget};
+pub use prompt::{ChatOptions, ChatPrompt};
 pub use reasoning::{Reasoning, ReasoningFormat};
 pub use tools::{Tool, ToolChoice, ToolFormat, Tools};
 
@@ -46,7 +46,7 @@ pub use builtin::{apply_chat_template, builtin_chat_templates};
 pub use jinja::{ChatTemplate, RenderOptions};
 
 use crate::error::{Error, Result};
-use crate::model::Model;
+use crate::llama::model::Model;
 
 /// One chat message, as Hugging Face templates expect it (and as OpenAI's
 /// chat API sends it). Optional fields that are unset are absent from the
@@ -277,17 +277,14 @@ impl Model {
     /// named variant does not exist.
     #[doc(alias = "llama_model_chat_template")]
     pub fn chat_format(&self, name: Option<&str>) -> Result<ChatFormat> {
-        // The default format is compiled once per model.
-        if name.is_none()
-            && let Some(format) = self.chat.get()
-        {
-            return Ok(format.clone());
+        match name {
+            // The default format is compiled once per model, kept in its
+            // extensions.
+            None => {
+                Ok(self.extensions().get_or_try_init(|| self.compile_chat_format(None).map(DefaultFormat))?.0.clone())
+            }
+            Some(_) => self.compile_chat_format(name),
         }
-        let format = self.compile_chat_format(name)?;
-        if name.is_none() {
-            let _ = self.chat.set(format.clone());
-        }
-        Ok(format)
     }
 
     /// A chat format of a Jinja template of your own (a newer version of
@@ -299,7 +296,8 @@ impl Model {
     pub fn chat_format_from(&self, source: &str) -> Result<ChatFormat> {
         let template = ChatTemplate::new(source)?;
         let vocab = self.vocab();
-        let text = |t: Option<crate::Token>| t.and_then(|t| vocab.text(t).ok()).unwrap_or_default().to_owned();
+        let text =
+            |t: Option<crate::llama::types::Token>| t.and_then(|t| vocab.text(t).ok()).unwrap_or_default().to_owned();
         Ok(ChatFormat::Jinja { template, bos_token: text(vocab.bos()), eos_token: text(vocab.eos()) })
     }
 
@@ -329,3 +327,7 @@ impl Model {
         self.chat_format(None)?.render(messages, &RenderOptions::default().add_generation_prompt(add_assistant))
     }
 }
+
+/// A model's default chat format ([`Model::chat_format`]`(None)`), as its
+/// extensions keep it.
+struct DefaultFormat(ChatFormat);

@@ -4,8 +4,8 @@
 use super::reasoning::{Part, ReasoningFormat, ReasoningSplit};
 use super::tools::{ParsedCall, ToolEvent, ToolFormat, ToolStream};
 use super::{FunctionCall, ToolCall};
-use crate::generate::FinishReason;
-use crate::generate::Usage;
+use crate::text::generate::FinishReason;
+use crate::text::generate::Usage;
 
 /// What a chat turn yields, in order: thoughts, text and tool calls as
 /// they are read, then one [`ChatEvent::Done`].

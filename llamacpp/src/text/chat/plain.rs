@@ -42,8 +42,8 @@ use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
 use serde_json::Value;
 
 use crate::error::{Error, Result};
-use crate::types::Token;
-use crate::vocab::{AddBos, TokenAttrs, Vocab};
+use crate::llama::types::Token;
+use crate::llama::vocab::{AddBos, TokenAttrs, Vocab};
 
 use super::{ChatFormat, RenderOptions, apply_chat_template};
 
@@ -414,7 +414,7 @@ impl ChatFormat {
     pub fn tokenize(
         &self,
         vocab: &Vocab,
-        messages: &[crate::chat::ChatMessage],
+        messages: &[crate::text::chat::ChatMessage],
         options: &RenderOptions,
     ) -> Result<Vec<Token>> {
         let messages = serde_json::to_value(messages).map_err(|e| Error::ChatTemplate(e.to_string()))?;
@@ -444,7 +444,7 @@ impl ChatFormat {
         messages: &Value,
         options: &RenderOptions,
     ) -> Result<(Vec<Token>, Vec<usize>)> {
-        let controls = vocab.control_texts()?;
+        let controls = &*vocab.extensions().get_or_try_init(|| ControlTexts::new(vocab))?;
         let real = self.render_marked(controls, Mark::Nothing, messages, options)?;
         // Every caller's string between markers: control tokens can only
         // come from the template's text. Used when the markers change
@@ -509,7 +509,7 @@ impl ChatFormat {
                         "llama.cpp's built-in {name:?} template cannot render tools (the model has no template)"
                     )));
                 }
-                let messages: Vec<crate::chat::ChatMessage> =
+                let messages: Vec<crate::text::chat::ChatMessage> =
                     serde_json::from_value(messages).map_err(|e| Error::ChatTemplate(e.to_string()))?;
                 apply_chat_template(name, &messages, options.add_generation_prompt)
             }

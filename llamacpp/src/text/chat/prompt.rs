@@ -9,12 +9,12 @@ use serde_json::{Map, Value, json};
 use super::reasoning::{Reasoning, ReasoningFormat};
 use super::tools::{ToolFormat, Tools};
 use super::{ChatFormat, ChatMessage, ChatParser, RenderOptions};
-use crate::constraint::Constraint;
 use crate::error::{Error, Result};
-use crate::model::Model;
-use crate::sampler::SamplingParams;
-use crate::types::Token;
-use crate::vocab::{AddBos, Special, Vocab};
+use crate::llama::model::Model;
+use crate::llama::types::Token;
+use crate::llama::vocab::{AddBos, Special, Vocab};
+use crate::sampling::constraint::Constraint;
+use crate::sampling::sampler::{ReasoningBudget, SamplingParams};
 
 /// What a conversation is rendered with besides its messages, as a
 /// builder: the tools, the reasoning settings and extra template
@@ -60,23 +60,6 @@ impl ChatOptions {
     pub fn var(mut self, name: impl Into<String>, value: Value) -> Self {
         self.vars.insert(name.into(), value);
         self
-    }
-}
-
-/// A limit on a reply's thoughts ([`SamplingParams::reasoning_budget`]):
-/// after `tokens` tokens of thought, the closing marker is forced.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ReasoningBudget {
-    pub(crate) format: ReasoningFormat,
-    pub(crate) opened: bool,
-    pub(crate) tokens: usize,
-}
-
-impl ReasoningBudget {
-    /// At most `tokens` tokens of thought in `format`'s markers; `opened`:
-    /// the prompt ends inside the thoughts.
-    pub fn new(format: ReasoningFormat, opened: bool, tokens: usize) -> ReasoningBudget {
-        ReasoningBudget { format, opened, tokens }
     }
 }
 
@@ -244,11 +227,7 @@ impl ChatFormat {
             special: if markers_are_tokens { Special::Markup } else { Special::Plain },
             reasoning_format: if reasoning.split { reasoning_format } else { ReasoningFormat::None },
             thoughts_opened: opened,
-            budget: budget.filter(|_| reasoning_format != ReasoningFormat::None).map(|tokens| ReasoningBudget {
-                format: reasoning_format,
-                opened,
-                tokens,
-            }),
+            budget: budget.and_then(|tokens| reasoning_format.budget(opened, tokens)),
             tool_format: reads_calls,
             media_at,
         })

@@ -4,10 +4,7 @@
 //! settings ([`Reasoning`]: on or off, a token budget, split or left in
 //! the text).
 
-use crate::error::Result;
-use crate::sampler::{Candidates, CustomSampler};
-use crate::types::Token;
-use crate::vocab::{AddBos, Vocab};
+use crate::sampling::sampler::ReasoningBudget;
 
 /// How a model marks its thoughts, told by the markers its chat template
 /// writes ([`ReasoningFormat::from_template`]).
@@ -74,6 +71,15 @@ impl ReasoningFormat {
             ReasoningFormat::Think | ReasoningFormat::SeedThink => format!("\n{close}\n\n"),
             _ => close.to_owned(),
         })
+    }
+
+    /// A budget of `tokens` tokens of thought in these markers
+    /// ([`SamplingParams::reasoning_budget`](crate::SamplingParams::reasoning_budget));
+    /// `opened`: the prompt ends inside the thoughts. `None` for
+    /// [`ReasoningFormat::None`].
+    pub fn budget(self, opened: bool, tokens: usize) -> Option<ReasoningBudget> {
+        let (open, close) = self.markers()?;
+        Some(ReasoningBudget::new(open, close, self.forced_close()?, opened, tokens))
     }
 }
 
@@ -267,118 +273,4 @@ fn release(out: &mut Vec<(Part, String)>, part: Part, text: &str) {
 /// character boundary).
 fn held_back(text: &str, marker: &str) -> usize {
     (1..marker.len()).rev().filter(|&n| marker.is_char_boundary(n)).find(|&n| text.ends_with(&marker[..n])).unwrap_or(0)
-}
-
-/// The sampler that holds a reply to its reasoning budget: it follows the
-/// thoughts by the tokens of their markers (as the model's vocabulary
-/// spells them), counts the tokens in between, and once the budget is
-/// spent allows only the tokens of the closing text, one after another.
-/// First in the chain, so the samplers after it see one candidate left.
-#[derive(Clone, Debug)]
-pub(crate) struct BudgetSampler {
-    open: Vec<Token>,
-    close: Vec<Token>,
-    forced: Vec<Token>,
-    budget: usize,
-    opened: bool,
-    thinking: bool,
-    /// The thoughts ended (closed by the model or by force): no more
-    /// counting.
-    done: bool,
-    spent: usize,
-    /// The next forced token, while forcing.
-    forcing: Option<usize>,
-    /// The last tokens accepted, as long as the longest marker.
-    recent: Vec<Token>,
-}
-
-impl BudgetSampler {
-    pub(crate) fn new(vocab: &Vocab, budget: &crate::chat::ReasoningBudget) -> Result<Option<BudgetSampler>> {
-        let (Some((open, close)), Some(forced)) = (budget.format.markers(), budget.format.forced_close()) else {
-            return Ok(None);
-        };
-        let tokens = |text: &str| vocab.tokenize_special(text, AddBos::No);
-        Ok(Some(BudgetSampler {
-            open: tokens(open)?,
-            close: tokens(close)?,
-            forced: tokens(&forced)?,
-            budget: budget.tokens,
-            opened: budget.opened,
-            thinking: budget.opened,
-            done: false,
-            spent: 0,
-            forcing: None,
-            recent: Vec::new(),
-        }))
-    }
-}
-
-impl CustomSampler for BudgetSampler {
-    fn name(&self) -> &str {
-        "reasoning-budget"
-    }
-
-    fn apply(&mut self, candidates: &mut Candidates<'_>) {
-        if self.forcing.is_none() && self.thinking && !self.done && self.spent >= self.budget {
-            self.forcing = Some(0);
-        }
-        let Some(next) = self.forcing.and_then(|i| self.forced.get(i)) else { return };
-        for c in candidates.data_mut() {
-            if c.id != next.0 {
-                c.logit = f32::NEG_INFINITY;
-            }
-        }
-    }
-
-    fn accept(&mut self, token: Token) {
-        if let Some(i) = self.forcing {
-            if i + 1 >= self.forced.len() {
-                self.forcing = None;
-                self.thinking = false;
-                self.done = true;
-            } else {
-                self.forcing = Some(i + 1);
-            }
-            return;
-        }
-        if self.done {
-            return;
-        }
-        self.recent.push(token);
-        let keep = self.open.len().max(self.close.len());
-        if self.recent.len() > keep {
-            self.recent.drain(..self.recent.len() - keep);
-        }
-        if !self.thinking {
-            if self.recent == self.open {
-                self.thinking = true;
-            } else if !self.open.starts_with(&self.recent) {
-                // Thoughts are read at the start of a reply only.
-                self.done = true;
-            }
-        } else if !self.close.is_empty() && self.recent.ends_with(&self.close) {
-            self.thinking = false;
-            self.done = true;
-        } else {
-            self.spent += 1;
-        }
-    }
-
-    fn reset(&mut self) {
-        *self = BudgetSampler {
-            thinking: self.opened,
-            done: false,
-            spent: 0,
-            forcing: None,
-            recent: Vec::new(),
-            open: std::mem::take(&mut self.open),
-            close: std::mem::take(&mut self.close),
-            forced: std::mem::take(&mut self.forced),
-            ..*self
-        };
-    }
-
-    fn clone_sampler(&self) -> Box<dyn CustomSampler> {
-        Box::new(self.clone())
-    }
 }

@@ -7,10 +7,10 @@ use serde::de::DeserializeOwned;
 use super::ChatMessage;
 use super::conversation::Conversation;
 use super::output::ChatEvent;
-use crate::constraint::{Constraint, JsonOptions};
 use crate::error::{Error, Result};
-use crate::generate::{CompleteOptions, FinishReason};
-use crate::model::Model;
+use crate::llama::model::Model;
+use crate::sampling::constraint::{Constraint, JsonOptions};
+use crate::text::generate::{CompleteOptions, FinishReason};
 
 impl Constraint {
     /// JSON valid against `T`'s schema (derived with schemars), with the

@@ -1,15 +1,14 @@
-//! One-call generation: [`Model::complete`] and [`Model::chat`], for
+//! One-call generation: [`Model::complete`] (and, in the chat module,
+//! [`Model::chat`]), for
 //! scripts and tests that want text, not a streaming loop.
 
-use crate::chat::{ChatEvent, ChatMessage, ChatOptions, Conversation};
-use crate::constraint::Constraint;
-use crate::context::ContextParams;
 use crate::error::{Error, Result};
-use crate::model::Model;
-use crate::sampler::SamplingParams;
-use crate::speculative::Speculation;
-use crate::types::Token;
-use crate::vocab::AddBos;
+use crate::llama::context::ContextParams;
+use crate::llama::model::Model;
+use crate::llama::types::Token;
+use crate::llama::vocab::AddBos;
+use crate::sampling::sampler::SamplingParams;
+use crate::sampling::speculative::Speculation;
 
 use super::{FinishReason, GenerateOptions, GenerationStats, Session};
 
@@ -91,9 +90,22 @@ impl CompleteOptions {
     }
 
     /// The sampling settings.
-    #[cfg(feature = "schemars")]
     pub(crate) fn sampling_params(&self) -> &SamplingParams {
         &self.sampling
+    }
+
+    /// The generation's limits and output.
+    pub(crate) fn generate_options(&self) -> &GenerateOptions {
+        &self.generate
+    }
+
+    /// A context for a prompt of `prompt` tokens: the one asked for, else
+    /// one just large enough for it and the answer.
+    pub(crate) fn context_for(&self, model: &Model, prompt: usize) -> ContextParams {
+        match &self.context {
+            Some(params) => params.clone(),
+            None => ContextParams::default().n_ctx(sized_context(model, prompt, self.limit())),
+        }
     }
 
     /// The most tokens a run may generate.
@@ -147,67 +159,12 @@ impl Model {
         self.complete_tokens(&tokens, options)
     }
 
-    /// Answers a conversation: renders `messages` with the model's chat
-    /// template (llama.cpp's built-in format of its family, chatml if none:
-    /// see [`Model::chat_format`]) with the generation prompt, tokenizes it
-    /// with [`ChatFormat::tokenize`](crate::ChatFormat::tokenize) (only the
-    /// template's own markup becomes control tokens: a message that says
-    /// `<end_of_turn>` cannot end its turn; no second BOS), and generates
-    /// the reply as [`Model::complete`].
-    ///
-    /// # Errors
-    /// The chat template's errors ([`Error::ChatTemplate`](crate::Error::ChatTemplate),
-    /// [`Error::ChatTemplateRaised`](crate::Error::ChatTemplateRaised),
-    /// [`Error::ChatMarkup`](crate::Error::ChatMarkup)), then as
-    /// [`Model::complete`].
-    pub fn chat(&self, messages: &[ChatMessage], options: &CompleteOptions) -> Result<Completed> {
-        self.chat_constrained(messages, options, None)
-    }
-
-    /// [`Model::chat`], the reply under `constraint` when one is given.
-    pub(crate) fn chat_constrained(
-        &self,
-        messages: &[ChatMessage],
-        options: &CompleteOptions,
-        constraint: impl Into<Option<Constraint>>,
-    ) -> Result<Completed> {
-        let format = self.chat_format(None)?;
-        let prompt = format.prompt(self, messages, &ChatOptions::default())?;
-        let params = match &options.context {
-            Some(params) => params.clone(),
-            None => ContextParams::default().n_ctx(sized_context(self, prompt.tokens.len(), options.limit())),
-        };
-        let mut chat = Conversation::with_context(self, &params)?
-            .sampling(options.sampling.clone())
-            .generate_options(options.generate.clone());
-        for m in messages {
-            chat.push(m.clone());
-        }
-        let mut turn = match constraint.into() {
-            Some(c) => chat.reply_constrained(c)?,
-            None => chat.reply()?,
-        };
-        let mut text = String::new();
-        for event in &mut turn {
-            if let ChatEvent::Text(t) = event? {
-                text.push_str(&t);
-            }
-        }
-        let stats = turn.stats().clone();
-        let finish_reason = stats.finish_reason.clone().unwrap_or(FinishReason::Length);
-        Ok(Completed { text, finish_reason, stats })
-    }
-
     /// [`Model::complete`] from tokens.
     ///
     /// # Errors
     /// As [`Model::complete`].
     pub fn complete_tokens(&self, prompt: &[Token], options: &CompleteOptions) -> Result<Completed> {
-        let params = match &options.context {
-            Some(params) => params.clone(),
-            None => ContextParams::default().n_ctx(sized_context(self, prompt.len(), options.limit())),
-        };
-        let mut ctx = self.new_context(&params)?;
+        let mut ctx = self.new_context(&options.context_for(self, prompt.len()))?;
         let mut sampler = options.sampling.sampler(self)?;
         let mut session = Session::new();
         let mut generation = session.generate(&mut ctx, &mut sampler, prompt, &options.generate)?;

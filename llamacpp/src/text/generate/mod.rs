@@ -51,8 +51,9 @@ pub(crate) mod session;
 mod stop;
 pub(crate) mod text_tail;
 
+pub use crate::llama::types::FinishReason;
 pub use complete::{CompleteOptions, Completed, DEFAULT_MAX_TOKENS};
-pub use options::{FinishReason, GenerateOptions, GenerationStats, Overflow, Usage};
+pub use options::{GenerateOptions, GenerationStats, Overflow, Usage};
 pub use session::{Generation, Session};
 pub(crate) use stop::check_stops;
 pub use stop::{MAX_STOP_BYTES, MAX_STOPS, StopMatcher, stop_holdback};

@@ -3,9 +3,9 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::speculative::Speculation;
-use crate::types::SeqId;
-use crate::vocab::Special;
+use crate::llama::types::{FinishReason, SeqId};
+use crate::llama::vocab::Special;
+use crate::sampling::speculative::Speculation;
 
 /// What to do when the context is full and another token must be decoded.
 #[non_exhaustive]
@@ -165,45 +165,6 @@ pub struct Usage {
     pub accepted_draft_tokens: usize,
     /// Draft tokens decoded and then rejected.
     pub rejected_draft_tokens: usize,
-}
-
-/// Why a generation ended.
-#[non_exhaustive]
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum FinishReason {
-    /// `max_tokens` tokens were sampled.
-    Length,
-    /// This stop string appeared in the text.
-    Stop(String),
-    /// The model sampled an end-of-generation token.
-    EndOfGeneration,
-    /// Cancelled: the context's [`AbortHandle`](crate::AbortHandle), [`Generation::cancel`](crate::generate::Generation::cancel), or
-    /// a callback of [`Generation::stream`](crate::generate::Generation::stream).
-    Cancelled,
-    /// The context was full and the overflow policy was [`Overflow::Error`]
-    /// (or a shift could free nothing); in the
-    /// [engine](crate::engine), the request reached its `max_context` or
-    /// could not get room in the KV pool even alone.
-    ContextFull,
-    /// The [engine](crate::engine) shut down while the request ran.
-    Shutdown,
-    /// The [engine](crate::engine) could not run the request (a failed
-    /// decode, a sampler error): the message says why.
-    Failed(String),
-}
-
-impl fmt::Display for FinishReason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            FinishReason::Length => f.write_str("length"),
-            FinishReason::Stop(s) => write!(f, "stop {s:?}"),
-            FinishReason::EndOfGeneration => f.write_str("end of generation"),
-            FinishReason::Cancelled => f.write_str("cancelled"),
-            FinishReason::ContextFull => f.write_str("context full"),
-            FinishReason::Shutdown => f.write_str("shutdown"),
-            FinishReason::Failed(why) => write!(f, "failed: {why}"),
-        }
-    }
 }
 
 /// Counters and timings of one generation run.

@@ -7,8 +7,8 @@
 //! the end of a run that no stop string ended, flush what is held back.
 
 use crate::error::Result;
-use crate::types::Token;
-use crate::vocab::{Detokenizer, Special, Vocab};
+use crate::llama::types::Token;
+use crate::llama::vocab::{Detokenizer, Special, Vocab};
 
 use super::StopMatcher;
 
@@ -110,7 +110,7 @@ impl<'v> TextTail<'v> {
 #[cfg(all(test, feature = "testing"))]
 mod tests {
     use super::*;
-    use crate::model::{Model, ModelParams};
+    use crate::llama::model::{Model, ModelParams};
     use crate::testing::{
         TINY_CONTROL_TOKEN, TINY_CONTROL_TOKEN_ID, TINY_FIRST_BYTE_ID, TinyModelSpec, tiny_llama_path,
     };

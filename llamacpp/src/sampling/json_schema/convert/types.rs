@@ -4,7 +4,7 @@
 use serde_json::{Map, Value};
 
 use super::{Converter, child, count, err, repeat, string_list};
-use crate::json_schema::rules::{self, NumBound};
+use crate::sampling::json_schema::rules::{self, NumBound};
 use crate::{Error, Result};
 
 impl<'a> Converter<'a> {
@@ -33,7 +33,7 @@ impl<'a> Converter<'a> {
                 return Err(err(&child(pointer, k), format!("`{k}` next to `pattern` is not supported")));
             }
             let Some(pattern) = pattern.as_str() else { return Err(err(&pp, "`pattern` must be a string")) };
-            let body = crate::json_schema::regex::pattern_to_gbnf(pattern, &c)
+            let body = crate::sampling::json_schema::regex::pattern_to_gbnf(pattern, &c)
                 .map_err(|m| err(&pp, format!("`pattern`: {m}")))?;
             return Ok(self.add(hint, format!("{q} {body} {q} {space}")));
         }

@@ -2,11 +2,11 @@
 
 use std::sync::Arc;
 
-use crate::context::Context;
 use crate::error::Result;
-use crate::model::Model;
-use crate::types::{SeqId, Token};
-use crate::vocab::{AddBos, Special, Vocab};
+use crate::llama::context::Context;
+use crate::llama::model::Model;
+use crate::llama::types::{SeqId, Token};
+use crate::llama::vocab::{AddBos, Special, Vocab};
 
 #[derive(Clone, Debug, Default)]
 pub(crate) struct MediaConfig {}

@@ -3,13 +3,13 @@
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use crate::context::Context;
 use crate::error::{Error, Result};
-use crate::model::Model;
-pub(crate) use crate::mtmd::spliced::Spans;
-use crate::mtmd::{Media, Projector, ProjectorParams};
-use crate::types::{SeqId, Token};
-use crate::vocab::{AddBos, Special, Vocab};
+use crate::llama::context::Context;
+use crate::llama::model::Model;
+use crate::llama::mtmd::{Media, Projector, ProjectorParams};
+use crate::llama::types::{SeqId, Token};
+use crate::llama::vocab::{AddBos, Special, Vocab};
+pub(crate) use crate::text::spliced::Spans;
 
 /// The projector an engine loads ([`EngineConfig::projector`](crate::engine::EngineConfig::projector)).
 #[derive(Clone, Debug, Default)]
@@ -153,7 +153,7 @@ impl EngineMedia {
         n_ubatch: usize,
     ) -> Result<(Vec<Token>, Spans)> {
         let media: Vec<&Media> = media.0.iter().map(|m| &**m).collect();
-        crate::mtmd::splice(&self.projector(), tokens, at, &media, n_ubatch)
+        crate::text::spliced::splice(&self.projector(), tokens, at, &media, n_ubatch)
     }
 
     /// Encodes the medium whose run starts at `pos` of `spans` and decodes
@@ -163,7 +163,7 @@ impl EngineMedia {
     }
 }
 
-impl crate::engine::EngineConfig {
+impl crate::serving::engine::EngineConfig {
     /// The multimodal projector (`mmproj` GGUF) the engine loads beside
     /// its model, for requests with images or audio
     /// ([`Request::media`](crate::engine::Request::media)). Default none:
@@ -175,7 +175,7 @@ impl crate::engine::EngineConfig {
     }
 }
 
-impl crate::engine::Request {
+impl crate::serving::engine::Request {
     /// A request for text with media: each of the text's markers
     /// ([`Engine::media_marker`](crate::engine::Engine::media_marker),
     /// `<__media__>`) takes the next of `media`, in order. Tokenized at
@@ -183,7 +183,7 @@ impl crate::engine::Request {
     /// medium by the engine's projector (with the model's delimiters
     /// around it); the text must go on after the last medium.
     pub fn media(text: impl Into<String>, media: impl IntoIterator<Item = Media>) -> Self {
-        crate::engine::Request::text(text).with_media(media)
+        crate::serving::engine::Request::text(text).with_media(media)
     }
 
     /// This request with `media` in the places its prompt has for them:
@@ -203,7 +203,7 @@ impl crate::engine::Request {
     }
 }
 
-impl crate::engine::Engine {
+impl crate::serving::engine::Engine {
     fn media(&self) -> Result<&EngineMedia> {
         self.handle.media.as_deref().ok_or_else(|| {
             Error::Unsupported("this engine has no projector for media (EngineConfig::projector)".into())

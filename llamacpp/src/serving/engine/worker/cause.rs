@@ -6,7 +6,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use crate::error::Error;
-use crate::generate::FinishReason;
+use crate::text::generate::FinishReason;
 
 /// What went wrong: an error, kept whole (shared by the requests of one
 /// failed decode), or a panic caught in the worker.

@@ -25,10 +25,10 @@ use std::time::{Duration, Instant};
 use super::cause::Failure;
 use super::seq::token_logprob;
 use super::{Worker, took};
-use crate::engine::TokenLogprob;
-use crate::sampler::Sampler;
-use crate::types::Token;
-use crate::vocab::Vocab;
+use crate::llama::types::Token;
+use crate::llama::vocab::Vocab;
+use crate::sampling::sampler::Sampler;
+use crate::serving::engine::TokenLogprob;
 
 /// A request's sampler and logits row, sent out.
 pub(super) struct Job<'m> {

@@ -23,12 +23,12 @@ use super::request::Checked;
 use super::scheduler::{self, Candidate, Load};
 use super::step_cost::StepCost;
 use super::{EngineConfig, Event, Finish, Shared, Timings, Usage, lock};
-use crate::batch::{Batch, Logits};
-use crate::context::{Context, PerfCounters};
 use crate::error::{Error, Result};
-use crate::generate::session::swa_window_present;
-use crate::model::Model;
-use crate::types::Pos;
+use crate::llama::batch::{Batch, Logits};
+use crate::llama::context::{Context, PerfCounters};
+use crate::llama::model::Model;
+use crate::llama::types::Pos;
+use crate::text::generate::session::swa_window_present;
 
 mod cause;
 mod grammar_helpers;

@@ -3,12 +3,12 @@
 //! requests leave behind (evicted least recently used first).
 
 use super::seq::{Follow, Saved, Seq};
-use crate::context::Context;
-use crate::engine::EngineConfig;
-use crate::engine::kv::{Cells, PrefixIndex, cells_in_use};
-use crate::engine::media::media_boundary;
-use crate::generate::session::swa_window_present;
-use crate::types::{Pos, SeqId, Token};
+use crate::llama::context::Context;
+use crate::llama::types::{Pos, SeqId, Token};
+use crate::serving::engine::EngineConfig;
+use crate::serving::engine::kv::{Cells, PrefixIndex, cells_in_use};
+use crate::serving::engine::media::media_boundary;
+use crate::text::generate::session::swa_window_present;
 
 /// A follower must gain at least this many positions over what it can
 /// share at once, or it prefills them itself instead of waiting.

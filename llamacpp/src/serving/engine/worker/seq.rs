@@ -7,18 +7,18 @@ use std::time::{Duration, Instant};
 
 use super::Submission;
 use super::cause::Cause;
-use crate::context::Context;
-use crate::engine::kv::Cells;
-use crate::engine::media::{Spans, is_placeholder};
-use crate::engine::request::Request;
-use crate::engine::{Event, Finish, Piece, Timings, TokenLogprob, Usage};
 use crate::error::Result;
-use crate::generate::GenerateOptions;
-use crate::generate::text_tail::TextTail;
-use crate::model::Model;
-use crate::sampler::Sampler;
-use crate::speculative::NgramDrafter;
-use crate::types::{SeqId, Token};
+use crate::llama::context::Context;
+use crate::llama::model::Model;
+use crate::llama::types::{SeqId, Token};
+use crate::sampling::sampler::Sampler;
+use crate::sampling::speculative::NgramDrafter;
+use crate::serving::engine::kv::Cells;
+use crate::serving::engine::media::{Spans, is_placeholder};
+use crate::serving::engine::request::Request;
+use crate::serving::engine::{Event, Finish, Piece, Timings, TokenLogprob, Usage};
+use crate::text::generate::GenerateOptions;
+use crate::text::generate::text_tail::TextTail;
 
 /// A request the worker has accepted: waiting, prefilling or generating.
 pub(super) struct Seq<'m> {
@@ -376,7 +376,7 @@ impl<'m> Seq<'m> {
     /// whether the request ends.
     pub fn take_token(
         &mut self,
-        vocab: &crate::Vocab,
+        vocab: &crate::llama::vocab::Vocab,
         token: Token,
         logprob: Option<TokenLogprob>,
         step: u64,

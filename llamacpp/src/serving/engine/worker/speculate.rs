@@ -5,8 +5,8 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use super::cause::{Cause, Failure};
 use super::{Worker, took};
-use crate::engine::metrics::Counter;
-use crate::types::Pos;
+use crate::llama::types::Pos;
+use crate::serving::engine::metrics::Counter;
 
 impl Worker<'_> {
     /// Gives the sequences that can draft what the planned step leaves:

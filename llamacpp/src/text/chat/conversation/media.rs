@@ -8,7 +8,7 @@
 //! image is encoded once for as long as the cache keeps it. Without the
 //! feature a prompt with media parts is refused.
 
-use crate::types::Token;
+use crate::llama::types::Token;
 
 #[cfg(feature = "mtmd")]
 pub(super) use on::ConversationMedia;
@@ -30,13 +30,13 @@ mod on {
     use serde_json::Value;
 
     use super::Prefilled;
-    use crate::chat::{ChatPrompt, ContentPart, InputAudio, MediaPart, media_parts};
-    use crate::context::Context;
     use crate::error::{Error, Result};
-    use crate::generate::Session;
-    use crate::mtmd::{Media, Projector};
+    use crate::llama::context::Context;
+    use crate::llama::mtmd::{Media, Projector};
+    use crate::llama::types::SeqId;
     use crate::text::chat::conversation::{Conversation, Turn};
-    use crate::types::SeqId;
+    use crate::text::chat::{ChatPrompt, ContentPart, InputAudio, MediaPart, media_parts};
+    use crate::text::generate::Session;
 
     /// The scheme of a part that refers to a medium the conversation keeps.
     const KEPT: &str = "media:";
@@ -93,7 +93,7 @@ mod on {
             // attached media stay (their message may come later).
             self.known.retain(|k, _| k.starts_with(KEPT) || keys.contains(&k.as_str()));
             let media: Vec<&Media> = keys.iter().map(|k| &self.known[*k]).collect();
-            let (tokens, spans) = crate::mtmd::splice(
+            let (tokens, spans) = crate::text::spliced::splice(
                 projector,
                 prompt.tokens.clone(),
                 &prompt.media_at,
@@ -147,7 +147,7 @@ mod on {
         pub fn user_media(&mut self, text: impl Into<String>, media: impl IntoIterator<Item = Media>) {
             let mut parts: Vec<ContentPart> = media.into_iter().map(|m| self.attach(m)).collect();
             parts.push(ContentPart::text(text));
-            self.push(crate::chat::ChatMessage::parts("user", parts));
+            self.push(crate::text::chat::ChatMessage::parts("user", parts));
         }
 
         /// Appends a user message of `media` and `text`
@@ -172,11 +172,11 @@ mod off {
     use serde_json::Value;
 
     use super::Prefilled;
-    use crate::chat::ChatPrompt;
-    use crate::context::Context;
     use crate::error::{Error, Result};
-    use crate::generate::Session;
-    use crate::types::SeqId;
+    use crate::llama::context::Context;
+    use crate::llama::types::SeqId;
+    use crate::text::chat::ChatPrompt;
+    use crate::text::generate::Session;
 
     /// Without `mtmd` a conversation holds no media.
     #[derive(Default)]

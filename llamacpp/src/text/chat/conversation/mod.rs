@@ -11,14 +11,14 @@ use super::prompt::ChatOptions;
 use super::reasoning::Reasoning;
 use super::tools::{Tool, Tools};
 use super::{ChatFormat, ChatMessage, ToolCall};
-use crate::constraint::Constraint;
-use crate::context::{Context, ContextParams};
 use crate::error::{Error, Result};
-use crate::generate::Usage;
-use crate::generate::{FinishReason, GenerateOptions, Generation, GenerationStats, Session};
-use crate::model::Model;
-use crate::sampler::{Sampler, SamplingParams};
-use crate::types::Token;
+use crate::llama::context::{Context, ContextParams};
+use crate::llama::model::Model;
+use crate::llama::types::Token;
+use crate::sampling::constraint::Constraint;
+use crate::sampling::sampler::{Sampler, SamplingParams};
+use crate::text::generate::Usage;
+use crate::text::generate::{FinishReason, GenerateOptions, Generation, GenerationStats, Session};
 
 /// The context a [`Conversation::new`] creates: this many tokens, or the
 /// model's training length if that is smaller.

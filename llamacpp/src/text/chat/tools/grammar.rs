@@ -8,11 +8,11 @@
 
 use super::definition::{ToolChoice, Tools};
 use super::format::ToolFormat;
-use crate::constraint::{Constraint, JsonOptions};
 use crate::error::{Error, Result};
-use crate::model::Model;
-use crate::sampler::SamplerChain;
-use crate::vocab::{AddBos, Special, Vocab};
+use crate::llama::model::Model;
+use crate::llama::vocab::{AddBos, Special, Vocab};
+use crate::sampling::constraint::{Constraint, JsonOptions};
+use crate::sampling::sampler::SamplerChain;
 
 /// How a syntax writes its calls: the text around them and between them.
 struct Shape {
@@ -146,9 +146,9 @@ mod tests {
 
     use super::super::definition::Tool;
     use super::*;
-    use crate::model::ModelParams;
+    use crate::llama::model::ModelParams;
+    use crate::llama::types::Token;
     use crate::testing::{TINY_CONTROL_TOKEN, TINY_CONTROL_TOKEN_ID, TinyModelSpec, tiny_llama_path};
-    use crate::types::Token;
 
     fn tiny() -> Model {
         Model::load(tiny_llama_path(&TinyModelSpec::default()).unwrap(), &ModelParams::default()).unwrap()

@@ -13,9 +13,9 @@ pub use definition::{MAX_TOOLS, Tool, ToolChoice, Tools};
 pub use format::ToolFormat;
 pub(crate) use stream::{ToolEvent, ToolStream};
 
-use crate::constraint::Constraint;
 use crate::error::Result;
-use crate::model::Model;
+use crate::llama::model::Model;
+use crate::sampling::constraint::Constraint;
 
 /// A call as the model wrote it: the function's name and its arguments
 /// as compact JSON text.

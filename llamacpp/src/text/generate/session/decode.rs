@@ -5,11 +5,11 @@
 use std::time::Instant;
 
 use super::Generation;
-use crate::batch::Logits;
 use crate::error::{Error, Result};
-use crate::generate::{FinishReason, Overflow};
+use crate::llama::batch::Logits;
+use crate::llama::types::{Pos, Token};
+use crate::text::generate::{FinishReason, Overflow};
 use crate::text::placeholder::is_placeholder;
-use crate::types::{Pos, Token};
 
 impl Generation<'_, '_, '_> {
     /// Decodes the uncached part of the prompt in chunks of `n_batch`,

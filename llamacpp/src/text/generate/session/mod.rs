@@ -4,13 +4,13 @@ use std::fmt;
 use std::ops::ControlFlow;
 use std::time::Instant;
 
-use crate::batch::{Batch, Logits};
-use crate::context::{AbortHandle, Context, Output};
 use crate::error::{Error, Result};
-use crate::sampler::Sampler;
-use crate::speculative::NgramDrafter;
+use crate::llama::batch::{Batch, Logits};
+use crate::llama::context::{AbortHandle, Context, Output};
+use crate::llama::types::{Pos, SeqId, Token};
+use crate::sampling::sampler::Sampler;
+use crate::sampling::speculative::NgramDrafter;
 use crate::text::placeholder::{is_placeholder, media_boundary};
-use crate::types::{Pos, SeqId, Token};
 
 mod decode;
 

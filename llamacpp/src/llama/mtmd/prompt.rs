@@ -3,8 +3,8 @@
 
 use std::ptr::NonNull;
 
+use crate::llama::types::Token;
 use crate::sys;
-use crate::types::Token;
 
 /// What one chunk of a [`MediaPrompt`] holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -68,7 +68,7 @@ impl<'p> Chunk<'p> {
             return None;
         }
         // SAFETY: the chunk is live for `'p`, and its id does not change.
-        unsafe { crate::ffi::borrowed_str(sys::mtmd::mtmd_input_chunk_get_id(self.ptr)) }
+        unsafe { crate::llama::ffi::borrowed_str(sys::mtmd::mtmd_input_chunk_get_id(self.ptr)) }
     }
 
     /// The raw chunk, for libmtmd calls this crate does not wrap; valid

@@ -13,7 +13,7 @@
 
 use std::ffi::CStr;
 
-use crate::gguf::Gguf;
+use crate::llama::gguf::Gguf;
 use crate::sys;
 use crate::sys::gguf_type::{self, Type};
 
@@ -139,9 +139,9 @@ fn type_name(t: Type) -> &'static str {
 /// ggml's parser rejects or a key stored with another type than clip
 /// reads it as.
 pub(super) fn check(path: &CStr) -> Result<(), String> {
-    crate::backend::clear_last_error();
+    crate::llama::backend::clear_last_error();
     let Some(gguf) = Gguf::open(path) else {
-        return Err(crate::backend::last_error_or("not a valid GGUF file"));
+        return Err(crate::llama::backend::last_error_or("not a valid GGUF file"));
     };
     for (key, read) in expected() {
         let Some((id, stored)) = gguf.find(&key) else { continue };

@@ -7,7 +7,8 @@ use std::ptr::NonNull;
 use sha2::{Digest, Sha256};
 
 use super::Projector;
-use crate::error::{Error, Result, check_shim};
+use crate::error::{Error, Result};
+use crate::llama::ffi::check_shim;
 use crate::sys;
 
 /// The largest encoded media file [`Media::from_bytes`] decodes (256 MiB).
@@ -141,7 +142,7 @@ impl Media {
         };
         check_shim(code, "mtmd_helper_bitmap_init_from_buf")?;
         let Some(ptr) = NonNull::new(ptr) else {
-            return Err(Error::Media(crate::backend::last_error_or(
+            return Err(Error::Media(crate::llama::backend::last_error_or(
                 "the bytes are not an image or audio file libmtmd decodes (or the file is truncated or corrupt)",
             )));
         };
@@ -229,7 +230,7 @@ impl Media {
     pub fn id(&self) -> &str {
         // SAFETY: the bitmap is live; its id string does not change while
         // `self` is borrowed (only construction sets it).
-        unsafe { crate::ffi::borrowed_str(sys::mtmd::mtmd_bitmap_get_id(self.ptr.as_ptr())) }.unwrap_or("")
+        unsafe { crate::llama::ffi::borrowed_str(sys::mtmd::mtmd_bitmap_get_id(self.ptr.as_ptr())) }.unwrap_or("")
     }
 
     pub(crate) fn as_ptr(&self) -> *const sys::mtmd::mtmd_bitmap {

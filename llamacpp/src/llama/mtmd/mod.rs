@@ -32,7 +32,6 @@
 mod media;
 mod preflight;
 mod prompt;
-pub(crate) mod spliced;
 
 use std::ffi::CString;
 use std::path::Path;
@@ -40,17 +39,17 @@ use std::ptr::NonNull;
 
 pub use media::{MAX_AUDIO_SAMPLES, MAX_IMAGE_PIXELS, MAX_IMAGE_SIDE, MAX_MEDIA_BYTES, MIN_AUDIO_SAMPLES, Media};
 pub use prompt::{Chunk, ChunkKind, MediaPrompt};
-pub(crate) use spliced::splice;
 
-use crate::context::Context;
-use crate::error::{Error, Result, check_shim};
-use crate::model::Model;
-use crate::stack::with_stack;
+use crate::error::{Error, Result};
+use crate::llama::backend;
+use crate::llama::context::{Context, FlashAttention};
+use crate::llama::ffi::check_shim;
+use crate::llama::model::Model;
+use crate::llama::stack::with_stack;
+use crate::llama::thread::SendPtr;
+use crate::llama::types::{Pos, SeqId};
+use crate::llama::vocab::{AddBos, Special};
 use crate::sys;
-use crate::thread::SendPtr;
-use crate::types::{Pos, SeqId};
-use crate::vocab::{AddBos, Special};
-use crate::{FlashAttention, backend};
 
 /// The most tokens [`ProjectorParams::image_min_tokens`] and
 /// [`ProjectorParams::image_max_tokens`] may ask for (libmtmd multiplies
@@ -153,15 +152,15 @@ impl<'m> Projector<'m> {
     pub fn load(model: &'m Model, path: impl AsRef<Path>, params: &ProjectorParams) -> Result<Projector<'m>> {
         backend::init();
         let path = path.as_ref();
-        let c_path = crate::model::check_gguf_file(path)?;
+        let c_path = crate::llama::model::check_gguf_file(path)?;
         let fail = |reason: String| Error::ProjectorLoad { path: path.to_owned(), reason };
         // clip asserts on a scalar key of another type than it reads.
         preflight::check(&c_path).map_err(fail)?;
         // libmtmd tokenizes with the model's vocabulary (and some projectors
         // look tokens up at load): llama.cpp asserts that there is one.
         model.vocab().check_has_tokenizer()?;
-        let n_threads = params.n_threads.unwrap_or_else(crate::context::default_threads);
-        crate::context::check_threads(n_threads, n_threads)?;
+        let n_threads = params.n_threads.unwrap_or_else(crate::llama::context::default_threads);
+        crate::llama::context::check_threads(n_threads, n_threads)?;
         // clip multiplies these by the patch area in `int`.
         let tokens = |name: &'static str, n: Option<u32>| match n {
             None => Ok(-1),
@@ -205,7 +204,7 @@ impl<'m> Projector<'m> {
         };
         if code != sys::shim::OK {
             // SAFETY: the shim's message of this thread's last exception.
-            let message = unsafe { crate::ffi::owned_lossy(sys::shim::llama_rs_last_exception()) };
+            let message = unsafe { crate::llama::ffi::owned_lossy(sys::shim::llama_rs_last_exception()) };
             return Err(fail(message.trim().to_owned()));
         }
         let Some(ptr) = NonNull::new(ptr) else {
@@ -261,7 +260,8 @@ impl<'m> Projector<'m> {
     #[doc(alias = "mtmd_get_marker")]
     pub fn marker(&self) -> &str {
         // SAFETY: the projector is live; its marker lives as long as it.
-        unsafe { crate::ffi::borrowed_str(sys::mtmd::mtmd_get_marker(self.ptr.as_ptr())) }.unwrap_or("<__media__>")
+        unsafe { crate::llama::ffi::borrowed_str(sys::mtmd::mtmd_get_marker(self.ptr.as_ptr())) }
+            .unwrap_or("<__media__>")
     }
 
     /// Tokenizes `text`, each of whose markers ([`Projector::marker`])
@@ -392,7 +392,7 @@ impl<'m> Projector<'m> {
         let embd = self.encode(chunk, self.model.n_embd_inp())?;
         // SAFETY: the chunk is queried from a live prompt.
         let non_causal = unsafe { sys::mtmd::mtmd_decode_use_non_causal(self.ptr.as_ptr(), chunk.as_ptr()) };
-        let media = crate::context::EncodedChunk {
+        let media = crate::llama::context::EncodedChunk {
             projector: self.ptr.as_ptr(),
             chunk: chunk.as_ptr(),
             embd,

@@ -5,12 +5,12 @@
 //! The engine's requests and a [`Conversation`](crate::chat::Conversation)
 //! with a projector prefill through this.
 
-use super::{ChunkKind, Media, MediaPrompt, Projector};
-use crate::context::Context;
 use crate::error::{Error, Result};
+use crate::llama::context::Context;
+use crate::llama::mtmd::{ChunkKind, Media, MediaPrompt, Projector};
+use crate::llama::types::{Pos, SeqId, Token};
+use crate::llama::vocab::{AddBos, Special};
 use crate::text::placeholder::{is_placeholder, placeholders};
-use crate::types::{Pos, SeqId, Token};
-use crate::vocab::{AddBos, Special};
 
 /// One medium of a prompt: the run of placeholders `start..start + len`
 /// and the tokenized chunk its embeddings come from.
