@@ -1,7 +1,8 @@
 //! Checks of the repository's shape that a compiler does not make: the
 //! floors of the `llamacpp` crate (a floor uses the floors below it,
 //! never above, and no two of its modules import each other, directly or
-//! around a loop), read off every `crate::` path in its sources.
+//! around a loop), read off every `crate::` path in its sources; and the
+//! docs' paths (every file the README's Layout and the docs name exists).
 //!
 //! The floors, bottom up: `llama` (llama.cpp's objects; with the crate's
 //! `error` beside it), `sampling`, `text`, `serving`. `testing` (the
@@ -254,6 +255,105 @@ fn cycles(edges: &BTreeMap<String, BTreeSet<String>>) -> Vec<Vec<String>> {
     groups
 }
 
+/// The repository's own top-level folders and files a doc may name in a
+/// path; `target/` and `vendor/` are made by builds, so not checked.
+fn checked_top(root: &Path, first: &str) -> bool {
+    !matches!(first, "target" | "vendor" | "") && root.join(first).exists()
+}
+
+/// What the docs name that is not in the tree: relative links of
+/// `README.md`, `docs/*.md` and the crates' READMEs, and every path in
+/// backticks that starts at a top-level folder of the repository
+/// (`llamacpp/src/…`, `scripts/…`); paths with wildcards or placeholders
+/// are not checked. The bundle `llamacpp-sys/llama.cpp/` is made by
+/// `scripts/package.sh`.
+fn missing_doc_paths(root: &Path) -> Vec<String> {
+    let mut docs: Vec<PathBuf> = vec![
+        root.join("README.md"),
+        root.join("llamacpp-sys/README.md"),
+        root.join("model-cache/README.md"),
+    ];
+    let mut in_docs: Vec<PathBuf> = std::fs::read_dir(root.join("docs"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "md"))
+        .collect();
+    in_docs.sort();
+    docs.extend(in_docs);
+    let mut missing = Vec::new();
+    for doc in &docs {
+        let text = std::fs::read_to_string(doc).unwrap();
+        let name = doc.strip_prefix(root).unwrap().display().to_string();
+        // Links: `](target)` with a relative target.
+        for (at, _) in text.match_indices("](") {
+            let target: String = text[at + 2..].chars().take_while(|c| !matches!(c, ')' | '#' | ' ')).collect();
+            if target.is_empty() || target.contains("://") || target.starts_with("mailto:") {
+                continue;
+            }
+            if !doc.parent().unwrap().join(&target).exists() {
+                missing.push(format!("{name}: link to {target}"));
+            }
+        }
+        // Paths in backticks.
+        for (i, span) in text.split('`').enumerate() {
+            let path_chars = |c: char| c.is_alphanumeric() || "_.+-/".contains(c);
+            if i % 2 == 0 || !span.contains('/') || !span.chars().all(path_chars) {
+                continue;
+            }
+            let first = span.split('/').next().unwrap();
+            if !checked_top(root, first) || span.starts_with("llamacpp-sys/llama.cpp") {
+                continue;
+            }
+            if !root.join(span).exists() {
+                missing.push(format!("{name}: `{span}`"));
+            }
+        }
+    }
+    missing
+}
+
+/// What the README's Layout names that is not in the tree: each line is a
+/// path, then what it holds, where every word that looks like a path (ends
+/// in `/` or a file extension, outside backticks) is relative to the
+/// line's path.
+fn missing_layout_paths(root: &Path) -> Vec<String> {
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let layout = readme.split("## Layout").nth(1).expect("README.md has a Layout section");
+    let block = layout.split("```text").nth(1).and_then(|b| b.split("```").next()).expect("a text block");
+    let mut missing = Vec::new();
+    let mut lines = 0;
+    for line in block.lines().filter(|l| !l.trim().is_empty()) {
+        lines += 1;
+        let mut words = line.split_whitespace();
+        let base = words.next().unwrap();
+        if !root.join(base).exists() {
+            missing.push(format!("Layout: {base}"));
+            continue;
+        }
+        let mut quoted = false;
+        for word in words {
+            let ticks = word.matches('`').count();
+            let inside = quoted || word.starts_with('`');
+            if ticks % 2 == 1 {
+                quoted = !quoted;
+            }
+            let word = word.trim_matches(|c: char| matches!(c, ',' | ';' | ':' | '(' | ')' | '.'));
+            // `llama.cpp` is a name, `shim/shim.cpp` a path.
+            let looks_like_path = word.ends_with('/')
+                || [".rs", ".md", ".sh", ".py", ".toml"].iter().any(|e| word.ends_with(e))
+                || word.contains('/') && word.ends_with(".cpp");
+            if inside || !looks_like_path || word.contains('*') {
+                continue;
+            }
+            if !root.join(base).join(word).exists() {
+                missing.push(format!("Layout: {base} {word}"));
+            }
+        }
+    }
+    assert!(lines >= 10, "the Layout block has {lines} lines");
+    missing
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -300,5 +400,14 @@ mod tests {
         assert!(has("sampling/constraint (uses sampling/sampler) -> sampling/sampler (uses sampling/constraint)"));
         // The comment, pub(crate), $crate and the unit test's import.
         assert_eq!(problems.len(), 5, "{problems:#?}");
+    }
+
+    /// Every path the docs and the README's Layout name exists.
+    #[test]
+    fn the_docs_name_only_paths_that_exist() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let mut missing = missing_doc_paths(root);
+        missing.extend(missing_layout_paths(root));
+        assert!(missing.is_empty(), "named in the docs, not in the tree:\n{}", missing.join("\n"));
     }
 }
