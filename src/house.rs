@@ -268,11 +268,8 @@ fn checked_top(root: &Path, first: &str) -> bool {
 /// are not checked. The bundle `llamacpp-sys/llama.cpp/` is made by
 /// `scripts/package.sh`.
 fn missing_doc_paths(root: &Path) -> Vec<String> {
-    let mut docs: Vec<PathBuf> = vec![
-        root.join("README.md"),
-        root.join("llamacpp-sys/README.md"),
-        root.join("model-cache/README.md"),
-    ];
+    let mut docs: Vec<PathBuf> =
+        vec![root.join("README.md"), root.join("llamacpp-sys/README.md"), root.join("model-cache/README.md")];
     let mut in_docs: Vec<PathBuf> = std::fs::read_dir(root.join("docs"))
         .unwrap()
         .map(|e| e.unwrap().path())
