@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use axum::http::StatusCode;
 use futures::{Stream, StreamExt};
+use llamacpp::chat::{ChatParser, Reply, ReplyReader};
 use llamacpp::constraint::Constraint;
 use llamacpp::engine::{Completion, Engine, Event, Finish, Request, SamplingParams, Speculation, TokenLogprob};
 use llamacpp::generate::FinishReason;
@@ -154,6 +155,22 @@ pub struct Choice {
     /// The stop string it ended at, if it did.
     pub stop: Option<String>,
     pub usage: Usage,
+    /// The engine's end of it.
+    pub end: Option<Finish>,
+}
+
+impl Choice {
+    /// The choice read as a chat reply by `parser`'s formats: thoughts,
+    /// text and tool calls (with their ids), the one fold of the library
+    /// ([`ReplyReader`]).
+    pub fn reply(&self, parser: ChatParser) -> Reply {
+        let mut reader = ReplyReader::new(parser);
+        reader.push(&self.text);
+        if let Some(end) = &self.end {
+            reader.finish(end.reason.clone(), end.usage);
+        }
+        reader.into_reply()
+    }
 }
 
 /// Submits `requests` (one per choice). The first is submitted first, so
@@ -185,6 +202,7 @@ async fn collect_one(mut completion: Completion) -> Result<Choice, ApiError> {
                 choice.finish_reason = finish_reason(&f.reason)?;
                 choice.stop = stop_string(&f.reason);
                 choice.usage = f.usage.into();
+                choice.end = Some(f);
                 return Ok(choice);
             }
         }

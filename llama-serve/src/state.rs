@@ -117,22 +117,6 @@ impl AppState {
     }
 }
 
-impl AppState {
-    /// A tool call's id: nine letters and digits, unique in this process
-    /// (Mistral's templates refuse other lengths when the call comes back).
-    pub fn call_id(&self) -> String {
-        let n = self.next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let mut x = (self.started.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ n).wrapping_mul(0xff51_afd7_ed55_8ccd);
-        let digits: &[u8] = b"0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
-        let mut id = String::with_capacity(9);
-        for _ in 0..9 {
-            id.push(char::from(digits[(x % 62) as usize]));
-            x /= 62;
-        }
-        id
-    }
-}
-
 /// Seconds since the Unix epoch (`created`).
 pub fn now() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())

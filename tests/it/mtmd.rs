@@ -514,7 +514,7 @@ mod conversation {
 
     fn text(turn: llamacpp::chat::Turn<'_, '_>) -> (String, llamacpp::generate::Usage) {
         let reply = turn.finish().unwrap();
-        (reply.text, reply.usage)
+        (reply.text(), reply.usage)
     }
 
     #[test]

@@ -10,7 +10,7 @@ use axum::extract::State;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
-use llamacpp::chat::{ChatEvent, ChatParser, Tools};
+use llamacpp::chat::{ChatEvent, ChatParser, ReplyReader, Tools};
 use llamacpp::engine::{Completion, Request, TokenLogprob};
 use llamacpp::{Model, Token, Vocab};
 use serde::Serialize;
@@ -186,7 +186,7 @@ async fn respond(
     };
     let header = Header { id: state.id(prefix), object: "", created: now(), model: state.config.model_name.clone() };
     if answer.stream {
-        let frames = Frames { header, kind, answer, model: ready.model.clone(), state: state.clone() };
+        let frames = Frames { header, kind, answer, model: ready.model.clone() };
         return Ok(sse(frames, completions));
     }
     let choices: Vec<Choice> = engine_io::collect(completions).await?;
@@ -215,36 +215,30 @@ async fn respond(
                 .iter()
                 .enumerate()
                 .map(|(index, c)| {
-                    let mut parser = parser.clone();
-                    let mut events = parser.push(&c.text);
-                    events.extend(parser.finish());
-                    let (mut content, mut reasoning, mut tool_calls) = (String::new(), String::new(), Vec::new());
-                    for event in events {
-                        match event {
-                            ChatEvent::Text(t) => content.push_str(&t),
-                            ChatEvent::Reasoning(t) => reasoning.push_str(&t),
-                            ChatEvent::ToolCall(call) => tool_calls.push(ToolCall {
-                                id: state.call_id(),
-                                kind: "function",
-                                function: FunctionCall {
-                                    name: call.function.name,
-                                    arguments: call.function.arguments.to_string(),
-                                },
-                            }),
-                            _ => {}
-                        }
-                    }
-                    let called = !tool_calls.is_empty();
+                    let reply = c.reply(parser.clone());
+                    let tool_calls = reply
+                        .tool_calls()
+                        .into_iter()
+                        .map(|call| ToolCall {
+                            id: call.id.clone().unwrap_or_default(),
+                            kind: "function",
+                            function: FunctionCall {
+                                name: call.function.name.clone(),
+                                arguments: call.function.arguments.to_string(),
+                            },
+                        })
+                        .collect();
+                    let reasoning = reply.reasoning();
                     ChatChoice {
                         index,
                         message: AssistantMessage {
                             role: "assistant",
-                            content: (!called || !content.trim().is_empty()).then_some(content),
+                            content: reply.content(),
                             reasoning_content: (!reasoning.is_empty()).then_some(reasoning),
                             tool_calls,
                         },
                         logprobs: logprobs.then(|| chat_logprobs(vocab, &c.logprobs)),
-                        finish_reason: finish_with_calls(c.finish_reason, called),
+                        finish_reason: if reply.called_tools() { "tool_calls" } else { c.finish_reason },
                     }
                 })
                 .collect();
@@ -261,8 +255,6 @@ struct Frames {
     answer: Answer,
     /// The stream outlives the handler: it holds the model itself.
     model: Arc<Model>,
-    /// For tool calls' ids.
-    state: Arc<AppState>,
 }
 
 impl Frames {
@@ -334,13 +326,14 @@ impl Frames {
 
     /// Chunks for what choice `index`'s reader released: thoughts as
     /// reasoning content, text as content, each call as its id and name,
-    /// then its arguments. A token's logprob rides on the first chunk (or
-    /// on an empty one).
+    /// then its arguments (calls numbered from `calls`, the count before
+    /// these events). A token's logprob rides on the first chunk (or on an
+    /// empty one).
     fn read(
         &self,
         index: usize,
         events: Vec<ChatEvent>,
-        calls: &mut usize,
+        mut calls: usize,
         logprob: Option<TokenLogprob>,
     ) -> Vec<String> {
         let vocab = self.model.vocab();
@@ -359,23 +352,23 @@ impl Frames {
                 }
                 ChatEvent::ToolCall(call) => {
                     let opening = ToolCallDelta {
-                        index: *calls,
-                        id: Some(self.state.call_id()),
+                        index: calls,
+                        id: call.id,
                         kind: Some("function"),
                         function: FunctionDelta { name: Some(call.function.name), arguments: String::new() },
                     };
                     let arguments = ToolCallDelta {
-                        index: *calls,
+                        index: calls,
                         id: None,
                         kind: None,
                         function: FunctionDelta { name: None, arguments: call.function.arguments.to_string() },
                     };
-                    *calls += 1;
+                    calls += 1;
                     for delta in [opening, arguments] {
                         chunks.push(chunk(ChatDelta { tool_calls: Some(vec![delta]), ..ChatDelta::default() }));
                     }
                 }
-                // A parser yields no end.
+                // The end is the choice's last chunk (`done`).
                 _ => {}
             }
         }
@@ -409,11 +402,6 @@ impl Frames {
     }
 }
 
-/// OpenAI's `tool_calls` when a choice that ended normally made calls.
-fn finish_with_calls(reason: &'static str, called: bool) -> &'static str {
-    if called && reason == "stop" { "tool_calls" } else { reason }
-}
-
 /// Serialized for an SSE `data:` line. These bodies have string keys only,
 /// so serializing cannot fail; if it ever did, the client gets an error
 /// object in the stream rather than a dropped connection.
@@ -434,10 +422,10 @@ fn sse(frames: Frames, completions: Vec<Completion>) -> Response {
     let frames = Arc::new(frames);
     let head = futures::stream::iter(frames.head().into_iter().map(data).collect::<Vec<_>>());
     let usages = Arc::new(Mutex::new(Vec::<(usize, Usage)>::new()));
-    // Each choice's reader and how many calls it released.
-    let mut readers: Vec<Option<(ChatParser, usize)>> = (0..completions.len())
+    // Each choice's reader.
+    let mut readers: Vec<Option<ReplyReader>> = (0..completions.len())
         .map(|_| match &frames.kind {
-            Kind::Chat { parser, .. } => Some((parser.clone(), 0)),
+            Kind::Chat { parser, .. } => Some(ReplyReader::new(parser.clone())),
             Kind::Text { .. } => None,
         })
         .collect();
@@ -447,7 +435,8 @@ fn sse(frames: Frames, completions: Vec<Completion>) -> Response {
             let reader = readers.get_mut(index).and_then(Option::as_mut);
             let chunks = match (delta, reader) {
                 (Delta::Piece { text, logprob }, None) => vec![frames.piece(index, text, logprob)],
-                (Delta::Piece { text, logprob }, Some((reader, calls))) => {
+                (Delta::Piece { text, logprob }, Some(reader)) => {
+                    let calls = reader.reply().tool_calls().len();
                     frames.read(index, reader.push(&text), calls, logprob)
                 }
                 (Delta::Done(Ok(finish)), reader) => {
@@ -455,11 +444,12 @@ fn sse(frames: Frames, completions: Vec<Completion>) -> Response {
                     let reason = engine_io::finish_reason(&finish.reason).unwrap_or("stop");
                     let mut chunks = Vec::new();
                     let mut called = false;
-                    if let Some((reader, calls)) = reader {
-                        chunks = frames.read(index, reader.finish(), calls, None);
-                        called = *calls > 0;
+                    if let Some(reader) = reader {
+                        let calls = reader.reply().tool_calls().len();
+                        chunks = frames.read(index, reader.finish(finish.reason.clone(), finish.usage), calls, None);
+                        called = reader.reply().called_tools();
                     }
-                    chunks.push(frames.done(index, finish_with_calls(reason, called)));
+                    chunks.push(frames.done(index, if called { "tool_calls" } else { reason }));
                     chunks
                 }
                 (Delta::Done(Err(e)), _) => vec![json_text(&e.body())],

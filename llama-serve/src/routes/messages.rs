@@ -10,7 +10,7 @@ use axum::extract::State;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
-use llamacpp::chat::{ChatEvent, ChatParser};
+use llamacpp::chat::{ChatEvent, ChatParser, ReplyPart, ReplyReader};
 use serde_json::{Value, json};
 
 use super::completion::{count_chat_prompt, submit_chat};
@@ -46,15 +46,23 @@ pub async fn messages(
         .await?
         .pop()
         .ok_or_else(|| ApiError::internal("no choice was collected"))?;
-    let mut parser = submitted.parser;
-    let mut events = parser.push(&choice.text);
-    events.extend(parser.finish());
-    let mut blocks = Blocks::default();
-    for event in events {
-        blocks.add(event, &state);
-    }
-    let called = blocks.0.iter().any(|b| matches!(b, OutBlock::ToolUse { .. }));
-    let content = blocks.finish(called);
+    let reply = choice.reply(submitted.parser);
+    let called = !reply.tool_calls().is_empty();
+    let content = reply
+        .listed_parts()
+        .filter_map(|part| match part {
+            ReplyPart::Text(text) => Some(OutBlock::Text { text: text.clone() }),
+            ReplyPart::Reasoning(thinking) => {
+                Some(OutBlock::Thinking { thinking: thinking.clone(), signature: String::new() })
+            }
+            ReplyPart::ToolCall(call) => Some(OutBlock::ToolUse {
+                id: call.id.clone().unwrap_or_default(),
+                name: call.function.name.clone(),
+                input: tool_input(call.function.arguments.clone()),
+            }),
+            _ => None,
+        })
+        .collect();
     let reason = stop_reason(choice.finish_reason, choice.stop.as_deref(), called);
     Ok(axum::Json(MessageResponse {
         id,
@@ -82,38 +90,6 @@ pub async fn count_tokens(
     Ok(axum::Json(json!({"input_tokens": n})).into_response())
 }
 
-/// An answer's blocks as its events arrive: consecutive thoughts or text
-/// in one block each, a call per block.
-#[derive(Default)]
-struct Blocks(Vec<OutBlock>);
-
-impl Blocks {
-    fn add(&mut self, event: ChatEvent, state: &AppState) {
-        match (event, self.0.last_mut()) {
-            (ChatEvent::Text(t), Some(OutBlock::Text { text })) => text.push_str(&t),
-            (ChatEvent::Text(text), _) => self.0.push(OutBlock::Text { text }),
-            (ChatEvent::Reasoning(t), Some(OutBlock::Thinking { thinking, .. })) => thinking.push_str(&t),
-            (ChatEvent::Reasoning(thinking), _) => {
-                self.0.push(OutBlock::Thinking { thinking, signature: String::new() })
-            }
-            (ChatEvent::ToolCall(call), _) => self.0.push(OutBlock::ToolUse {
-                id: tool_use_id(state),
-                name: call.function.name,
-                input: tool_input(call.function.arguments),
-            }),
-            _ => {}
-        }
-    }
-
-    /// The blocks, without blank text beside calls.
-    fn finish(self, called: bool) -> Vec<OutBlock> {
-        self.0
-            .into_iter()
-            .filter(|b| !(called && matches!(b, OutBlock::Text { text } if text.trim().is_empty())))
-            .collect()
-    }
-}
-
 /// A call's arguments as a `tool_use` block's `input`: an object (a
 /// string holding JSON is parsed).
 fn tool_input(arguments: Value) -> Value {
@@ -121,11 +97,6 @@ fn tool_input(arguments: Value) -> Value {
         Value::String(s) => serde_json::from_str(&s).unwrap_or(Value::String(s)),
         v => v,
     }
-}
-
-/// A `tool_use` block's id, in Anthropic's `toolu_` form.
-fn tool_use_id(state: &AppState) -> String {
-    format!("toolu_{}", state.call_id())
 }
 
 /// Which block is open in a stream.
@@ -141,7 +112,6 @@ struct Writer {
     open: Open,
     index: usize,
     called: bool,
-    state: Arc<AppState>,
 }
 
 fn event(name: &str, data: Value) -> SseEvent {
@@ -197,7 +167,7 @@ impl Writer {
                 ChatEvent::ToolCall(call) => {
                     self.close(&mut out);
                     self.called = true;
-                    let block = json!({"type": "tool_use", "id": tool_use_id(&self.state), "name": call.function.name, "input": {}});
+                    let block = json!({"type": "tool_use", "id": call.id, "name": call.function.name, "input": {}});
                     out.push(event(
                         "content_block_start",
                         json!({"type": "content_block_start", "index": self.index, "content_block": block}),
@@ -234,13 +204,13 @@ fn stream(
         "stop_reason": null, "stop_sequence": null,
         "usage": {"input_tokens": prompt_tokens, "output_tokens": 0}}});
     let head = futures::stream::iter([Ok::<_, Infallible>(event("message_start", start))]);
-    let mut reader = parser;
-    let mut writer = Writer { open: Open::None, index: 0, called: false, state };
+    let mut reader = ReplyReader::new(parser);
+    let mut writer = Writer { open: Open::None, index: 0, called: false };
     let body = engine_io::merged(completions).flat_map(move |(_, delta)| {
         let events = match delta {
             Delta::Piece { text, .. } => writer.write(reader.push(&text)),
             Delta::Done(Ok(finish)) => {
-                let mut out = writer.write(reader.finish());
+                let mut out = writer.write(reader.finish(finish.reason.clone(), finish.usage));
                 writer.close(&mut out);
                 let finish_reason = engine_io::finish_reason(&finish.reason).unwrap_or("stop");
                 let stop = engine_io::stop_string(&finish.reason);

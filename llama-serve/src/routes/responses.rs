@@ -10,7 +10,7 @@ use axum::extract::State;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
-use llamacpp::chat::{ChatEvent, ChatParser};
+use llamacpp::chat::{ChatEvent, ChatParser, ReplyPart, ReplyReader};
 use serde_json::{Value, json};
 
 use super::completion::{count_chat_prompt, submit_chat};
@@ -87,14 +87,23 @@ pub async fn responses(
         .await?
         .pop()
         .ok_or_else(|| ApiError::internal("no choice was collected"))?;
-    let mut parser = submitted.parser;
-    let mut events = parser.push(&choice.text);
-    events.extend(parser.finish());
-    let mut items = Items::new(state.clone());
-    for event in events {
-        items.add(event);
-    }
-    let output = items.finish();
+    let output = choice
+        .reply(submitted.parser)
+        .listed_parts()
+        .map(|part| match part {
+            ReplyPart::Text(t) => message_item(&state.id("msg"), t, "completed"),
+            ReplyPart::Reasoning(t) => reasoning_item(&state.id("rs"), t, "completed"),
+            ReplyPart::ToolCall(call) => call_item(
+                &state.id("fc"),
+                call.id.as_deref().unwrap_or_default(),
+                &call.function.name,
+                &arguments_text(call.function.arguments.clone()),
+                "completed",
+            ),
+            _ => Value::Null,
+        })
+        .filter(|item| !item.is_null())
+        .collect();
     Ok(axum::Json(echo.response(output, Some(choice.finish_reason), Some(&choice.usage))).into_response())
 }
 
@@ -109,61 +118,6 @@ pub async fn input_tokens(
     ready(&state)?;
     let n = count_chat_prompt(&state, chat).await?;
     Ok(axum::Json(json!({"object": "response.input_tokens", "input_tokens": n})).into_response())
-}
-
-/// The answer's output items as its events arrive.
-struct Items {
-    items: Vec<Value>,
-    state: Arc<AppState>,
-}
-
-impl Items {
-    fn new(state: Arc<AppState>) -> Items {
-        Items { items: Vec::new(), state }
-    }
-
-    fn add(&mut self, event: ChatEvent) {
-        match event {
-            ChatEvent::Text(t) => match self.items.last_mut() {
-                Some(item) if item["type"] == "message" => {
-                    let text = item["content"][0]["text"].as_str().unwrap_or_default().to_owned() + &t;
-                    item["content"][0]["text"] = text.into();
-                }
-                _ => self.items.push(message_item(&self.state.id("msg"), &t, "completed")),
-            },
-            ChatEvent::Reasoning(t) => match self.items.last_mut() {
-                Some(item) if item["type"] == "reasoning" => {
-                    let text = item["content"][0]["text"].as_str().unwrap_or_default().to_owned() + &t;
-                    item["content"][0]["text"] = text.into();
-                }
-                _ => self.items.push(reasoning_item(&self.state.id("rs"), &t, "completed")),
-            },
-            ChatEvent::ToolCall(call) => {
-                let arguments = arguments_text(call.function.arguments);
-                self.items.push(call_item(
-                    &self.state.id("fc"),
-                    &call_id(&self.state),
-                    &call.function.name,
-                    &arguments,
-                    "completed",
-                ));
-            }
-            _ => {}
-        }
-    }
-
-    /// The items, without a blank message beside calls.
-    fn finish(self) -> Vec<Value> {
-        let called = self.items.iter().any(|i| i["type"] == "function_call");
-        self.items
-            .into_iter()
-            .filter(|i| {
-                !(called
-                    && i["type"] == "message"
-                    && i["content"][0]["text"].as_str().is_some_and(|t| t.trim().is_empty()))
-            })
-            .collect()
-    }
 }
 
 fn message_item(id: &str, text: &str, status: &str) -> Value {
@@ -186,10 +140,6 @@ fn arguments_text(arguments: Value) -> String {
         Value::String(s) => s,
         v => v.to_string(),
     }
-}
-
-fn call_id(state: &AppState) -> String {
-    format!("call_{}", state.call_id())
 }
 
 /// The stream's state: the open item (its index, id, kind and text so
@@ -287,7 +237,7 @@ impl Writer {
                 ChatEvent::ToolCall(call) => {
                     self.close(&mut out);
                     let index = self.done.len();
-                    let (id, call_id) = (self.state.id("fc"), call_id(&self.state));
+                    let (id, call_id) = (self.state.id("fc"), call.id.unwrap_or_default());
                     let arguments = arguments_text(call.function.arguments);
                     let name = call.function.name;
                     let added = call_item(&id, &call_id, &name, "", "in_progress");
@@ -333,12 +283,12 @@ fn stream(
         writer.event(json!({"type": "response.in_progress", "response": created})),
     ];
     let head = futures::stream::iter(head.into_iter().map(Ok::<_, Infallible>).collect::<Vec<_>>());
-    let mut reader = parser;
+    let mut reader = ReplyReader::new(parser);
     let body = engine_io::merged(completions).flat_map(move |(_, delta)| {
         let events = match delta {
             Delta::Piece { text, .. } => writer.write(reader.push(&text)),
             Delta::Done(Ok(finish)) => {
-                let mut out = writer.write(reader.finish());
+                let mut out = writer.write(reader.finish(finish.reason.clone(), finish.usage));
                 writer.close(&mut out);
                 let reason = engine_io::finish_reason(&finish.reason).unwrap_or("stop");
                 let usage = Usage::from(finish.usage);

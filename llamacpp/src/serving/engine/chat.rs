@@ -6,7 +6,7 @@ use std::task::{Context as TaskContext, Poll};
 
 use super::{Completion, Engine, Event, Request};
 use crate::error::Result;
-use crate::text::chat::{ChatEvent, ChatParser};
+use crate::text::chat::{ChatEvent, Reply, ReplyReader};
 
 impl Engine {
     /// Submits a chat request ([`Request::chat`]) and reads its reply as
@@ -33,20 +33,23 @@ impl Engine {
     /// As [`Engine::submit`].
     pub fn chat(&self, request: Request) -> Result<ChatCompletion> {
         let parser = request.chat.as_ref().map(|p| p.parser()).unwrap_or_default();
-        Ok(ChatCompletion { completion: self.submit(request)?, parser, queue: VecDeque::new(), calls: 0 })
+        Ok(ChatCompletion {
+            completion: self.submit(request)?,
+            reader: ReplyReader::new(parser),
+            queue: VecDeque::new(),
+        })
     }
 }
 
 /// A chat request's reply ([`Engine::chat`]): a blocking [`Iterator`] and
 /// an async [`Stream`](futures_core::Stream) of [`ChatEvent`]s, ending
-/// with one [`ChatEvent::Done`]. Tool calls get the ids `call_0`,
-/// `call_1`, …; dropping it cancels the request.
+/// with one [`ChatEvent::Done`], read by a [`ReplyReader`] (tool calls
+/// get its ids); dropping it cancels the request.
 #[derive(Debug)]
 pub struct ChatCompletion {
     completion: Completion,
-    parser: ChatParser,
+    reader: ReplyReader,
     queue: VecDeque<ChatEvent>,
-    calls: usize,
 }
 
 impl ChatCompletion {
@@ -60,27 +63,19 @@ impl ChatCompletion {
         self.completion.cancel();
     }
 
+    /// The reply so far (whole once [`ChatEvent::Done`] was yielded).
+    pub fn reply(&self) -> &Reply {
+        self.reader.reply()
+    }
+
     /// Reads one engine event; the chat events it makes wait in the queue.
     fn read(&mut self, event: Option<Event>) {
         let events = match event {
-            Some(Event::Piece(piece)) => self.parser.push(&piece.text),
-            Some(Event::Done(finish)) => {
-                let mut events = self.parser.finish();
-                events.push(ChatEvent::Done { reason: finish.reason, usage: finish.usage });
-                events
-            }
+            Some(Event::Piece(piece)) => self.reader.push(&piece.text),
+            Some(Event::Done(finish)) => self.reader.finish(finish.reason, finish.usage),
             None => return,
         };
-        for event in events {
-            self.queue.push_back(match event {
-                ChatEvent::ToolCall(mut call) => {
-                    call.id = Some(format!("call_{}", self.calls));
-                    self.calls += 1;
-                    ChatEvent::ToolCall(call)
-                }
-                other => other,
-            });
-        }
+        self.queue.extend(events);
     }
 }
 

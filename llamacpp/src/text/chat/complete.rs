@@ -1,7 +1,7 @@
 //! One-call chat: [`Model::chat`], for scripts and tests that want the
 //! answer, not a streaming loop.
 
-use super::{ChatEvent, ChatMessage, ChatOptions, Conversation};
+use super::{ChatMessage, ChatOptions, Conversation};
 use crate::error::Result;
 use crate::llama::model::Model;
 use crate::llama::types::FinishReason;
@@ -46,14 +46,11 @@ impl Model {
             Some(c) => chat.reply_constrained(c)?,
             None => chat.reply()?,
         };
-        let mut text = String::new();
         for event in &mut turn {
-            if let ChatEvent::Text(t) = event? {
-                text.push_str(&t);
-            }
+            event?;
         }
         let stats = turn.stats().clone();
         let finish_reason = stats.finish_reason.clone().unwrap_or(FinishReason::Length);
-        Ok(Completed { text, finish_reason, stats })
+        Ok(Completed { text: turn.reply().text(), finish_reason, stats })
     }
 }

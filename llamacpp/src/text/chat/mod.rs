@@ -4,7 +4,7 @@
 //! - [`ChatTemplate`] runs a Jinja template (a model's
 //!   `tokenizer.chat_template`) with minijinja, the way Hugging Face's
 //!   `apply_chat_template` renders it.
-//! - [`apply_chat_template`] is llama.cpp's built-in matcher: a fixed list
+//! - [`apply_builtin_template`] is llama.cpp's built-in matcher: a fixed list
 //!   of formats, chosen by name.
 //! - [`Model::chat_format`] picks for a model: its own template when it has
 //!   one, else the built-in format of its family (or chatml), and says
@@ -27,22 +27,24 @@ mod plain;
 mod prompt;
 mod python;
 pub(crate) mod reasoning;
+mod reply;
 pub mod tools;
 #[cfg(feature = "schemars")]
 #[cfg_attr(docsrs, doc(cfg(feature = "schemars")))]
 mod typed;
 
 pub use crate::sampling::sampler::ReasoningBudget;
-pub use conversation::{Conversation, DEFAULT_CONTEXT, DEFAULT_REPLY_TOKENS, Reply, Turn};
+pub use conversation::{Conversation, DEFAULT_CONTEXT, DEFAULT_REPLY_TOKENS, Turn};
 pub use media::{MediaPart, media_parts};
 pub use output::{ChatEvent, ChatParser};
 pub use prompt::{ChatOptions, ChatPrompt};
 pub use reasoning::{Reasoning, ReasoningFormat};
+pub use reply::{Reply, ReplyPart, ReplyReader};
 pub use tools::{Tool, ToolChoice, ToolFormat, Tools};
 
 use serde::{Deserialize, Serialize};
 
-pub use builtin::{apply_chat_template, builtin_chat_templates};
+pub use builtin::{apply_builtin_template, builtin_chat_templates};
 pub use jinja::{ChatTemplate, RenderOptions};
 
 use crate::error::{Error, Result};
@@ -256,7 +258,7 @@ impl ChatFormat {
                         "llama.cpp's built-in {name:?} template cannot render tools (the model has no template)"
                     )));
                 }
-                apply_chat_template(name, messages, options.add_generation_prompt)
+                apply_builtin_template(name, messages, options.add_generation_prompt)
             }
         }
     }

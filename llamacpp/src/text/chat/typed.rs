@@ -6,7 +6,6 @@ use serde::de::DeserializeOwned;
 
 use super::ChatMessage;
 use super::conversation::Conversation;
-use super::output::ChatEvent;
 use crate::error::{Error, Result};
 use crate::llama::model::Model;
 use crate::sampling::constraint::{Constraint, JsonOptions};
@@ -57,17 +56,11 @@ impl Conversation<'_> {
     /// the reply before the document; [`Error::JsonAnswer`] when the
     /// document does not deserialize; as [`Conversation::reply`].
     pub fn reply_json<T: JsonSchema + DeserializeOwned>(&mut self) -> Result<T> {
-        let mut text = String::new();
-        let (reason, tokens) = {
-            let mut turn = self.reply_constrained(Constraint::for_type::<T>())?;
-            for event in &mut turn {
-                if let ChatEvent::Text(t) = event? {
-                    text.push_str(&t);
-                }
-            }
-            (turn.stats().finish_reason.clone(), turn.stats().generated_tokens)
-        };
-        read(&text, reason.as_ref(), tokens)
+        let mut turn = self.reply_constrained(Constraint::for_type::<T>())?;
+        for event in &mut turn {
+            event?;
+        }
+        read(&turn.reply().text(), turn.stats().finish_reason.as_ref(), turn.stats().generated_tokens)
     }
 }
 

@@ -9,6 +9,7 @@ use std::task::{Context as TaskContext, Poll};
 use super::output::{ChatEvent, ChatParser};
 use super::prompt::ChatOptions;
 use super::reasoning::Reasoning;
+use super::reply::{Reply, ReplyReader};
 use super::tools::{Tool, Tools};
 use super::{ChatFormat, ChatMessage, ToolCall};
 use crate::error::{Error, Result};
@@ -62,8 +63,6 @@ pub struct Conversation<'m> {
     options: ChatOptions,
     sampling: SamplingParams,
     generate: GenerateOptions,
-    /// Tool calls so far, for their ids.
-    calls: usize,
     /// The projector and the media the messages refer to (feature `mtmd`).
     media: media::ConversationMedia<'m>,
 }
@@ -106,7 +105,6 @@ impl<'m> Conversation<'m> {
             options: ChatOptions::default(),
             sampling: SamplingParams::default(),
             generate: GenerateOptions::default().max_tokens(DEFAULT_REPLY_TOKENS),
-            calls: 0,
             media: media::ConversationMedia::default(),
         })
     }
@@ -237,7 +235,7 @@ impl<'m> Conversation<'m> {
                 return Err(e);
             }
         };
-        let Conversation { ctx, session, sampler, messages, calls, .. } = self;
+        let Conversation { ctx, session, sampler, messages, .. } = self;
         let sampler = sampler.as_mut().ok_or_else(|| Error::InvalidArgument("no sampler".into()))?;
         let mut generation = match session.generate(ctx, sampler, &tokens, &options) {
             Ok(g) => g,
@@ -253,11 +251,9 @@ impl<'m> Conversation<'m> {
         }
         Ok(Turn {
             generation,
-            parser,
+            reader: ReplyReader::new(parser),
             messages,
-            calls,
             queue: std::collections::VecDeque::new(),
-            reply: Reply::default(),
             state: TurnState::Running,
         })
     }
@@ -300,27 +296,10 @@ impl<'m> Conversation<'m> {
     }
 }
 
-/// What a finished reply said ([`Turn::finish`]).
-#[derive(Clone, Debug, Default, PartialEq)]
-#[non_exhaustive]
-pub struct Reply {
-    /// The answer's text.
-    pub text: String,
-    /// The thoughts before it.
-    pub reasoning: String,
-    /// The tool calls it made, with their ids.
-    pub tool_calls: Vec<ToolCall>,
-    /// Why it ended (`None` while it runs).
-    pub finish_reason: Option<FinishReason>,
-    /// Its token counts.
-    pub usage: Usage,
-}
-
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum TurnState {
     Running,
-    /// The generation ended; `Done` is yet to be yielded.
-    Ended,
+    /// The generation ended (its last events may wait in the queue).
     Done,
 }
 
@@ -336,17 +315,15 @@ enum TurnState {
 /// whose stream waits without blocking.
 pub struct Turn<'c, 'm> {
     generation: Generation<'c, 'm, 'm>,
-    parser: ChatParser,
+    reader: ReplyReader,
     messages: &'c mut Vec<ChatMessage>,
-    calls: &'c mut usize,
     queue: std::collections::VecDeque<ChatEvent>,
-    reply: Reply,
     state: TurnState,
 }
 
 impl std::fmt::Debug for Turn<'_, '_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Turn").field("reply", &self.reply).finish_non_exhaustive()
+        f.debug_struct("Turn").field("reply", self.reader.reply()).finish_non_exhaustive()
     }
 }
 
@@ -354,6 +331,12 @@ impl Turn<'_, '_> {
     /// The generation's statistics so far.
     pub fn stats(&self) -> &GenerationStats {
         self.generation.stats()
+    }
+
+    /// The reply so far (whole once the turn has yielded
+    /// [`ChatEvent::Done`]).
+    pub fn reply(&self) -> &Reply {
+        self.reader.reply()
     }
 
     /// Runs the reply to its end and returns it.
@@ -364,77 +347,48 @@ impl Turn<'_, '_> {
         for event in &mut self {
             event?;
         }
-        Ok(self.reply.clone())
+        Ok(self.reader.reply().clone())
     }
 
-    fn take(&mut self, event: ChatEvent) -> ChatEvent {
-        match &event {
-            ChatEvent::Text(t) => self.reply.text.push_str(t),
-            ChatEvent::Reasoning(t) => self.reply.reasoning.push_str(t),
-            ChatEvent::ToolCall(_) => {}
-            ChatEvent::Done { .. } => {}
-        }
-        event
-    }
-
-    fn end(&mut self) -> ChatEvent {
+    /// The generation ended: the events that were held back, and `Done`.
+    fn end(&mut self) -> Vec<ChatEvent> {
         let stats = self.generation.stats();
         let reason = stats.finish_reason.clone().unwrap_or(FinishReason::Length);
-        self.reply.finish_reason = Some(reason.clone());
-        self.reply.usage = Usage {
+        let usage = Usage {
             prompt_tokens: stats.prompt_tokens,
             cached_tokens: stats.prompt_tokens.saturating_sub(stats.prompt_evaluated),
             completion_tokens: stats.generated_tokens,
             accepted_draft_tokens: stats.accepted_draft_tokens,
             rejected_draft_tokens: stats.drafted_tokens.saturating_sub(stats.accepted_draft_tokens),
         };
-        let r = &self.reply;
-        // Empty rather than absent content for a reply that only calls
-        // tools: templates test it as a string (`'</think>' in content`).
-        let mut message = ChatMessage::assistant(r.text.clone());
-        message.tool_calls.clone_from(&r.tool_calls);
-        message.reasoning_content = (!r.reasoning.is_empty()).then(|| r.reasoning.clone());
-        self.messages.push(message);
-        ChatEvent::Done { reason, usage: self.reply.usage }
+        self.reader.finish(reason, usage)
     }
 
     fn next_event(&mut self) -> Option<Result<ChatEvent>> {
         loop {
             if let Some(event) = self.queue.pop_front() {
-                return Some(Ok(self.take(event)));
-            }
-            match self.state {
-                TurnState::Done => return None,
-                TurnState::Ended => {
-                    self.state = TurnState::Done;
-                    return Some(Ok(self.end()));
+                // The reply joins the history as its end is yielded.
+                if matches!(event, ChatEvent::Done { .. }) {
+                    self.messages.push(self.reader.reply().message());
                 }
-                TurnState::Running => {}
+                return Some(Ok(event));
+            }
+            if self.state == TurnState::Done {
+                return None;
             }
             let events = match self.generation.next_piece() {
-                Some(Ok(piece)) => self.parser.push(piece),
+                Some(Ok(piece)) => self.reader.push(piece),
                 Some(Err(Error::ContextFull { .. })) => continue,
                 Some(Err(e)) => {
                     self.state = TurnState::Done;
                     return Some(Err(e));
                 }
                 None => {
-                    self.state = TurnState::Ended;
-                    self.parser.finish()
+                    self.state = TurnState::Done;
+                    self.end()
                 }
             };
-            for event in events {
-                let event = match event {
-                    ChatEvent::ToolCall(call) => {
-                        let call = ToolCall { id: Some(format!("call_{}", *self.calls)), ..call };
-                        *self.calls += 1;
-                        self.reply.tool_calls.push(call.clone());
-                        ChatEvent::ToolCall(call)
-                    }
-                    other => other,
-                };
-                self.queue.push_back(event);
-            }
+            self.queue.extend(events);
         }
     }
 }
