@@ -31,7 +31,7 @@ use std::time::Instant;
 use clap::Parser;
 use llama_suite::teacher::rescore;
 use llamacpp::engine::{Engine, EngineConfig, Request};
-use llamacpp::plan::{Budget, Planner};
+use llamacpp::plan::{MemoryBudget, Planner};
 use llamacpp::testing::{ShapedSpec, TinyModelSpec, write_shaped_llama, write_tiny_llama};
 use llamacpp::{
     ContextParams, DeviceKind, FileType, GpuLayers, LoadMode, Model, ModelParams, QuantizeParams, Token, quantize,
@@ -221,7 +221,7 @@ fn fit_check(path: &Path, gpu: &llamacpp::Device, ctx_params: &ContextParams) ->
                "ok": all == n_layer || size + (1 << 30) > gpu.memory_free as u64})
     );
     let budget = size / 2;
-    let within = base.gpu_layers(GpuLayers::Within(Budget::default().device(&gpu.name, budget)));
+    let within = base.gpu_layers(GpuLayers::Within(MemoryBudget::default().device(&gpu.name, budget)));
     let start = Instant::now();
     let model = Model::load(path, &within)?;
     let load_s = start.elapsed().as_secs_f64();

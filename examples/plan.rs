@@ -21,7 +21,7 @@ use std::time::Instant;
 
 use clap::Parser;
 use llamacpp::plan::analytic::{ModelShape, WeightType};
-use llamacpp::plan::{Budget, FitGoal, MemoryBreakdown, Planner};
+use llamacpp::plan::{FitGoal, MemoryBreakdown, MemoryBudget, Planner};
 use llamacpp::{ContextParams, FlashAttention, KvType, Model, ModelParams};
 
 #[derive(Parser, Debug)]
@@ -77,7 +77,7 @@ struct Args {
     /// prints them, Host for RAM): prints the most layers that fit, for
     /// the first configuration.
     #[arg(long)]
-    device_budget: Option<Budget>,
+    device_budget: Option<MemoryBudget>,
 }
 
 fn parse_kv(s: &str) -> Result<KvType, String> {
@@ -213,7 +213,7 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
             .seqs
             .iter()
             .map(|&n_seq| {
-                (n_seq, planner.fit_kv(&base, &Budget::total(bytes), FitGoal::MaxContext { n_seq }, &args.kv))
+                (n_seq, planner.fit_kv(&base, &MemoryBudget::total(bytes), FitGoal::MaxContext { n_seq }, &args.kv))
             })
             .collect(),
         None => Vec::new(),

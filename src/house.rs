@@ -20,7 +20,7 @@ const FLOORS: &[&str] = &["llama", "sampling", "text", "serving"];
 /// borrows its model and is made from it; the memory plan loads
 /// metadata-only models and contexts to measure them; and a model's load
 /// asks the plan how many layers fit its devices (`GpuLayers::Fit`, the
-/// default), with `ModelParams` holding the plan's `Budget` and the
+/// default), with `ModelParams` holding the plan's `MemoryBudget` and the
 /// `ContextParams` the fit must leave room for. Any other loop, or this one
 /// grown by a module, fails the check.
 const KNOTS: &[&[&str]] = &[&["llama/context", "llama/model", "llama/plan"]];

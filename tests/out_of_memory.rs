@@ -68,6 +68,6 @@ fn a_chat_template_buffer_that_cannot_be_allocated_is_an_error() {
     let big = "a".repeat(600 << 20);
     let messages =
         [llamacpp::ChatMessage::new("user", big.as_str()), llamacpp::ChatMessage::new("assistant", big.as_str())];
-    let err = llamacpp::apply_chat_template("chatml", &messages, true).unwrap_err();
+    let err = llamacpp::apply_builtin_template("chatml", &messages, true).unwrap_err();
     assert!(matches!(err, Error::OutOfMemory { bytes } if bytes > LIMIT), "{err:?}");
 }

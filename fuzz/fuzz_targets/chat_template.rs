@@ -1,11 +1,11 @@
-//! `apply_chat_template` with an arbitrary template name / Jinja string.
+//! `apply_builtin_template` with an arbitrary template name / Jinja string.
 //!
 //! Input: byte 0 = flags (bit 0 add_assistant, bits 1..3 message count),
 //! then `template \0 content \0 role` (later parts optional).
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use llamacpp::{ChatMessage, apply_chat_template};
+use llamacpp::{ChatMessage, apply_builtin_template};
 use llama_fuzz::{split_nul, text};
 
 fuzz_target!(|data: &[u8]| {
@@ -21,6 +21,6 @@ fuzz_target!(|data: &[u8]| {
     if let Some(role) = odd_role {
         messages.push(ChatMessage::new(role, content.clone()));
     }
-    let _ = apply_chat_template(&template, &messages, head & 1 != 0);
-    let _ = apply_chat_template(&template, &[], head & 1 == 0);
+    let _ = apply_builtin_template(&template, &messages, head & 1 != 0);
+    let _ = apply_builtin_template(&template, &[], head & 1 == 0);
 });

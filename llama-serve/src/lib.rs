@@ -35,7 +35,7 @@ use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 use llamacpp::engine::{Engine, EngineConfig, Speculation};
-use llamacpp::plan::Budget;
+use llamacpp::plan::MemoryBudget;
 use llamacpp::{KvType, Model, ModelParams, Pooling};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
@@ -84,7 +84,7 @@ pub struct Args {
     /// comma-separated (devices as llama.cpp names them, e.g.
     /// CUDA0=20GiB,Host=8GiB; Host is RAM).
     #[arg(long, conflicts_with = "memory_budget")]
-    device_budget: Option<Budget>,
+    device_budget: Option<MemoryBudget>,
     /// Tokens per decode step (llama.cpp's n_batch), shared by decoding
     /// streams and prompt chunks.
     #[arg(long, default_value_t = 512)]
@@ -521,6 +521,30 @@ async fn shutdown_signal() {
 mod tests {
     use super::*;
 
+    /// docs/server.md's table of flags names every flag `--help` shows,
+    /// with its default where clap has one.
+    #[test]
+    fn every_flag_is_in_the_servers_docs() {
+        use clap::CommandFactory;
+        let docs = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/server.md")).unwrap();
+        let table = docs.split("## Flags").nth(1).expect("docs/server.md has a Flags section");
+        let mut missing = Vec::new();
+        for arg in Args::command().get_arguments().filter(|a| !a.is_hide_set()) {
+            let Some(long) = arg.get_long() else { continue };
+            let Some(row) = table.lines().find(|l| l.starts_with('|') && l.contains(&format!("`--{long}`"))) else {
+                missing.push(format!("--{long}"));
+                continue;
+            };
+            for default in arg.get_default_values() {
+                let default = default.to_string_lossy();
+                if !row.contains(default.as_ref()) {
+                    missing.push(format!("--{long}'s default {default}"));
+                }
+            }
+        }
+        assert!(missing.is_empty(), "docs/server.md's Flags lack {missing:?}");
+    }
+
     #[test]
     fn the_api_key_is_never_printed() {
         let args = Args::parse_from(["llama-serve", "--api-key", "sesame-1234", "--model", "m.gguf"]);
@@ -535,7 +559,10 @@ mod tests {
     #[test]
     fn device_budgets_are_name_size_pairs() {
         let args = Args::parse_from(["llama-serve", "--model", "m.gguf", "--device-budget", "CUDA0=2GiB,Host=1.5GB"]);
-        assert_eq!(args.device_budget, Some(Budget::default().device("CUDA0", 2 << 30).device("Host", 1_500_000_000)));
+        assert_eq!(
+            args.device_budget,
+            Some(MemoryBudget::default().device("CUDA0", 2 << 30).device("Host", 1_500_000_000))
+        );
         let config = format!("{:?}", engine_config(&args));
         assert!(config.contains(r#"("CUDA0", 2147483648)"#) && config.contains(r#"("Host", 1500000000)"#), "{config}");
         for bad in [["--device-budget", "CUDA0"], ["--device-budget", "CUDA0=lots"]] {

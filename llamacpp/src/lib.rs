@@ -115,5 +115,5 @@ pub use sampling::sampler::{
     Candidates, CustomSampler, MAX_TOP_LOGPROBS, SamplePath, Sampler, SamplerChain, SamplingParams, TokenData,
 };
 pub use serving::embed::{EmbedParams, Embedder};
-pub use text::chat::{ChatFormat, ChatMessage, ChatTemplate, apply_chat_template, builtin_chat_templates};
+pub use text::chat::{ChatFormat, ChatMessage, ChatTemplate, apply_builtin_template, builtin_chat_templates};
 pub use text::generate::{CompleteOptions, Completed};

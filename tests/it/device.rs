@@ -14,7 +14,7 @@ use std::sync::{Arc, OnceLock};
 use llama_suite::teacher::rescore;
 use llamacpp::embed::{EmbedParams, Embedder, cosine_similarity};
 use llamacpp::engine::{Engine, EngineConfig, Request};
-use llamacpp::plan::{Budget, FitGoal, HOST, Planner};
+use llamacpp::plan::{FitGoal, HOST, MemoryBudget, Planner};
 use llamacpp::{
     AddBos, ContextParams, Device, DeviceKind, Error, GpuLayers, LoadMode, Model, ModelParams, Pooling, Token,
 };
@@ -148,7 +148,8 @@ fn the_plan_per_device_equals_the_live_context_and_fit_names_the_device() {
         plan.memory.devices().into_iter().find(|d| d.device == device).unwrap().total()
     };
     let budget = device_bytes(1024);
-    let fit = planner.fit(&base, &Budget::host(u64::MAX).device(&device, budget), FitGoal::MaxContext { n_seq: 1 });
+    let fit =
+        planner.fit(&base, &MemoryBudget::host(u64::MAX).device(&device, budget), FitGoal::MaxContext { n_seq: 1 });
     let fit = fit.unwrap();
     assert!(!fit.capped);
     assert!(fit.plan.n_ctx >= 1024, "{}", fit.plan.n_ctx);
@@ -156,7 +157,7 @@ fn the_plan_per_device_equals_the_live_context_and_fit_names_the_device() {
     assert!(device_bytes(fit.plan.n_ctx + 256) > budget, "the next step up fits too: {}", fit.plan.n_ctx);
 
     // Not even the weights fit: the error names the device.
-    match planner.fit(&base, &Budget::host(u64::MAX).device(&device, 1 << 20), FitGoal::MaxContext { n_seq: 1 }) {
+    match planner.fit(&base, &MemoryBudget::host(u64::MAX).device(&device, 1 << 20), FitGoal::MaxContext { n_seq: 1 }) {
         Err(Error::DoesNotFit { device: named, budget, .. }) => assert_eq!((named, budget), (device, 1 << 20)),
         other => panic!("{other:?}"),
     }
@@ -227,7 +228,7 @@ fn the_default_offloads_every_layer_that_fits_and_a_budget_fewer() {
         plan.memory.devices().into_iter().find(|d| d.device == device).map_or(0, |d| d.total())
     };
     let budget = on_device(&plan_of(HALF));
-    let within = default.clone().gpu_layers(GpuLayers::Within(Budget::default().device(&device, budget)));
+    let within = default.clone().gpu_layers(GpuLayers::Within(MemoryBudget::default().device(&device, budget)));
     let half = Model::load(path(), &within).unwrap();
     assert_eq!(half.n_gpu_layers(), HALF as usize);
     let mut live = half.new_context(&ctx).unwrap();

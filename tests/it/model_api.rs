@@ -11,7 +11,7 @@ use llama_suite::synthetic::{
 };
 use llamacpp::{
     AddBos, ChatFormat, ChatMessage, Detokenizer, DeviceKind, Error, MetadataValue, Model, ModelParams, Special, Token,
-    TokenAttrs, apply_chat_template, builtin_chat_templates,
+    TokenAttrs, apply_builtin_template, builtin_chat_templates,
 };
 
 /// The parameter count of a tiny llama model, from its shapes.
@@ -299,23 +299,23 @@ fn chat_templates() {
     assert!(names.contains(&"chatml") && names.contains(&"gemma") && names.contains(&"llama3"), "{names:?}");
     let chat = [ChatMessage::system("Be brief."), ChatMessage::user("Hi!"), ChatMessage::assistant("Hello.")];
     assert_eq!(
-        apply_chat_template("chatml", &chat, true).unwrap(),
+        apply_builtin_template("chatml", &chat, true).unwrap(),
         "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi!<|im_end|>\n\
          <|im_start|>assistant\nHello.<|im_end|>\n<|im_start|>assistant\n"
     );
-    assert_eq!(apply_chat_template("chatml", &chat[1..2], false).unwrap(), "<|im_start|>user\nHi!<|im_end|>\n");
+    assert_eq!(apply_builtin_template("chatml", &chat[1..2], false).unwrap(), "<|im_start|>user\nHi!<|im_end|>\n");
     assert_eq!(
-        apply_chat_template("gemma", &chat, true).unwrap(),
+        apply_builtin_template("gemma", &chat, true).unwrap(),
         "<start_of_turn>user\nBe brief.\n\nHi!<end_of_turn>\n<start_of_turn>model\nHello.<end_of_turn>\n\
          <start_of_turn>model\n"
     );
     // A long conversation grows the buffer.
     let long: Vec<ChatMessage> =
         (0..200).map(|i| ChatMessage::user(format!("message {i} {}", "x".repeat(50)))).collect();
-    let out = apply_chat_template("chatml", &long, false).unwrap();
+    let out = apply_builtin_template("chatml", &long, false).unwrap();
     assert_eq!(out.matches("<|im_start|>user").count(), 200);
-    assert!(matches!(apply_chat_template("no-such-template", &chat, true), Err(Error::ChatTemplate(_))));
-    assert!(matches!(apply_chat_template("chatml", &[ChatMessage::user("a\0b")], true), Err(Error::Nul(_))));
+    assert!(matches!(apply_builtin_template("no-such-template", &chat, true), Err(Error::ChatTemplate(_))));
+    assert!(matches!(apply_builtin_template("chatml", &[ChatMessage::user("a\0b")], true), Err(Error::Nul(_))));
 }
 
 /// The cached Gemma 3 270M is the base model: its GGUF has no
@@ -330,10 +330,10 @@ fn gemma_chat_formatting() {
     assert!(matches!(model.chat_format(None).unwrap(), ChatFormat::Builtin(name) if name == "gemma"));
     assert_eq!(
         model.apply_chat_template(&[ChatMessage::user("hi")], true).unwrap(),
-        apply_chat_template("gemma", &[ChatMessage::user("hi")], true).unwrap()
+        apply_builtin_template("gemma", &[ChatMessage::user("hi")], true).unwrap()
     );
 
-    let out = apply_chat_template("gemma", &[ChatMessage::user("What is 2+2?")], true).unwrap();
+    let out = apply_builtin_template("gemma", &[ChatMessage::user("What is 2+2?")], true).unwrap();
     assert!(out.contains("<start_of_turn>user\nWhat is 2+2?<end_of_turn>"), "{out:?}");
     // Its control tokens are parsed from the trusted template, not from user text.
     let vocab = model.vocab();

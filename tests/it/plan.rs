@@ -9,7 +9,7 @@ use std::process::Command;
 use llama_suite::synthetic::{TinyModelSpec, tiny_llama_path, tiny_mamba_path};
 use llamacpp::engine::{Engine, EngineConfig};
 use llamacpp::plan::analytic::{ModelShape, WeightType};
-use llamacpp::plan::{Budget, FitGoal, HOST, MemoryPlan, Planner};
+use llamacpp::plan::{FitGoal, HOST, MemoryBudget, MemoryPlan, Planner};
 use llamacpp::{ContextParams, Error, FlashAttention, KvType, LoadMode, Model, ModelParams};
 
 /// Loaded without mmap: then llama.cpp's weight buffers are exactly the
@@ -200,7 +200,7 @@ fn mapped_weights_count_the_file_range() {
 }
 
 fn assert_fits(planner: &Planner, base: &ContextParams, budget: u64, goal: FitGoal) -> MemoryPlan {
-    let fit = planner.fit(base, &Budget::total(budget), goal).unwrap();
+    let fit = planner.fit(base, &MemoryBudget::total(budget), goal).unwrap();
     assert!(!fit.capped, "{goal:?}: capped");
     assert!(fit.plan.memory.total() <= budget, "{goal:?}: {} > {budget}", fit.plan.memory.total());
     let up = match goal {
@@ -231,7 +231,7 @@ fn fit_finds_the_largest_configuration_within_the_budget() {
     let seqs = assert_fits(&planner, &base, 1024 * mib, FitGoal::MaxSequences { n_ctx_seq: 2048 });
     assert_eq!(seqs.n_seq_max, 7);
     // A host budget on a CPU-only run is the same as a total one.
-    let host = planner.fit(&base, &Budget::host(1024 * mib), FitGoal::MaxContext { n_seq: 1 }).unwrap();
+    let host = planner.fit(&base, &MemoryBudget::host(1024 * mib), FitGoal::MaxContext { n_seq: 1 }).unwrap();
     assert_eq!(host.plan.n_ctx, one.n_ctx);
 }
 
@@ -249,11 +249,15 @@ fn fit_on_the_synthetic_model_and_kv_type_choice() {
     let q8 = planner.plan(&base.clone().n_ctx(256).kv_type(KvType::Q8_0)).unwrap().memory.total();
     assert!(q8 < smallest);
     let fit = planner
-        .fit_kv(&base, &Budget::total(q8), FitGoal::MaxContext { n_seq: 1 }, &[KvType::F16, KvType::Q8_0])
+        .fit_kv(&base, &MemoryBudget::total(q8), FitGoal::MaxContext { n_seq: 1 }, &[KvType::F16, KvType::Q8_0])
         .unwrap();
     assert_eq!((fit.kv_type, fit.plan.n_ctx), (KvType::Q8_0, 256));
-    match planner.fit_kv(&base, &Budget::total(q8 - 1), FitGoal::MaxContext { n_seq: 1 }, &[KvType::F16, KvType::Q8_0])
-    {
+    match planner.fit_kv(
+        &base,
+        &MemoryBudget::total(q8 - 1),
+        FitGoal::MaxContext { n_seq: 1 },
+        &[KvType::F16, KvType::Q8_0],
+    ) {
         Err(Error::DoesNotFit { needed, budget, detail, .. }) => {
             assert_eq!((needed, budget), (q8, q8 - 1));
             assert!(detail.contains("smallest configuration"), "{detail}");
@@ -267,11 +271,11 @@ fn nothing_fits_says_which_part() {
     let planner = Planner::new(real(), &ModelParams::default()).unwrap();
     let base = ContextParams::default();
     let weights = planner.plan(&base.clone().n_ctx(256)).unwrap().memory.weights();
-    match planner.fit(&base, &Budget::total(100 * 1024 * 1024), FitGoal::MaxContext { n_seq: 1 }) {
+    match planner.fit(&base, &MemoryBudget::total(100 * 1024 * 1024), FitGoal::MaxContext { n_seq: 1 }) {
         Err(e @ Error::DoesNotFit { .. }) => assert!(e.to_string().contains("the weights alone need 235.1"), "{e}"),
         other => panic!("{other:?}"),
     }
-    match planner.fit(&base, &Budget::host(weights + 1), FitGoal::MaxContext { n_seq: 1 }) {
+    match planner.fit(&base, &MemoryBudget::host(weights + 1), FitGoal::MaxContext { n_seq: 1 }) {
         Err(e @ Error::DoesNotFit { .. }) => {
             let text = e.to_string();
             assert!(text.starts_with("does not fit on Host: at the smallest configuration (n_ctx 256"), "{text}");
@@ -282,11 +286,11 @@ fn nothing_fits_says_which_part() {
         other => panic!("{other:?}"),
     }
     assert!(matches!(
-        planner.fit(&base, &Budget::total(1 << 40), FitGoal::MaxContext { n_seq: 0 }),
+        planner.fit(&base, &MemoryBudget::total(1 << 40), FitGoal::MaxContext { n_seq: 0 }),
         Err(Error::InvalidArgument(_))
     ));
     // A budget beyond the training length: capped, not a failure.
-    let capped = planner.fit(&base, &Budget::total(1 << 40), FitGoal::MaxContext { n_seq: 1 }).unwrap();
+    let capped = planner.fit(&base, &MemoryBudget::total(1 << 40), FitGoal::MaxContext { n_seq: 1 }).unwrap();
     assert!(capped.capped);
     assert_eq!(capped.plan.n_ctx, planner.n_ctx_train());
 }

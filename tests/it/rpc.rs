@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use llama_suite::synthetic::{TINY_BOS_ID, TinyModelSpec, tiny_llama_path};
 use llama_suite::teacher;
 use llamacpp::engine::{Engine, EngineConfig, Request};
-use llamacpp::plan::{Budget, HOST, Planner};
+use llamacpp::plan::{HOST, MemoryBudget, Planner};
 use llamacpp::rpc;
 use llamacpp::{
     AddBos, Batch, ContextParams, Error, GpuLayers, KvType, LoadMode, Model, ModelParams, Output, Sampler, Token,
@@ -281,13 +281,13 @@ fn the_layer_fit_offloads_what_the_device_budget_holds() {
     };
     assert!(on_device(5) > on_device(4), "a layer more takes more of the device");
 
-    let budget = Budget::default().device(&device, on_device(4));
+    let budget = MemoryBudget::default().device(&device, on_device(4));
     let fit = Planner::fit_layers(&path, &model, &ctx, &budget).unwrap();
     assert_eq!(fit.n_gpu_layers, 4, "{fit:?}");
     assert!(!fit.capped);
     assert_eq!(fit.plan.memory, plan_of(4).memory);
 
-    let all = Planner::fit_layers(&path, &model, &ctx, &Budget::default()).unwrap();
+    let all = Planner::fit_layers(&path, &model, &ctx, &MemoryBudget::default()).unwrap();
     assert_eq!((all.n_gpu_layers, all.capped), (9, true), "8 layers and the output layer");
 
     // A host limit the fit cannot meet (it moves layers to devices only):
@@ -298,7 +298,7 @@ fn the_layer_fit_offloads_what_the_device_budget_holds() {
     }
 
     // A budget for a device the model does not use is refused, not ignored.
-    match Planner::fit_layers(&path, &model, &ctx, &Budget::default().device("CUDA7", 1 << 30)) {
+    match Planner::fit_layers(&path, &model, &ctx, &MemoryBudget::default().device("CUDA7", 1 << 30)) {
         Err(Error::InvalidArgument(message)) => {
             assert!(message.contains("CUDA7") && message.contains(&device), "{message}")
         }
@@ -379,12 +379,12 @@ fn offload_by_default_puts_what_fits_on_the_devices() {
 
     let four = Planner::new(&path, &default.clone().n_gpu_layers(4)).unwrap().plan(&ctx).unwrap();
     let on_device = four.memory.devices().into_iter().find(|d| d.device == device).unwrap().total();
-    let within = default.clone().gpu_layers(GpuLayers::Within(Budget::default().device(&device, on_device)));
+    let within = default.clone().gpu_layers(GpuLayers::Within(MemoryBudget::default().device(&device, on_device)));
     let model = Model::load(&path, &within).unwrap();
     assert_eq!(model.n_gpu_layers(), 4);
     assert_eq!(model.new_context(&ctx).unwrap().memory_breakdown().unwrap(), four.memory);
     drop(model);
-    let elsewhere = default.clone().gpu_layers(GpuLayers::Within(Budget::default().device("CUDA7", 1 << 30)));
+    let elsewhere = default.clone().gpu_layers(GpuLayers::Within(MemoryBudget::default().device("CUDA7", 1 << 30)));
     match Model::load(&path, &elsewhere) {
         Err(Error::InvalidArgument(message)) => assert!(message.contains("CUDA7"), "{message}"),
         other => panic!("{other:?}"),
@@ -412,7 +412,7 @@ fn an_engine_sizes_its_pool_from_a_device_budget() {
         planner.plan(&params.kv_unified(true).swa_full(true)).unwrap().memory
     };
     let device = pool(4096).devices().into_iter().find(|d| d.device.starts_with("RPC")).unwrap();
-    let budget = Budget::default().device(&device.device, device.total() + 100);
+    let budget = MemoryBudget::default().device(&device.device, device.total() + 100);
     let engine = Engine::start(model.clone(), config.clone().device_budget(budget)).unwrap();
     assert_eq!(engine.pool_cells(), 4096);
     engine.shutdown();

@@ -13,7 +13,7 @@ use std::time::Instant;
 use llama_suite::model_cache::model_path;
 use llama_suite::teacher::rescore;
 use llamacpp::constraint::{Constraint, JsonOptions};
-use llamacpp::engine::{Completed, Completion, Engine, EngineConfig, Event, Request};
+use llamacpp::engine::{Answer, Completion, Engine, EngineConfig, Event, Request};
 use llamacpp::generate::FinishReason;
 use llamacpp::{AddBos, Model, ModelParams, SamplingParams, Token};
 
@@ -61,7 +61,7 @@ const SUBJECTS: [&str; 16] = [
     "Honey bees communicate by",
 ];
 
-fn assert_teacher_forced(prompt: &[Token], out: &Completed, what: &str) {
+fn assert_teacher_forced(prompt: &[Token], out: &Answer, what: &str) {
     let check = rescore(&model(), prompt, &out.tokens).unwrap();
     assert_eq!(check.gaps.len(), out.tokens.len());
     assert!(check.worst() <= MARGIN, "{what}: a token {} below the best (gaps {:?})", check.worst(), check.gaps);
@@ -78,7 +78,7 @@ fn sixteen_concurrent_greedy_streams_pass_the_teacher_forced_check() {
     // Steps taken before the last submission depend on this thread's
     // timing; the published count lags the worker, never leads it.
     let steps_before = engine.stats().steps;
-    let outputs: Vec<Completed> = completions.into_iter().map(Completion::wait).collect();
+    let outputs: Vec<Answer> = completions.into_iter().map(Completion::wait).collect();
     let stats = engine.stats();
     // They ran together: one step per token, not one per stream and token.
     let after = stats.steps - steps_before;
@@ -150,7 +150,7 @@ fn preempted_streams_finish_and_pass_the_teacher_forced_check() {
         .iter()
         .map(|p| engine.submit(Request::tokens(p.clone()).max_tokens(96).stop_at_eog(false)).unwrap())
         .collect();
-    let outputs: Vec<Completed> = completions.into_iter().map(Completion::wait).collect();
+    let outputs: Vec<Answer> = completions.into_iter().map(Completion::wait).collect();
     let stats = engine.stats();
     assert!(stats.preemptions > 0, "{stats:?}");
     let mut preempted = 0;

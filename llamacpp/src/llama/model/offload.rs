@@ -7,7 +7,7 @@ use super::params::{GpuLayers, ModelParams};
 use super::remote::Remote;
 use crate::error::{Error, Result};
 use crate::llama::backend::{self, Device, DeviceKind};
-use crate::llama::plan::{self, Budget};
+use crate::llama::plan::{self, MemoryBudget};
 
 /// `params.gpu_layers` as llama.cpp's `n_gpu_layers` (negative: all),
 /// fitting the model at `paths` where it asks for a fit.
@@ -66,8 +66,8 @@ fn offload_devices(params: &ModelParams) -> Result<Vec<Device>> {
 }
 
 /// Each device's free memory less `margin`.
-pub(crate) fn free_budget(devices: &[Device], margin: u64) -> Budget {
-    devices
-        .iter()
-        .fold(Budget::default(), |budget, d| budget.device(&d.name, (d.memory_free as u64).saturating_sub(margin)))
+pub(crate) fn free_budget(devices: &[Device], margin: u64) -> MemoryBudget {
+    devices.iter().fold(MemoryBudget::default(), |budget, d| {
+        budget.device(&d.name, (d.memory_free as u64).saturating_sub(margin))
+    })
 }

@@ -7,7 +7,7 @@ use std::ffi::c_char;
 use crate::error::{Error, Result};
 use crate::llama::backend::Device;
 use crate::llama::context::ContextParams;
-use crate::llama::plan::Budget;
+use crate::llama::plan::MemoryBudget;
 use crate::sys;
 
 /// How many of a model's layers go to its GPUs and RPC workers
@@ -34,7 +34,7 @@ pub enum GpuLayers {
     /// beside a context made with
     /// [`fit_context`](field@ModelParams::fit_context): a fixed budget in
     /// place of the devices' free memory.
-    Within(Budget),
+    Within(MemoryBudget),
     /// Every layer, the output layer included.
     All,
     /// This many (more than the model has: all).

@@ -10,26 +10,26 @@ use crate::llama::model::ModelParams;
 /// A memory budget: bytes per device ([`HOST`] for RAM) and/or in total.
 /// Devices without a budget are not limited.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Budget {
+pub struct MemoryBudget {
     devices: Vec<(String, u64)>,
     total: Option<u64>,
 }
 
-impl Budget {
+impl MemoryBudget {
     /// At most `bytes` over every device together.
-    pub fn total(bytes: u64) -> Budget {
-        Budget { devices: Vec::new(), total: Some(bytes) }
+    pub fn total(bytes: u64) -> MemoryBudget {
+        MemoryBudget { devices: Vec::new(), total: Some(bytes) }
     }
 
     /// At most `bytes` of host memory (RAM): the budget of a CPU-only run.
-    pub fn host(bytes: u64) -> Budget {
-        Budget::default().device(HOST, bytes)
+    pub fn host(bytes: u64) -> MemoryBudget {
+        MemoryBudget::default().device(HOST, bytes)
     }
 
     /// Adds (or replaces) a limit of `bytes` on device `name`, as
     /// [`BufferMemory::device`](super::BufferMemory::device) names it.
     #[must_use]
-    pub fn device(mut self, name: &str, bytes: u64) -> Budget {
+    pub fn device(mut self, name: &str, bytes: u64) -> MemoryBudget {
         self.devices.retain(|(d, _)| d != name);
         self.devices.push((name.to_owned(), bytes));
         self
@@ -57,7 +57,7 @@ impl Budget {
     }
 }
 
-impl std::str::FromStr for Budget {
+impl std::str::FromStr for MemoryBudget {
     type Err = Error;
 
     /// A budget as command lines write it: `NAME=SIZE` pairs separated
@@ -69,8 +69,8 @@ impl std::str::FromStr for Budget {
     /// # Errors
     /// [`Error::InvalidArgument`] for an empty string, a pair without `=`
     /// or a name, or a size `parse_size` refuses.
-    fn from_str(s: &str) -> Result<Budget> {
-        let mut budget = Budget::default();
+    fn from_str(s: &str) -> Result<MemoryBudget> {
+        let mut budget = MemoryBudget::default();
         for pair in s.split(',') {
             let (name, size) = pair
                 .split_once('=')
@@ -79,7 +79,11 @@ impl std::str::FromStr for Budget {
             if name.is_empty() {
                 return Err(Error::InvalidArgument(format!("`{}` names no device", pair.trim())));
             }
-            budget = if name == "total" { Budget { total: Some(bytes), ..budget } } else { budget.device(name, bytes) };
+            budget = if name == "total" {
+                MemoryBudget { total: Some(bytes), ..budget }
+            } else {
+                budget.device(name, bytes)
+            };
         }
         Ok(budget)
     }
@@ -137,7 +141,7 @@ impl Planner {
     /// cells, or one sequence) exceeds the budget, naming the device and
     /// the part (weights alone, or weights + KV + compute) that does not
     /// fit; the errors of [`Planner::plan`].
-    pub fn fit(&self, base: &ContextParams, budget: &Budget, goal: FitGoal) -> Result<Fit> {
+    pub fn fit(&self, base: &ContextParams, budget: &MemoryBudget, goal: FitGoal) -> Result<Fit> {
         // An encoder-decoder model takes several sequences only in one
         // unified cache (see `Context::new`).
         let n_seq_cap = if self.model.has_encoder() && !base.kv_unified {
@@ -222,7 +226,13 @@ impl Planner {
     /// # Errors
     /// As [`Planner::fit`], for the last type tried;
     /// [`Error::InvalidArgument`] for an empty list.
-    pub fn fit_kv(&self, base: &ContextParams, budget: &Budget, goal: FitGoal, kv_types: &[KvType]) -> Result<Fit> {
+    pub fn fit_kv(
+        &self,
+        base: &ContextParams,
+        budget: &MemoryBudget,
+        goal: FitGoal,
+        kv_types: &[KvType],
+    ) -> Result<Fit> {
         let mut last = Err(Error::InvalidArgument("fit_kv needs at least one KV type".into()));
         for &kind in kv_types {
             last = self.fit(&base.clone().kv_type(kind), budget, goal);
@@ -268,7 +278,7 @@ impl Planner {
         path: impl AsRef<Path>,
         model: &ModelParams,
         ctx: &ContextParams,
-        budget: &Budget,
+        budget: &MemoryBudget,
     ) -> Result<LayerFit> {
         fit_layers(&[path.as_ref()], model, ctx, budget, true)
     }
@@ -281,7 +291,7 @@ pub(crate) fn fit_layers(
     paths: &[&Path],
     model: &ModelParams,
     ctx: &ContextParams,
-    budget: &Budget,
+    budget: &MemoryBudget,
     strict: bool,
 ) -> Result<LayerFit> {
     let planner = |layers: i32| Planner::from_paths(paths, &model.clone().n_gpu_layers(layers));

@@ -48,7 +48,7 @@ mod fit;
 mod size;
 
 pub(crate) use fit::fit_layers;
-pub use fit::{Budget, Fit, FitGoal, LayerFit};
+pub use fit::{Fit, FitGoal, LayerFit, MemoryBudget};
 pub use size::parse_size;
 
 /// One buffer type's share of the memory.

@@ -7,7 +7,7 @@ use crate::{Error, Result};
 /// unit: `B`, `KiB`/`K`, `MiB`/`M`, `GiB`/`G` (powers of 1024) or `KB`,
 /// `MB`, `GB` (powers of 1000), case-insensitive.
 ///
-/// For command lines that take a [`Budget`](super::Budget) or a memory
+/// For command lines that take a [`MemoryBudget`](super::MemoryBudget) or a memory
 /// limit.
 ///
 /// # Errors
@@ -42,16 +42,16 @@ pub fn parse_size(s: &str) -> Result<u64> {
 
 #[cfg(test)]
 mod tests {
-    use crate::llama::plan::{Budget, HOST};
+    use crate::llama::plan::{HOST, MemoryBudget};
 
     #[test]
     fn budgets_parse_from_name_size_pairs() {
-        let parsed: Budget = "CUDA0=2GiB, Host=1.5GB,total=4GiB".parse().unwrap();
-        assert_eq!(parsed, Budget::total(4 << 30).device("CUDA0", 2 << 30).device(HOST, 1_500_000_000));
+        let parsed: MemoryBudget = "CUDA0=2GiB, Host=1.5GB,total=4GiB".parse().unwrap();
+        assert_eq!(parsed, MemoryBudget::total(4 << 30).device("CUDA0", 2 << 30).device(HOST, 1_500_000_000));
         // A later limit on the same device replaces the earlier.
-        assert_eq!("RPC0=1M,RPC0=2M".parse::<Budget>().unwrap(), Budget::default().device("RPC0", 2 << 20));
+        assert_eq!("RPC0=1M,RPC0=2M".parse::<MemoryBudget>().unwrap(), MemoryBudget::default().device("RPC0", 2 << 20));
         for bad in ["", "CUDA0", "=2GiB", "CUDA0=lots", "CUDA0=2GiB,"] {
-            match bad.parse::<Budget>() {
+            match bad.parse::<MemoryBudget>() {
                 Err(crate::Error::InvalidArgument(message)) => assert!(!message.is_empty()),
                 other => panic!("{bad:?}: {other:?}"),
             }

@@ -20,7 +20,7 @@ use crate::sys;
 /// [`Error::ChatTemplate`] if the template is not recognised;
 /// [`Error::Nul`] if a string holds a NUL byte.
 #[doc(alias = "llama_chat_apply_template")]
-pub fn apply_chat_template(template: &str, messages: &[ChatMessage], add_assistant: bool) -> Result<String> {
+pub fn apply_builtin_template(template: &str, messages: &[ChatMessage], add_assistant: bool) -> Result<String> {
     let tmpl = CString::new(template)?;
     let owned = messages
         .iter()

@@ -45,7 +45,7 @@ use crate::error::{Error, Result};
 use crate::llama::types::Token;
 use crate::llama::vocab::{AddBos, TokenAttrs, Vocab};
 
-use super::{ChatFormat, RenderOptions, apply_chat_template};
+use super::{ChatFormat, RenderOptions, apply_builtin_template};
 
 /// Before a caller's string, inside the rendered text.
 const OPEN: char = '\u{FDD0}';
@@ -511,7 +511,7 @@ impl ChatFormat {
                 }
                 let messages: Vec<crate::text::chat::ChatMessage> =
                     serde_json::from_value(messages).map_err(|e| Error::ChatTemplate(e.to_string()))?;
-                apply_chat_template(name, &messages, options.add_generation_prompt)
+                apply_builtin_template(name, &messages, options.add_generation_prompt)
             }
         }
     }

@@ -17,9 +17,7 @@ use std::time::{Duration, Instant};
 
 use llama_suite::synthetic::{TINY_BOS_ID, TINY_VOCAB_SIZE, TinyModelSpec, tiny_llama_path};
 use llama_suite::teacher::rescore_with_kv;
-use llamacpp::engine::{
-    Completed, Completion, Engine, EngineConfig, EngineStats, Event, Finish, Request, SamplingParams,
-};
+use llamacpp::engine::{Answer, Completion, Engine, EngineConfig, EngineStats, Event, Finish, Request, SamplingParams};
 use llamacpp::generate::{FinishReason, GenerateOptions, Session};
 use llamacpp::{
     AddBos, ContextParams, Error, KvType, Logits, Model, ModelParams, Sampler, SamplerChain, Special, Token,

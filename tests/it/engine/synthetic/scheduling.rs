@@ -69,7 +69,7 @@ fn preempted_requests_finish_with_the_tokens_of_an_unpressured_run() {
         let engine = Engine::start(model.clone(), config).unwrap();
         let completions: Vec<Completion> =
             cases.iter().map(|(p, _)| engine.submit(greedy(p.clone(), 48)).unwrap()).collect();
-        let outputs: Vec<Completed> = completions.into_iter().map(Completion::wait).collect();
+        let outputs: Vec<Answer> = completions.into_iter().map(Completion::wait).collect();
         (outputs, idle(&engine))
     };
     let (free, free_stats) = run(config().n_ctx(4096));
@@ -126,7 +126,7 @@ fn requests_sampled_off_the_step_equal_their_sequential_runs_under_preemption() 
                 engine.submit(request).unwrap()
             })
             .collect();
-        let outputs: Vec<Completed> = completions.into_iter().map(Completion::wait).collect();
+        let outputs: Vec<Answer> = completions.into_iter().map(Completion::wait).collect();
         let stats = idle(&engine);
         assert!(stats.preemptions > 0, "{stats:?}");
         for (i, out) in outputs.iter().enumerate() {

@@ -73,7 +73,7 @@ fn requests_arriving_together_with_one_system_prompt_prefill_it_once() {
     let before = engine.stats();
     let completions: Vec<Completion> =
         cases.iter().map(|(p, _)| engine.submit(greedy(p.clone(), 16)).unwrap()).collect();
-    let outs: Vec<Completed> = completions.into_iter().map(Completion::wait).collect();
+    let outs: Vec<Answer> = completions.into_iter().map(Completion::wait).collect();
     drop(plug.wait());
     let after = idle(&engine);
     let evaluated = (after.prompt_tokens_evaluated - before.prompt_tokens_evaluated) as usize;
