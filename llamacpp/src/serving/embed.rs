@@ -66,48 +66,77 @@ use crate::sys;
 /// KV cache, threads as [`ContextParams`].
 #[derive(Clone, Debug)]
 pub struct EmbedParams {
-    pooling: Pooling,
+    /// The context's settings (pooling, passes, attention, KV cache,
+    /// threads); its `n_ctx` and `n_batch` follow `n_ubatch` (one pass
+    /// holds a whole text), and embeddings and the unified KV cache are on.
+    context: ContextParams,
     normalize: bool,
     truncate: bool,
     add_special: AddBos,
-    n_ubatch: u32,
-    n_seq_max: u32,
     align: u32,
-    attention: Attention,
-    flash_attention: FlashAttention,
-    kv_type: KvType,
-    n_threads: Option<i32>,
-    n_threads_batch: Option<i32>,
 }
 
 impl Default for EmbedParams {
     fn default() -> Self {
         EmbedParams {
-            pooling: Pooling::Model,
+            context: ContextParams::default().n_ubatch(512).n_seq_max(64).flash_attention(FlashAttention::Off),
             normalize: false,
             truncate: false,
             add_special: AddBos::Yes,
-            n_ubatch: 512,
-            n_seq_max: 64,
             align: 8,
-            attention: Attention::Model,
-            flash_attention: FlashAttention::Off,
-            kv_type: KvType::F16,
-            n_threads: None,
-            n_threads_batch: None,
         }
     }
 }
 
+/// Setters of `EmbedParams` that write its context's settings.
+macro_rules! context_setters {
+    ($($(#[$doc:meta])* $name:ident: $ty:ty;)*) => {$(
+        $(#[$doc])*
+        #[must_use]
+        pub fn $name(mut self, value: $ty) -> Self {
+            self.context = self.context.$name(value);
+            self
+        }
+    )*};
+}
+
 impl EmbedParams {
-    setters! {
+    context_setters! {
         /// How each text's token embeddings become one vector: the model's
         /// own pooling ([`Pooling::Model`], an error for a model that
         /// defines none, like most generative models), or [`Pooling::Mean`],
         /// [`Pooling::Cls`] (the first token) or [`Pooling::Last`].
         /// [`Pooling::None`] and [`Pooling::Rank`] give no embedding and
         /// are refused.
-        pooling: Pooling => pooling;
+        pooling: Pooling;
+        /// Most tokens per pass, which is also the longest text (the
+        /// context's `n_ubatch`, `n_batch` and `n_ctx`: one pass must
+        /// hold a whole text). With mean pooling it must be a multiple of
+        /// `n_seq_max` (llama.cpp aborts otherwise; the context refuses).
+        n_ubatch: u32;
+        /// The context's sequences (1..=256, at most `n_ubatch`): the
+        /// most texts per pass is one less, the last sequence padding the
+        /// pass (see the [module documentation](self)), or all of them
+        /// with `align(1)`; with 1, each text has a pass to itself,
+        /// unpadded.
+        n_seq_max: u32;
+        /// Causal or non-causal attention (default: the model's).
+        attention: Attention;
+        /// Flash attention (default off). On the CPU, llama.cpp's flash
+        /// attention switches kernels at 64 tokens per pass (a tiled one
+        /// from there, a one-row one below), so a short text alone and the
+        /// same text in a full pass come out measurably different (cosine
+        /// down to 0.9986 on Gemma 3 270M).
+        flash_attention: FlashAttention;
+        /// Element type of the KV cache (default F16; it holds one pass).
+        kv_type: KvType;
+        /// Threads for single-token passes (see [`ContextParams::n_threads`]).
+        n_threads: i32;
+        /// Threads for multi-token passes (see [`ContextParams::n_threads_batch`]).
+        n_threads_batch: i32;
+    }
+
+    setters! {
         /// Scale every vector to unit Euclidean (L2) length. An all-zero
         /// vector stays zero.
         normalize: bool => normalize;
@@ -122,59 +151,17 @@ impl EmbedParams {
         /// or SEP where the model asks for them). Applies to texts, not to
         /// [`Embedder::embed_tokens`].
         add_special: AddBos => add_special;
-        /// Most tokens per pass, which is also the longest text (the
-        /// context's `n_ubatch`, `n_batch` and `n_ctx`: one pass must
-        /// hold a whole text). With mean pooling it must be a multiple of
-        /// `n_seq_max` (llama.cpp aborts otherwise; the context refuses).
-        n_ubatch: u32 => n_ubatch;
-        /// The context's sequences (1..=256, at most `n_ubatch`): the
-        /// most texts per pass is one less, the last sequence padding the
-        /// pass (see the [module documentation](self)), or all of them
-        /// with `align(1)`; with 1, each text has a pass to itself,
-        /// unpadded.
-        n_seq_max: u32 => n_seq_max;
         /// Start every text at a multiple of this many tokens in its pass,
         /// and end the pass at one (default 8; 0 and 1: no padding). See
         /// the [module documentation](self) for why.
         align: u32 => align;
-        /// Causal or non-causal attention (default: the model's).
-        attention: Attention => attention;
-        /// Flash attention (default off). On the CPU, llama.cpp's flash
-        /// attention switches kernels at 64 tokens per pass (a tiled one
-        /// from there, a one-row one below), so a short text alone and the
-        /// same text in a full pass come out measurably different (cosine
-        /// down to 0.9986 on Gemma 3 270M).
-        flash_attention: FlashAttention => flash_attention;
-        /// Element type of the KV cache (default F16; it holds one pass).
-        kv_type: KvType => kv_type;
-        /// Threads for single-token passes (see [`ContextParams::n_threads`]).
-        n_threads: i32 => n_threads (Some);
-        /// Threads for multi-token passes (see [`ContextParams::n_threads_batch`]).
-        n_threads_batch: i32 => n_threads_batch (Some);
     }
 
     /// The context parameters an [`Embedder`] with these settings creates.
     #[must_use]
     pub fn context_params(&self) -> ContextParams {
-        let n = self.n_ubatch;
-        let mut p = ContextParams::default()
-            .n_ctx(n)
-            .n_batch(n)
-            .n_ubatch(n)
-            .n_seq_max(self.n_seq_max)
-            .kv_unified(true)
-            .embeddings(true)
-            .pooling(self.pooling)
-            .attention(self.attention)
-            .flash_attention(self.flash_attention)
-            .kv_type(self.kv_type);
-        if let Some(t) = self.n_threads {
-            p = p.n_threads(t);
-        }
-        if let Some(t) = self.n_threads_batch {
-            p = p.n_threads_batch(t);
-        }
-        p
+        let n = self.context.n_ubatch;
+        self.context.clone().n_ctx(n).n_batch(n).kv_unified(true).embeddings(true)
     }
 }
 
@@ -219,13 +206,13 @@ impl<'m> Embedder<'m> {
     /// sequences); [`Error::ContextCreate`] as [`Context::new`].
     #[doc(alias = "llama_pooling_type")]
     pub fn new(model: &'m Model, params: &EmbedParams) -> Result<Embedder<'m>> {
-        if matches!(params.pooling, Pooling::None | Pooling::Rank) {
+        if matches!(params.context.pooling, Pooling::None | Pooling::Rank) {
             return Err(Error::InvalidArgument(format!(
                 "pooling {:?} gives no embedding vector: choose Mean, Cls, Last or the model's",
-                params.pooling
+                params.context.pooling
             )));
         }
-        if params.n_ubatch == 0 {
+        if params.context.n_ubatch == 0 {
             return Err(Error::InvalidParameter { name: "n_ubatch", message: "must be at least 1".into() });
         }
         let mut ctx = Context::new(model, &params.context_params())?;

@@ -15,20 +15,18 @@ use crate::sampling::speculative::Speculation;
 /// no speculative decoding (drafts cut to what pays when it is on).
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
-    pub(crate) n_ctx: u32,
-    pub(crate) n_batch: u32,
-    pub(crate) n_ubatch: u32,
+    /// The context's settings; the engine sets its sequences, the unified
+    /// KV cache and the full-size sliding-window cache itself
+    /// ([`EngineConfig::context_params`]).
+    pub(crate) context: ContextParams,
     pub(crate) prefill_cap: Option<u32>,
     pub(crate) max_running: u32,
     pub(crate) max_cached_prefixes: u32,
     pub(crate) prefix_cache_share: f32,
     pub(crate) max_queue: usize,
     pub(crate) admission_reserve: usize,
-    pub(crate) n_threads: Option<i32>,
-    pub(crate) kv_type: KvType,
-    pub(crate) flash_attention: FlashAttention,
     pub(crate) prefix_block: usize,
-    pub(crate) memory_budget: Option<crate::llama::plan::Budget>,
+    pub(crate) memory_budget: Option<crate::llama::plan::MemoryBudget>,
     pub(crate) grammar_wait: std::time::Duration,
     pub(crate) speculation: Option<Speculation>,
     pub(crate) draft_by_cost: bool,
@@ -39,18 +37,13 @@ pub struct EngineConfig {
 impl Default for EngineConfig {
     fn default() -> Self {
         EngineConfig {
-            n_ctx: 4096,
-            n_batch: 512,
-            n_ubatch: 512,
+            context: ContextParams::default().n_ctx(4096).n_batch(512).n_ubatch(512),
             prefill_cap: None,
             max_running: 16,
             max_cached_prefixes: 16,
             prefix_cache_share: 0.5,
             max_queue: 256,
             admission_reserve: 16,
-            n_threads: None,
-            kv_type: KvType::F16,
-            flash_attention: FlashAttention::Auto,
             prefix_block: 16,
             memory_budget: None,
             grammar_wait: std::time::Duration::from_millis(5),
@@ -70,30 +63,65 @@ impl EngineConfig {
     /// budget may give the engine fewer cells than `n_ctx`, never more).
     pub fn context_params(&self) -> ContextParams {
         let n_seq = self.max_running + self.max_cached_prefixes;
-        let mut params = ContextParams::default()
-            .n_ctx(self.n_ctx)
-            .n_batch(self.n_batch)
-            .n_ubatch(self.n_ubatch.min(self.n_batch))
-            .n_seq_max(n_seq)
-            .kv_unified(true)
-            .swa_full(true)
-            .kv_type(self.kv_type)
-            .flash_attention(self.flash_attention);
-        if let Some(n) = self.n_threads {
-            params = params.n_threads(n).n_threads_batch(n);
-        }
-        params
+        let c = &self.context;
+        c.clone().n_ubatch(c.n_ubatch.min(c.n_batch)).n_seq_max(n_seq).kv_unified(true).swa_full(true)
+    }
+
+    /// The context's settings at once (rope, offload, the KV types apart,
+    /// …): the ones below are shorthands for the commonest. The engine sets
+    /// the sequences, the unified KV cache and the full-size sliding-window
+    /// cache itself.
+    #[must_use]
+    pub fn context(mut self, params: ContextParams) -> Self {
+        self.context = params;
+        self
+    }
+
+    /// KV cells shared by all sequences (the context's `n_ctx`;
+    /// llama.cpp pads it up to a multiple of 256).
+    #[must_use]
+    pub fn n_ctx(mut self, n: u32) -> Self {
+        self.context.n_ctx = n;
+        self
+    }
+
+    /// Most tokens per step: the one `llama_decode` of every step (the
+    /// context's `n_batch`).
+    #[must_use]
+    pub fn n_batch(mut self, n: u32) -> Self {
+        self.context.n_batch = n;
+        self
+    }
+
+    /// Most tokens per compute pass (the context's `n_ubatch`).
+    #[must_use]
+    pub fn n_ubatch(mut self, n: u32) -> Self {
+        self.context.n_ubatch = n;
+        self
+    }
+
+    /// Threads for decoding and prefill (default: the machine's).
+    #[must_use]
+    pub fn n_threads(mut self, n: i32) -> Self {
+        self.context = self.context.n_threads(n).n_threads_batch(n);
+        self
+    }
+
+    /// Element type of the KV cache (K and V).
+    #[must_use]
+    pub fn kv_type(mut self, kind: KvType) -> Self {
+        self.context = self.context.kv_type(kind);
+        self
+    }
+
+    /// Flash attention (a quantized V cache needs it).
+    #[must_use]
+    pub fn flash_attention(mut self, flash: FlashAttention) -> Self {
+        self.context.flash_attention = flash;
+        self
     }
 
     setters! {
-        /// KV cells shared by all sequences (the context's `n_ctx`;
-        /// llama.cpp pads it up to a multiple of 256).
-        n_ctx: u32 => n_ctx;
-        /// Most tokens per step: the one `llama_decode` of every step
-        /// (the context's `n_batch`).
-        n_batch: u32 => n_batch;
-        /// Most tokens per compute pass (the context's `n_ubatch`).
-        n_ubatch: u32 => n_ubatch;
         /// Most tokens of one prompt per step while any sequence is
         /// generating, or a prompt of at most this many tokens prefills
         /// beside a longer one (default: a quarter of `n_batch`; `n_batch`
@@ -122,12 +150,6 @@ impl EngineConfig {
         /// admitted, so that it can generate a little before the pool
         /// must make room.
         admission_reserve: usize => admission_reserve;
-        /// Threads for decoding and prefill (default: the machine's).
-        n_threads: i32 => n_threads (Some);
-        /// Element type of the KV cache (K and V).
-        kv_type: KvType => kv_type;
-        /// Flash attention (a quantized V cache needs it).
-        flash_attention: FlashAttention => flash_attention;
         /// Bytes of memory the engine may take over every device together
         /// (weights, KV pool and compute buffers, as llama.cpp allocates
         /// them): the pool then gets the most cells that fit, found by
@@ -135,11 +157,11 @@ impl EngineConfig {
         /// at [`Engine::start`](super::Engine::start), instead of `n_ctx`.
         /// With layers on GPUs, [`EngineConfig::device_budget`] limits
         /// each device instead.
-        memory_budget: u64 => memory_budget (|bytes| Some(crate::llama::plan::Budget::total(bytes)));
+        memory_budget: u64 => memory_budget (|bytes| Some(crate::llama::plan::MemoryBudget::total(bytes)));
         /// [`EngineConfig::memory_budget`] per device: a limit on each
         /// device the budget names (a GPU's memory, [`HOST`](crate::plan::HOST)
         /// for RAM) and, optionally, in total.
-        device_budget: crate::llama::plan::Budget => memory_budget (Some);
+        device_budget: crate::llama::plan::MemoryBudget => memory_budget (Some);
         /// Requests with a grammar are sampled off the step, on a helper
         /// thread, from a copy of their logits (a grammar's mask can cost
         /// far more than a decode); a step waits at most this long after
@@ -182,12 +204,12 @@ impl EngineConfig {
                 format!("max_running + max_cached_prefixes = {n_seq} exceeds the {most} sequences a context can have"),
             );
         }
-        if self.max_running > self.n_batch {
+        if self.max_running > self.context.n_batch {
             return bad(
                 "max_running",
                 format!(
                     "{} exceeds n_batch {}: every generating sequence needs a token of each step",
-                    self.max_running, self.n_batch
+                    self.max_running, self.context.n_batch
                 ),
             );
         }
@@ -200,19 +222,19 @@ impl EngineConfig {
         if self.prefill_cap == Some(0) {
             return bad("prefill_cap", "must be at least 1".into());
         }
-        if n_seq > u64::from(self.n_batch) {
+        if n_seq > u64::from(self.context.n_batch) {
             return bad(
                 "n_batch",
                 format!(
                     "max_running + max_cached_prefixes = {n_seq} sequences exceed n_batch {} (llama.cpp needs n_batch >= its sequences)",
-                    self.n_batch
+                    self.context.n_batch
                 ),
             );
         }
-        if self.admission_reserve > self.n_ctx as usize {
+        if self.admission_reserve > self.context.n_ctx as usize {
             return bad(
                 "admission_reserve",
-                format!("{} exceeds the pool of {} cells", self.admission_reserve, self.n_ctx),
+                format!("{} exceeds the pool of {} cells", self.admission_reserve, self.context.n_ctx),
             );
         }
         Ok(())

@@ -8,7 +8,7 @@ use crate::llama::vocab::{AddBos, Special};
 use crate::sampling::sampler::{SamplerChain, SamplingParams};
 use crate::sampling::speculative::Speculation;
 use crate::text::chat::ChatPrompt;
-use crate::text::generate::GenerateOptions;
+use crate::text::generate::{DEFAULT_MAX_TOKENS, GenerateOptions};
 
 use super::media::{Attached, EngineMedia, Spans};
 
@@ -59,8 +59,9 @@ pub struct Request {
 }
 
 impl Request {
-    /// A request for a prompt of token ids. Defaults: greedy, at most 256
-    /// new tokens, stops at end-of-generation tokens, priority 0.
+    /// A request for a prompt of token ids. Defaults: greedy, at most
+    /// [`DEFAULT_MAX_TOKENS`] new tokens (256, as [`Model::complete`](crate::Model::complete)),
+    /// stops at end-of-generation tokens, priority 0.
     pub fn tokens(prompt: impl Into<Vec<Token>>) -> Self {
         Request::new(Prompt::Tokens(prompt.into()))
     }
@@ -92,7 +93,7 @@ impl Request {
         Request {
             prompt,
             sampling: SamplingParams::default(),
-            generate: GenerateOptions::default().max_tokens(256),
+            generate: GenerateOptions::default().max_tokens(DEFAULT_MAX_TOKENS),
             max_context: None,
             priority: 0,
             chat: None,
