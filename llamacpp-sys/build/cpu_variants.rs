@@ -18,7 +18,9 @@
 /// `LLAMA_SYS_CPU_VARIANTS`: which of ggml's CPU variants to build.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Setting {
-    /// Unset or `all`: every variant ggml defines for the target.
+    /// Unset: [`DEFAULT_VARIANTS`], the variants today's common CPUs run.
+    Default,
+    /// `all`: every variant ggml defines for the target.
     All,
     /// `none`: no dispatch; one CPU backend for the Rust target's CPU level
     /// (baseline x86-64 unless `-C target-cpu` says more), as before.
@@ -30,9 +32,10 @@ pub enum Setting {
 
 impl Setting {
     pub fn parse(value: Option<&str>) -> Result<Setting, String> {
-        let Some(value) = value.map(str::trim) else { return Ok(Setting::All) };
+        let Some(value) = value.map(str::trim) else { return Ok(Setting::Default) };
         match value.to_ascii_lowercase().as_str() {
-            "" | "all" => Ok(Setting::All),
+            "" | "default" => Ok(Setting::Default),
+            "all" => Ok(Setting::All),
             "none" | "off" => Ok(Setting::None),
             _ => {
                 let names: Vec<String> =
@@ -75,6 +78,24 @@ pub fn dispatches(native: bool, os: &str, arch: &str, env: &str, setting: &Setti
 /// VBMI, VNNI and BF16).
 pub const LEFT_OUT_OF_ALL: &[&str] = &["sapphirerapids"];
 
+/// The variants built by default: the one each of today's common x86-64
+/// CPUs picks, so that none of them runs slower than with every variant
+/// built (ggml gives a CPU the best variant it supports, and each of
+/// these CPUs supports its own): Intel's client cores from Haswell on
+/// (`haswell`; `alderlake` from the 12th generation, with AVX-VNNI), their
+/// servers from Skylake-SP (`skylakex`, `cascadelake`, `icelake`; Sapphire
+/// Rapids and later take `zen4`, see [`LEFT_OUT_OF_ALL`]), AMD's Zen 1 to 3
+/// (`haswell`) and Zen 4 and 5 (`zen4`), and the floor for older ones
+/// (`x64`, `sse42`, `sandybridge`). Left out, for CPUs of 2012 to 2015 and
+/// two rare server parts, which then take the next variant down:
+/// `ivybridge` (Ivy Bridge: `sandybridge`, without F16C), `piledriver`
+/// (AMD's Piledriver to Excavator: `ivybridge`'s loss and FMA's),
+/// `cannonlake` (a 2018 laptop part: `skylakex`) and `cooperlake` (a
+/// four-socket Xeon: `cascadelake`, without BF16). docs/building.md has
+/// what that costs and what it saves.
+pub const DEFAULT_VARIANTS: &[&str] =
+    &["x64", "sse42", "sandybridge", "haswell", "skylakex", "cascadelake", "icelake", "zen4", "alderlake"];
+
 /// The variants to build, in the order ggml's CMakeLists.txt defines them
 /// (`available`, found in the configured build), or why not.
 pub fn select(setting: &Setting, available: &[String], arch: &str) -> Result<Vec<String>, String> {
@@ -83,6 +104,9 @@ pub fn select(setting: &Setting, available: &[String], arch: &str) -> Result<Vec
         return Err(format!("ggml defines no `{base}` CPU variant here (found: {})", available.join(", ")));
     }
     match setting {
+        Setting::Default => {
+            Ok(available.iter().filter(|v| *v == base || DEFAULT_VARIANTS.contains(&v.as_str())).cloned().collect())
+        }
         Setting::All => Ok(available.iter().filter(|v| !LEFT_OUT_OF_ALL.contains(&v.as_str())).cloned().collect()),
         Setting::None => Ok(Vec::new()),
         Setting::Only(names) => {

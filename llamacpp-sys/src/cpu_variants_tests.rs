@@ -1,8 +1,8 @@
 //! The pure part of runtime CPU dispatch (build/cpu_variants.rs).
 
 use crate::cpu_variants::{
-    Setting, dispatches, group_signatures, rename_map, select, symbol_prefix, table_source, variant_defines,
-    variants_in,
+    DEFAULT_VARIANTS, Setting, dispatches, group_signatures, rename_map, select, symbol_prefix, table_source,
+    variant_defines, variants_in,
 };
 
 fn names(list: &[&str]) -> Vec<String> {
@@ -11,7 +11,8 @@ fn names(list: &[&str]) -> Vec<String> {
 
 #[test]
 fn the_setting_parses_all_none_and_lists() {
-    assert_eq!(Setting::parse(None), Ok(Setting::All));
+    assert_eq!(Setting::parse(None), Ok(Setting::Default));
+    assert_eq!(Setting::parse(Some("default")), Ok(Setting::Default));
     assert_eq!(Setting::parse(Some("all")), Ok(Setting::All));
     assert_eq!(Setting::parse(Some(" ALL ")), Ok(Setting::All));
     assert_eq!(Setting::parse(Some("none")), Ok(Setting::None));
@@ -68,6 +69,37 @@ fn selection_keeps_ggml_order_and_always_the_baseline() {
     assert!(err.contains("no CPU variant `haswel`") && err.contains("x64, sse42, haswell, zen4"), "{err}");
     let err = select(&Setting::All, &names(&["haswell"]), "x86_64").unwrap_err();
     assert!(err.contains("no `x64`"), "{err}");
+}
+
+/// The default set: every variant of ggml's x86-64 list but the four for
+/// old or rare CPUs and the AMX one, in ggml's order, the baseline first.
+#[test]
+fn the_default_builds_the_variants_of_common_cpus() {
+    let ggml = names(&[
+        "x64",
+        "sse42",
+        "sandybridge",
+        "ivybridge",
+        "piledriver",
+        "haswell",
+        "skylakex",
+        "cannonlake",
+        "cascadelake",
+        "icelake",
+        "cooperlake",
+        "zen4",
+        "alderlake",
+        "sapphirerapids",
+    ]);
+    let chosen = select(&Setting::Default, &ggml, "x86_64").unwrap();
+    assert_eq!(
+        chosen,
+        names(&["x64", "sse42", "sandybridge", "haswell", "skylakex", "cascadelake", "icelake", "zen4", "alderlake"])
+    );
+    assert_eq!(select(&Setting::All, &ggml, "x86_64").unwrap().len(), 13);
+    // Every default variant is one ggml defines (a misspelt name would be
+    // silently missing).
+    assert!(DEFAULT_VARIANTS.iter().all(|v| ggml.iter().any(|g| g == v)));
 }
 
 #[test]
