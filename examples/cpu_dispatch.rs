@@ -6,6 +6,11 @@
 //! cargo run --example cpu_dispatch -- MODEL.gguf N PROMPT...
 //! ```
 //!
+//! `cargo run --example cpu_dispatch -- --avx2-probe` runs one AVX2
+//! instruction and nothing else: on a CPU without AVX2 (an emulated
+//! Nehalem) it dies with SIGILL, which shows that the emulation enforces
+//! the instruction set the dispatch tests rely on.
+//!
 //! Each PROMPT is a comma-separated list of token ids. Prints
 //! `variant NAME score S forced F built B` (`none` and 0 without runtime
 //! dispatch; F is `unset`, `yes` or `ignored`; B the number of variants
@@ -29,6 +34,11 @@ fn main() -> ExitCode {
 
 fn run() -> Result<(), String> {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("--avx2-probe") {
+        avx2_probe();
+        println!("avx2 ran");
+        return Ok(());
+    }
     let [model, n, prompts @ ..] = args.as_slice() else {
         return Err("usage: cpu_dispatch MODEL.gguf N PROMPT... (token ids, comma-separated)".to_owned());
     };
@@ -68,4 +78,19 @@ fn run() -> Result<(), String> {
         println!("{}", out.join(" "));
     }
     Ok(())
+}
+
+/// Executes one AVX2 instruction. A CPU without AVX2 raises #UD on it and
+/// the kernel ends the process with SIGILL: the probe's purpose.
+fn avx2_probe() {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `vpaddd` reads and writes only ymm0 (xmm0, declared
+    // clobbered, is its low half; this function has no AVX code whose
+    // upper halves it could disturb, and `vzeroupper` clears them); no
+    // memory or flags are touched. Where the CPU lacks AVX2 the
+    // instruction traps (SIGILL) instead of executing: a defined outcome
+    // of the hardware, which the test expects.
+    unsafe {
+        std::arch::asm!("vpaddd ymm0, ymm0, ymm0", "vzeroupper", out("xmm0") _, options(nomem, nostack, preserves_flags));
+    }
 }

@@ -71,10 +71,10 @@ cleanup() {
 trap cleanup EXIT
 
 # 0. What the checkout's own build (vendor/llama.cpp, before the bundle
-#    exists: the build prefers a bundle) generates in the packages' default
-#    configuration (portable, OpenMP: the suite without its `native` and
-#    `rpc` defaults), for the packaged crates to match: the same kernels,
-#    so the same tokens.
+#    exists: the build prefers a bundle) generates in the configuration the
+#    consumer below builds (runtime CPU dispatch, OpenMP, libmtmd and RPC:
+#    the suite's defaults, so `cargo test` has built it already), for the
+#    packaged crates to match: the same kernels, so the same tokens.
 rm -rf "$BUNDLE"
 if [[ $verify == 1 ]]; then
     # The default model as llama-model-cache (model-cache/) caches it (the tests fetch it), or LLAMA_MODEL.
@@ -83,7 +83,7 @@ if [[ $verify == 1 ]]; then
     generate_log="$(mktemp)"
     # The dev profile: the same llama.cpp build (always CMake's Release),
     # and the portable test stage has built everything else already.
-    expected="$(cd "$ROOT" && LLAMA_CPU_VARIANT="$CPU_VARIANT" cargo run --quiet --no-default-features --example generate -- -m "$model" \
+    expected="$(cd "$ROOT" && LLAMA_CPU_VARIANT="$CPU_VARIANT" cargo run --quiet --example generate -- -m "$model" \
         --prompt "The capital of France is" -n 8 --greedy 2>"$generate_log")" \
         || die "the checkout's generate example failed: $(tail -20 "$generate_log")"
     rm -f "$generate_log"
@@ -165,9 +165,19 @@ mkdir -p "$check_dir/.cargo"
 # resolves to its unpacked package (config-file paths are relative to the
 # folder holding .cargo/).
 echo "[patch.crates-io]" > "$check_dir/.cargo/config.toml"
+# llamacpp-sys is unpacked as vendor/, so that its bundled llama.cpp
+# (vendor/llama.cpp) sits where a checkout's does relative to the target
+# folder (target/llamacpp-sys/build-*): a compiler cache that rewrites
+# paths relative to a base folder (CI's ccache, CCACHE_BASEDIR) then finds
+# the same compile commands as the checkout's build of the same sources.
+# The objects still come from the bundle's own files: ccache hashes them.
 for c in "${crates[@]}"; do
     tar -xzf "$ROOT/target/package/$c-${version[$c]}.crate" -C "$check_dir"
     dir[$c]="$c-${version[$c]}"
+    if [[ $c == llamacpp-sys ]]; then
+        mv "$check_dir/${dir[$c]}" "$check_dir/vendor"
+        dir[$c]=vendor
+    fi
     echo "$c = { path = \"${dir[$c]}\" }" >> "$check_dir/.cargo/config.toml"
 done
 snapshot() { (cd "$check_dir" && find "${dir[@]}" -type f -print0 | sort -z | xargs -0 sha256sum); }
@@ -182,8 +192,10 @@ edition = "2024"
 publish = false
 
 [dependencies]
-# With libmtmd (feature mtmd): the bundle carries what it compiles.
-llamacpp = { version = "${version[llamacpp]}", features = ["mtmd"] }
+# With libmtmd (feature mtmd: the bundle carries what it compiles) and the
+# RPC backend: the configuration of the checkout's `cargo test`, so that a
+# compiler cache has its objects (CI's ccache).
+llamacpp = { version = "${version[llamacpp]}", features = ["mtmd", "rpc"] }
 # Directly too: its build script reads llamacpp-sys's links metadata.
 llamacpp-sys = { version = "${version[llamacpp-sys]%%+*}", default-features = false }
 llama-model-cache = "${version[llama-model-cache]}"

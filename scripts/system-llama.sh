@@ -10,13 +10,15 @@
 #    llama.pc it installed), run with LD_LIBRARY_PATH pointing at it,
 #    checked to load its libllama.so and no CPU backend at link time: they
 #    pass only if `llamacpp::init` loads the module from the install;
-# 2. static: the static archives that llamacpp-sys's own build installed with
-#    llama.cpp's CMake (target/llamacpp-sys/build-*/, the native configuration),
+# 2. static: the pinned llama.cpp configured, built and installed by its own
+#    CMake as static archives with its default CPU tuning (GGML_NATIVE, AMX
+#    left out as every build here does), into target/system-llama/static,
 #    linked through LLAMA_SYS_LIB_DIR, and checked to load no libllama.so;
 # 3. bindgen: bindings generated from those installed headers (one folder,
 #    no src/) equal the checked-in ones.
 #
-# Usage: scripts/system-llama.sh   (after a workspace build, e.g. cargo test)
+# Usage: scripts/system-llama.sh   (after a workspace build, e.g. cargo test,
+# which fetches the pinned tree)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -71,7 +73,7 @@ for line in sys.stdin:
 # 1. Shared libraries through pkg-config.
 prefix="$OUT/prefix"
 if [[ ! -f "$prefix/lib/pkgconfig/llama.pc" || ! -f "$prefix/bin/libggml-cpu.so" ]]; then
-    rm -rf "$OUT"
+    rm -rf "$OUT/build" "$prefix"
     start=$(date +%s)
     # Outside git: llama.cpp's CMake would take this repository's commit.
     GIT_CEILING_DIRECTORIES="$ROOT" "$cmake_bin" -S "$SRC" -B "$OUT/build" -DCMAKE_BUILD_TYPE=Release \
@@ -103,15 +105,26 @@ unset PKG_CONFIG_PATH LLAMA_SYS_USE_PKG_CONFIG
 # 2. Static archives through LLAMA_SYS_LIB_DIR: the link line read off the
 #    install's ggml-config.cmake, checked on the greedy-output and memory
 #    tests (the shared run above has the whole set; CI time is finite).
+#    The position-independent code a Rust executable (PIE) links, and no
+#    AMX kernels (they crash at the pin: docs/building.md).
 FILTERS=(generate::real:: plan::)
-static_lib=""
-for config in "$ROOT"/target/llamacpp-sys/build-*/lib/cmake/ggml/ggml-config.cmake; do
-    if grep -q 'set(GGML_NATIVE "ON")' "$config" && ! grep -q 'GGML_SANITIZE_ADDRESS "ON"' "$config"; then
-        static_lib="$(dirname "$(dirname "$(dirname "$config")")")"
-        break
-    fi
-done
-[[ -n "$static_lib" ]] || die "no native static install in target/llamacpp-sys/build-*/: build the workspace first"
+static_lib="$OUT/static"
+if [[ ! -f "$static_lib/lib/cmake/ggml/ggml-config.cmake" ]]; then
+    rm -rf "$OUT/static-build" "$static_lib"
+    start=$(date +%s)
+    no_amx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+    GIT_CEILING_DIRECTORIES="$ROOT" "$cmake_bin" -S "$SRC" -B "$OUT/static-build" -DCMAKE_BUILD_TYPE=Release \
+        -DBUILD_SHARED_LIBS=OFF -DCMAKE_POSITION_INDEPENDENT_CODE=ON -DLLAMA_BUILD_TESTS=OFF \
+        -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_COMMON=OFF \
+        -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_COMMIT="${PINNED_COMMIT:0:7}" \
+        -DCMAKE_C_FLAGS="$no_amx" -DCMAKE_CXX_FLAGS="$no_amx" \
+        -DCMAKE_INSTALL_PREFIX="$static_lib" -DCMAKE_INSTALL_LIBDIR=lib >/dev/null
+    "$cmake_bin" --build "$OUT/static-build" -j "$JOBS" >/dev/null
+    "$cmake_bin" --install "$OUT/static-build" >/dev/null
+    say "llama.cpp built and installed static by its CMake into $static_lib in $(( $(date +%s) - start )) s"
+fi
+grep -q 'set(GGML_NATIVE "ON")' "$static_lib/lib/cmake/ggml/ggml-config.cmake" \
+    || die "the static install in $static_lib is not llama.cpp's default (native) build"
 export LLAMA_SYS_LIB_DIR="$static_lib"
 bin="$(first_test_binary)"
 libs="$(ldd "$bin")"

@@ -6,10 +6,11 @@
 //! prompts whose greedy choices are decisive (margins of at least
 //! `DECISIVE`), since each variant rounds in its own way.
 //!
-//! A `native` build (the suite's default) does not dispatch: there the
-//! emulated Nehalem must kill the program with SIGILL, which shows that the
-//! emulation enforces the instruction set and so that the dispatch case
-//! proves something.
+//! That the emulation enforces the instruction set, so that the dispatch
+//! case proves something, is shown by the example's AVX2 probe, which the
+//! emulated Nehalem kills with SIGILL; a `native` build (`--features
+//! native`) does not dispatch, and there the emulated Nehalem must kill the
+//! program itself.
 #![cfg(all(target_os = "linux", target_arch = "x86_64"))]
 
 use std::os::unix::process::ExitStatusExt;
@@ -145,7 +146,7 @@ fn expected(ladder: &[&'static str]) -> &'static str {
 }
 
 #[test]
-#[cfg_attr(feature = "native", ignore = "a `native` build has one CPU backend; the portable stage runs this")]
+#[cfg_attr(feature = "native", ignore = "a `native` build has one CPU backend: run the suite without it")]
 fn every_variant_this_cpu_runs_generates_the_same_tokens() {
     let built = llamacpp::cpu_variants();
     assert!(
@@ -199,6 +200,16 @@ fn emulated_cpus_pick_their_variant_or_a_native_build_dies() {
         );
         return;
     }
+    // The control: an AVX2 instruction on the emulated Nehalem traps.
+    let probe = Command::new(qemu()).args(["-cpu", "Nehalem"]).arg(example()).arg("--avx2-probe").output().unwrap();
+    assert_eq!(
+        probe.status.signal(),
+        Some(SIGILL),
+        "an AVX2 instruction on an emulated CPU without AVX must die with SIGILL, or the emulation proves \
+         nothing: {} {}",
+        probe.status,
+        String::from_utf8_lossy(&probe.stdout)
+    );
     let reference = native_run(&cases, None);
     let picked = decisive(&cases, &reference);
     for (cpu, ladder) in [
