@@ -31,7 +31,7 @@ pub struct Piece {
     /// The token sampled (`None` in a final piece of held-back text only).
     pub token: Option<Token>,
     /// The token's log-probability and the most likely alternatives, when
-    /// the request asked for them ([`SamplingParams::logprobs`]).
+    /// the request asked for them ([`SamplingParams::logprobs`](crate::SamplingParams::logprobs)).
     pub logprob: Option<TokenLogprob>,
 }
 

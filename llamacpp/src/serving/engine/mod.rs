@@ -238,7 +238,7 @@ impl Drop for Handle {
 ///
 /// The worker stops when the last handle is dropped or on
 /// [`Engine::shutdown`]; requests still in flight then finish with
-/// [`FinishReason::Shutdown`].
+/// [`FinishReason::Shutdown`](crate::generate::FinishReason::Shutdown).
 #[derive(Clone, Debug)]
 pub struct Engine {
     handle: Arc<Handle>,
@@ -402,7 +402,7 @@ impl Engine {
     }
 
     /// Stops the worker after its current step; requests in flight finish
-    /// with [`FinishReason::Shutdown`] and later submits fail with
+    /// with [`FinishReason::Shutdown`](crate::generate::FinishReason::Shutdown) and later submits fail with
     /// [`Error::EngineStopped`]. Waits for the worker to exit (unless
     /// called from it), but for a sampling helper inside a long constrained
     /// sample (which llama.cpp cannot interrupt) at most a second: the
