@@ -139,6 +139,19 @@ fn emulated(cpu: &str, cases: &Cases) -> Output {
         .unwrap()
 }
 
+/// That `what` on an emulated CPU without AVX died with SIGILL: else the
+/// emulation does not enforce the instruction set and proves nothing.
+fn assert_died_of_sigill(out: &Output, what: &str) {
+    assert_eq!(
+        out.status.signal(),
+        Some(SIGILL),
+        "{what} on an emulated CPU without AVX must die with SIGILL, or the emulation proves nothing: {} {} {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// The best of `ladder` (variants in increasing score, each needing a
 /// subset of the emulated CPU's features) that this build has.
 fn expected(ladder: &[&'static str]) -> &'static str {
@@ -190,26 +203,12 @@ fn emulated_cpus_pick_their_variant_or_a_native_build_dies() {
             // Names a copy of the example built with other features.
             parse(&out, "qemu-x86_64 -cpu Nehalem");
         }
-        assert_eq!(
-            out.status.signal(),
-            Some(SIGILL),
-            "a native build on an emulated CPU without AVX must die with SIGILL, or the emulation proves \
-             nothing: {} {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert_died_of_sigill(&out, "a native build");
         return;
     }
     // The control: an AVX2 instruction on the emulated Nehalem traps.
     let probe = Command::new(qemu()).args(["-cpu", "Nehalem"]).arg(example()).arg("--avx2-probe").output().unwrap();
-    assert_eq!(
-        probe.status.signal(),
-        Some(SIGILL),
-        "an AVX2 instruction on an emulated CPU without AVX must die with SIGILL, or the emulation proves \
-         nothing: {} {}",
-        probe.status,
-        String::from_utf8_lossy(&probe.stdout)
-    );
+    assert_died_of_sigill(&probe, "an AVX2 instruction");
     let reference = native_run(&cases, None);
     let picked = decisive(&cases, &reference);
     for (cpu, ladder) in [
