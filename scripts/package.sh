@@ -40,9 +40,9 @@ source "$ROOT/scripts/pinned-llama.sh"
 BUNDLE="$ROOT/llamacpp-sys/llama.cpp"
 LIMIT=$((10 * 1024 * 1024))
 # The packaged crates build runtime CPU dispatch from the bundle with two of
-# ggml's CPU variants (the baseline and this one) instead of all fourteen:
-# the machinery is the same, CI's portable stage builds all of them from
-# the checkout, and the other twelve would add six minutes here. The text
+# ggml's CPU variants (the baseline and this one) instead of the default
+# nine: the machinery is the same, CI's test stage builds the nine from the
+# checkout, and the other seven would add minutes here. The text
 # is compared with this variant forced on both sides, so the same kernels
 # run (any x86-64 CPU since 2013 has AVX2).
 CPU_VARIANT="${CPU_VARIANT:-haswell}"
@@ -82,7 +82,7 @@ if [[ $verify == 1 ]]; then
     [[ -f "$model" ]] || die "no model at $model; run the tests once (they fetch it) or set LLAMA_MODEL"
     generate_log="$(mktemp)"
     # The dev profile: the same llama.cpp build (always CMake's Release),
-    # and the portable test stage has built everything else already.
+    # and CI's test stage has built everything else already.
     expected="$(cd "$ROOT" && LLAMA_CPU_VARIANT="$CPU_VARIANT" cargo run --quiet --example generate -- -m "$model" \
         --prompt "The capital of France is" -n 8 --greedy 2>"$generate_log")" \
         || die "the checkout's generate example failed: $(tail -20 "$generate_log")"
@@ -193,7 +193,7 @@ publish = false
 
 [dependencies]
 # With libmtmd (feature mtmd: the bundle carries what it compiles) and the
-# RPC backend: the configuration of the checkout's `cargo test`, so that a
+# RPC backend: the configuration of the checkout's cargo test, so that a
 # compiler cache has its objects (CI's ccache).
 llamacpp = { version = "${version[llamacpp]}", features = ["mtmd", "rpc"] }
 # Directly too: its build script reads llamacpp-sys's links metadata.

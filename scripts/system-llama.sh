@@ -125,7 +125,7 @@ if [[ ! -f "$static_lib/lib/cmake/ggml/ggml-config.cmake" ]]; then
 fi
 grep -q 'set(GGML_NATIVE "ON")' "$static_lib/lib/cmake/ggml/ggml-config.cmake" \
     || die "the static install in $static_lib is not llama.cpp's default (native) build"
-export LLAMA_SYS_LIB_DIR="$static_lib"
+export LLAMA_SYS_LIB_DIR="$static_lib/lib"
 bin="$(first_test_binary)"
 libs="$(ldd "$bin")"
 if grep -q 'libllama' <<<"$libs"; then die "$bin loads a shared libllama: $(grep llama <<<"$libs")"; fi
