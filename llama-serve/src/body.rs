@@ -8,7 +8,7 @@ use axum::extract::Request;
 use axum::http::{StatusCode, header};
 use serde::de::DeserializeOwned;
 
-use crate::openai::ApiError;
+use crate::error::ApiError;
 
 /// Whether a `Content-Type` value names JSON: `application/json`, with or
 /// without parameters (`; charset=utf-8`), any case.

@@ -1,7 +1,8 @@
-//! From an OpenAI request to engine requests and back: sampling fields to
+//! The engine's side of every API: a request's sampling fields to
 //! [`SamplingParams`], `n` choices as `n` engine requests (the later ones
-//! share the first one's prompt cells), and the engine's events to choices
-//! (collected, or as a stream of indexed deltas).
+//! share the first one's prompt cells), and the engine's events back to
+//! choices (collected, or as one stream of indexed deltas), with their
+//! finish reasons and usage.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -11,46 +12,14 @@ use llamacpp::chat::{ChatParser, Reply, ReplyReader};
 use llamacpp::constraint::Constraint;
 use llamacpp::engine::{Completion, Engine, Event, Finish, Request, SamplingParams, Speculation, TokenLogprob};
 use llamacpp::generate::FinishReason;
-use llamacpp::{Error, Special, Token, Vocab};
+use llamacpp::{Special, Token, Vocab};
 
-use crate::openai::{ApiError, Sampling, Usage};
+use crate::error::{ApiError, engine_error};
+use crate::openai::{Sampling, Usage};
 
 /// At most this many choices per request (`n`, times the prompts of a
 /// completion request).
 pub const MAX_CHOICES: usize = 16;
-
-/// The engine's error as an HTTP error.
-pub fn engine_error(e: Error) -> ApiError {
-    match e {
-        Error::QueueFull { capacity } => {
-            ApiError::new(StatusCode::TOO_MANY_REQUESTS, format!("the server is busy ({capacity} requests waiting)"))
-                .code("queue_full")
-                .retry_after(1)
-        }
-        Error::EngineStopped(m) => {
-            ApiError::new(StatusCode::SERVICE_UNAVAILABLE, format!("the engine has stopped: {m}"))
-        }
-        Error::InvalidToken { .. } => ApiError::bad_request(e.to_string()).param("prompt"),
-        Error::Grammar(_) | Error::JsonSchema { .. } => ApiError::bad_request(e.to_string()).param("response_format"),
-        Error::ChatTemplate(_) | Error::ChatTemplateRaised(_) | Error::ChatMarkup(_) => {
-            ApiError::bad_request(e.to_string()).param("messages")
-        }
-        Error::InvalidParameter { name, .. } => ApiError::bad_request(e.to_string()).param(name),
-        // A medium the projector refuses, an image that does not fit a
-        // micro-batch, media where the server takes none.
-        Error::Media(_) | Error::InvalidBatch(_) | Error::Unsupported(_) => {
-            ApiError::bad_request(e.to_string()).param("messages")
-        }
-        Error::CannotSpeculate(_) => ApiError::bad_request(e.to_string()).param("speculative"),
-        Error::InvalidArgument(_)
-        | Error::EmptyPrompt
-        | Error::PromptTooLong { .. }
-        | Error::OutOfRange { .. }
-        | Error::InputTooLarge { .. }
-        | Error::Nul(_) => ApiError::bad_request(e.to_string()),
-        e => ApiError::internal(e),
-    }
-}
 
 /// OpenAI's finish reasons: `stop` (a stop string or the end of
 /// generation), `length` (max_tokens or the context); an engine failure is
@@ -85,10 +54,6 @@ fn fresh_seed() -> u32 {
     ((x ^ (x >> 29)) as u32) ^ nanos
 }
 
-/// The engine's sampling for choice `choice` (seeds differ per choice, so
-/// `n` sampled choices differ). `constraint` is llguidance's
-/// (`response_format`, forced tool calls); without one, the `grammar`
-/// extension field is a GBNF grammar for llama.cpp's sampler.
 /// `request` with the client's `speculative` choice, if it made one
 /// (`spec`: the server's settings for it).
 pub fn with_speculation(request: Request, s: &Sampling, spec: Speculation) -> Request {
@@ -98,6 +63,10 @@ pub fn with_speculation(request: Request, s: &Sampling, spec: Speculation) -> Re
     }
 }
 
+/// The engine's sampling for choice `choice` (seeds differ per choice, so
+/// `n` sampled choices differ). `constraint` is llguidance's
+/// (`response_format`, forced tool calls); without one, the `grammar`
+/// extension field is a GBNF grammar for llama.cpp's sampler.
 pub fn sampling_params(
     s: &Sampling,
     vocab: &Vocab,
@@ -234,16 +203,12 @@ pub fn merged(completions: Vec<Completion>) -> impl Stream<Item = (usize, Delta)
 /// once (as its first choice saw it), the completions summed.
 pub fn combined_usage(usages: impl IntoIterator<Item = Usage>, n: usize) -> Usage {
     let mut total = Usage::default();
-    for (i, u) in usages.into_iter().enumerate() {
-        if i % n.max(1) == 0 {
-            total.prompt_tokens += u.prompt_tokens;
-            total.prompt_tokens_details.cached_tokens += u.prompt_tokens_details.cached_tokens;
+    for (i, mut u) in usages.into_iter().enumerate() {
+        if i % n.max(1) != 0 {
+            u.prompt_tokens = 0;
+            u.prompt_tokens_details.cached_tokens = 0;
         }
-        total.completion_tokens += u.completion_tokens;
-        total.completion_tokens_details.accepted_prediction_tokens +=
-            u.completion_tokens_details.accepted_prediction_tokens;
-        total.completion_tokens_details.rejected_prediction_tokens +=
-            u.completion_tokens_details.rejected_prediction_tokens;
+        total += u;
     }
     total.total_tokens = total.prompt_tokens + total.completion_tokens;
     total
@@ -254,17 +219,4 @@ pub fn combined_usage(usages: impl IntoIterator<Item = Usage>, n: usize) -> Usag
 pub fn token_text(vocab: &Vocab, token: Token) -> (String, Vec<u8>) {
     let bytes = vocab.token_to_piece(token, Special::Plain).unwrap_or_default();
     (String::from_utf8_lossy(&bytes).into_owned(), bytes)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_request_that_cannot_speculate_is_a_bad_request_naming_the_field() {
-        let e = engine_error(Error::CannotSpeculate("a recurrent or hybrid model's cache cannot drop its last tokens"));
-        assert_eq!(e.status, StatusCode::BAD_REQUEST);
-        assert_eq!(e.param.as_deref(), Some("speculative"));
-        assert!(e.message.contains("recurrent"), "{}", e.message);
-    }
 }

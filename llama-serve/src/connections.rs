@@ -25,7 +25,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tower::Service;
 
-use crate::openai::ApiError;
+use crate::error::ApiError;
 
 /// How long connections may take and how many may be open.
 #[derive(Clone, Copy, Debug)]

@@ -1,7 +1,12 @@
-//! The error shape: `{"error": {"message", "type", "param", "code"}}`.
+//! Every API's error: a status, a message and what OpenAI's shape names
+//! (`{"error": {"message", "type", "param", "code"}}`), which the server's
+//! own endpoints and the OpenAI dialects answer with; Anthropic's
+//! Messages wraps it in its own shape ([`crate::anthropic::AnthropicError`]).
+//! The engine's errors map here ([`engine_error`]).
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use llamacpp::Error;
 use serde::Serialize;
 
 /// `{"error": {"message", "type", "param", "code"}}` with its HTTP status.
@@ -93,4 +98,50 @@ pub struct ErrorDetail<'a> {
     pub kind: &'static str,
     pub param: Option<&'a str>,
     pub code: Option<&'static str>,
+}
+
+/// The engine's error as an HTTP error.
+pub fn engine_error(e: Error) -> ApiError {
+    match e {
+        Error::QueueFull { capacity } => {
+            ApiError::new(StatusCode::TOO_MANY_REQUESTS, format!("the server is busy ({capacity} requests waiting)"))
+                .code("queue_full")
+                .retry_after(1)
+        }
+        Error::EngineStopped(m) => {
+            ApiError::new(StatusCode::SERVICE_UNAVAILABLE, format!("the engine has stopped: {m}"))
+        }
+        Error::InvalidToken { .. } => ApiError::bad_request(e.to_string()).param("prompt"),
+        Error::Grammar(_) | Error::JsonSchema { .. } => ApiError::bad_request(e.to_string()).param("response_format"),
+        Error::ChatTemplate(_) | Error::ChatTemplateRaised(_) | Error::ChatMarkup(_) => {
+            ApiError::bad_request(e.to_string()).param("messages")
+        }
+        Error::InvalidParameter { name, .. } => ApiError::bad_request(e.to_string()).param(name),
+        // A medium the projector refuses, an image that does not fit a
+        // micro-batch, media where the server takes none.
+        Error::Media(_) | Error::InvalidBatch(_) | Error::Unsupported(_) => {
+            ApiError::bad_request(e.to_string()).param("messages")
+        }
+        Error::CannotSpeculate(_) => ApiError::bad_request(e.to_string()).param("speculative"),
+        Error::InvalidArgument(_)
+        | Error::EmptyPrompt
+        | Error::PromptTooLong { .. }
+        | Error::OutOfRange { .. }
+        | Error::InputTooLarge { .. }
+        | Error::Nul(_) => ApiError::bad_request(e.to_string()),
+        e => ApiError::internal(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_that_cannot_speculate_is_a_bad_request_naming_the_field() {
+        let e = engine_error(Error::CannotSpeculate("a recurrent or hybrid model's cache cannot drop its last tokens"));
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        assert_eq!(e.param.as_deref(), Some("speculative"));
+        assert!(e.message.contains("recurrent"), "{}", e.message);
+    }
 }

@@ -11,7 +11,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use crate::anthropic::AnthropicError;
-use crate::openai::ApiError;
+use crate::error::ApiError;
 use crate::state::AppState;
 
 /// Equal length and equal bytes, in time that depends only on the length.

@@ -18,9 +18,10 @@
 
 mod anthropic;
 mod body;
+mod choices;
 mod connections;
 mod embeddings;
-mod engine_io;
+mod error;
 mod guard;
 mod media;
 mod openai;
@@ -303,7 +304,7 @@ impl App {
         let path = model_path(args)?;
         let state = new_state(args, &path, PrometheusBuilder::new().build_recorder().handle());
         let ready = load(&path, args, Duration::ZERO)?;
-        let _ = state.loaded.set(Ok(ready));
+        let _ = state.loaded.set(Ok(Arc::new(ready)));
         Ok(App { state })
     }
 
@@ -365,7 +366,7 @@ pub async fn serve(args: Args) -> Result<(), String> {
                     ready.chat.tool_format(),
                     ready.chat.reasoning_format()
                 );
-                let _ = state.loaded.set(Ok(ready));
+                let _ = state.loaded.set(Ok(Arc::new(ready)));
             }
             Err(e) => {
                 eprintln!("error: {e}");

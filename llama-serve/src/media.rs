@@ -6,7 +6,7 @@
 use llamacpp::engine::Request;
 use serde_json::Value;
 
-use crate::openai::ApiError;
+use crate::error::ApiError;
 use crate::state::Ready;
 
 /// The media of a request, decoded.
@@ -75,8 +75,8 @@ fn take(ready: &Ready, bytes: &[u8], decoded: &mut Decoded) -> Result<(), ApiErr
     if !ready.engine.takes_images() && !ready.engine.takes_audio() {
         return Err(bad("this server takes no images or audio (start it with --mmproj)".into()));
     }
-    let medium = ready.engine.media_from_bytes(bytes).map_err(crate::engine_io::engine_error)?;
-    decoded.tokens += ready.engine.media_tokens(&medium).map_err(crate::engine_io::engine_error)?;
+    let medium = ready.engine.media_from_bytes(bytes).map_err(crate::error::engine_error)?;
+    decoded.tokens += ready.engine.media_tokens(&medium).map_err(crate::error::engine_error)?;
     decoded.media.push(medium);
     Ok(())
 }

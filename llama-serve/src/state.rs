@@ -73,7 +73,7 @@ pub enum Lifecycle<'a> {
     /// The model is loading: 503 with `Retry-After`.
     Loading,
     /// The model and its engine run.
-    Ready(&'a Ready),
+    Ready(&'a Arc<Ready>),
     /// Loading failed: 500 (why is in the log, not told to clients).
     Failed,
 }
@@ -81,7 +81,7 @@ pub enum Lifecycle<'a> {
 pub struct AppState {
     pub config: Config,
     /// Set once, when loading ends: the model and engine, or why not.
-    pub loaded: OnceLock<Result<Ready, String>>,
+    pub loaded: OnceLock<Result<Arc<Ready>, String>>,
     pub prometheus: PrometheusHandle,
     pub next_id: AtomicU64,
     pub started: u64,
@@ -103,7 +103,7 @@ impl AppState {
     }
 
     /// The model and engine once they run.
-    pub fn ready(&self) -> Option<&Ready> {
+    pub fn ready(&self) -> Option<&Arc<Ready>> {
         match self.lifecycle() {
             Lifecycle::Ready(ready) => Some(ready),
             _ => None,

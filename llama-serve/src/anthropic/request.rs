@@ -9,7 +9,8 @@ use std::collections::HashSet;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
-use crate::openai::{ApiError, ChatRequest};
+use crate::error::ApiError;
+use crate::openai::ChatRequest;
 
 /// `POST /v1/messages` (and `/v1/messages/count_tokens`, which has no
 /// `max_tokens`). Unknown fields are ignored.

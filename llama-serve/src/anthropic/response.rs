@@ -5,7 +5,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use crate::openai::ApiError;
+use crate::error::ApiError;
 
 /// A content block of an answer.
 #[derive(Debug, Serialize, Clone, PartialEq)]

@@ -1,12 +1,10 @@
-//! The OpenAI request and response bodies this server speaks, and its
-//! error shape.
+//! The OpenAI request and response bodies this server speaks (its error
+//! shape is [`crate::error::ApiError`]'s).
 
-mod error;
 mod request;
 mod response;
 mod responses;
 
-pub use error::ApiError;
 pub use request::*;
 pub use response::*;
 pub use responses::ResponsesRequest;

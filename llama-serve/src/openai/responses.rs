@@ -5,7 +5,8 @@
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
-use super::{ApiError, ChatRequest};
+use super::ChatRequest;
+use crate::error::ApiError;
 
 #[derive(Debug, Deserialize)]
 pub struct ResponsesRequest {

@@ -17,12 +17,13 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::prompt::{chat_prompt, completion_prompts};
-use super::{choices, max_tokens, off_runtime, open, ready};
-use crate::engine_io::{self, Choice, Delta};
+use super::{choice_count, max_tokens, off_runtime, open, ready};
+use crate::choices::{self, Choice, Delta};
+use crate::error::{ApiError, engine_error};
 use crate::openai::{
-    ApiError, AssistantMessage, ChatChoice, ChatChunk, ChatChunkChoice, ChatCompletion, ChatDelta, ChatLogprobs,
-    ChatRequest, CompletionRequest, FunctionCall, FunctionDelta, Header, Logprob, LogprobEntry, TextChoice,
-    TextCompletion, TextLogprobs, ToolCall, ToolCallDelta, Usage,
+    AssistantMessage, ChatChoice, ChatChunk, ChatChunkChoice, ChatCompletion, ChatDelta, ChatLogprobs, ChatRequest,
+    CompletionRequest, FunctionCall, FunctionDelta, Header, Logprob, LogprobEntry, TextChoice, TextCompletion,
+    TextLogprobs, ToolCall, ToolCallDelta, Usage,
 };
 use crate::state::{AppState, Ready, now};
 
@@ -32,40 +33,39 @@ pub async fn completions(
 ) -> Result<Response, ApiError> {
     let req: CompletionRequest = open(&state, "completions", request).await?;
     let ready = ready(&state)?;
-    let n = choices(req.sampling.n)?;
+    let n = choice_count(req.sampling.n)?;
     let max_tokens = max_tokens(&state, req.max_tokens, 16)?;
     let answer = Answer::asked_by(&req.sampling, n);
     let logprobs = req.logprobs.is_some();
     let (completions, echoes) = {
-        let state = state.clone();
+        let (state, ready) = (state.clone(), ready.clone());
         off_runtime(move || {
-            let ready = super::ready(&state)?;
             let vocab = ready.model.vocab();
             let (prompts, echoes) = completion_prompts(vocab, &req, n)?;
             let stops = req.sampling.stop_list();
             let mut requests = Vec::with_capacity(prompts.len() * n);
             for prompt in &prompts {
                 for j in 0..n {
-                    let sampling = engine_io::sampling_params(&req.sampling, vocab, req.logprobs, None, j)?;
+                    let sampling = choices::sampling_params(&req.sampling, vocab, req.logprobs, None, j)?;
                     let request = Request::new(prompt.clone())
                         .max_tokens(max_tokens)
                         .stop(stops.clone())
                         .stop_at_eog(!req.sampling.ignore_eos)
                         .sampling(sampling);
-                    requests.push(engine_io::with_speculation(request, &req.sampling, state.config.speculation));
+                    requests.push(choices::with_speculation(request, &req.sampling, state.config.speculation));
                 }
             }
-            Ok((engine_io::submit_all(&ready.engine, requests)?, echoes))
+            Ok((choices::submit_all(&ready.engine, requests)?, echoes))
         })
         .await?
     };
-    respond(&state, ready, completions, Kind::Text { echoes, logprobs }, answer).await
+    respond(&state, &ready, completions, Kind::Text { echoes, logprobs }, answer).await
 }
 
 pub async fn chat(State(state): State<Arc<AppState>>, request: axum::extract::Request) -> Result<Response, ApiError> {
     let req: ChatRequest = open(&state, "chat", request).await?;
     let ready = ready(&state)?;
-    let n = choices(req.sampling.n)?;
+    let n = choice_count(req.sampling.n)?;
     let top = match (req.logprobs, req.top_logprobs) {
         (true, top) => Some(top.unwrap_or(0)),
         (false, Some(_)) => {
@@ -74,17 +74,21 @@ pub async fn chat(State(state): State<Arc<AppState>>, request: axum::extract::Re
         (false, None) => None,
     };
     let answer = Answer::asked_by(&req.sampling, n);
-    let chat = submit_chat(&state, req, n, top).await?;
-    respond(&state, ready, chat.completions, Kind::Chat { logprobs: top.is_some(), parser: chat.parser }, answer).await
+    let chat = submit_chat(&state, &ready, req, n, top).await?;
+    respond(&state, &ready, chat.completions, Kind::Chat { logprobs: top.is_some(), parser: chat.parser }, answer).await
 }
 
 /// The prompt's length in tokens of a chat request, as [`submit_chat`]
 /// would render it (`count_tokens`, `input_tokens`).
-pub(super) async fn count_chat_prompt(state: &Arc<AppState>, req: ChatRequest) -> Result<usize, ApiError> {
+pub(super) async fn count_chat_prompt(
+    state: &Arc<AppState>,
+    ready: &Arc<Ready>,
+    req: ChatRequest,
+) -> Result<usize, ApiError> {
     let tools = Tools::from_openai(req.tools.as_deref(), req.tool_choice.as_ref(), req.parallel_tool_calls)
-        .map_err(engine_io::engine_error)?;
-    let state = state.clone();
-    off_runtime(move || Ok(chat_prompt(super::ready(&state)?, &state.config, &req, tools)?.prompt_tokens)).await
+        .map_err(engine_error)?;
+    let (state, ready) = (state.clone(), ready.clone());
+    off_runtime(move || Ok(chat_prompt(&ready, &state.config, &req, tools)?.prompt_tokens)).await
 }
 
 /// A chat request in the engine: its choices, the reader of each one's
@@ -100,25 +104,25 @@ pub(super) struct SubmittedChat {
 /// its constraints, `n` engine requests (`top` logprobs each).
 pub(super) async fn submit_chat(
     state: &Arc<AppState>,
+    ready: &Arc<Ready>,
     req: ChatRequest,
     n: usize,
     top: Option<usize>,
 ) -> Result<SubmittedChat, ApiError> {
     let max_tokens = max_tokens(state, req.max_completion_tokens.or(req.max_tokens), state.config.max_tokens_cap)?;
     let tools = Tools::from_openai(req.tools.as_deref(), req.tool_choice.as_ref(), req.parallel_tool_calls)
-        .map_err(engine_io::engine_error)?;
+        .map_err(engine_error)?;
     if tools.as_ref().is_some_and(Tools::forced) && req.response_format.is_some() {
         return Err(ApiError::bad_request("tool_choice that requires a call cannot be combined with response_format")
             .param("tool_choice"));
     }
-    let state = state.clone();
+    let (state, ready) = (state.clone(), ready.clone());
     off_runtime(move || {
-        let ready = super::ready(&state)?;
-        let setup = chat_prompt(ready, &state.config, &req, tools)?;
+        let setup = chat_prompt(&ready, &state.config, &req, tools)?;
         let stops = req.sampling.stop_list();
         let requests = (0..n)
             .map(|j| {
-                let sampling = engine_io::sampling_params(
+                let sampling = choices::sampling_params(
                     &req.sampling,
                     ready.model.vocab(),
                     top,
@@ -132,11 +136,11 @@ pub(super) async fn submit_chat(
                     .stop(stops.clone())
                     .stop_at_eog(!req.sampling.ignore_eos)
                     .sampling(sampling);
-                Ok(engine_io::with_speculation(request, &req.sampling, state.config.speculation))
+                Ok(choices::with_speculation(request, &req.sampling, state.config.speculation))
             })
             .collect::<Result<Vec<_>, ApiError>>()?;
         Ok(SubmittedChat {
-            completions: engine_io::submit_all(&ready.engine, requests)?,
+            completions: choices::submit_all(&ready.engine, requests)?,
             parser: setup.parser,
             prompt_tokens: setup.prompt_tokens,
         })
@@ -189,8 +193,8 @@ async fn respond(
         let frames = Frames { header, kind, answer, model: ready.model.clone() };
         return Ok(sse(frames, completions));
     }
-    let choices: Vec<Choice> = engine_io::collect(completions).await?;
-    let usage = engine_io::combined_usage(choices.iter().map(|c| c.usage), answer.n);
+    let choices: Vec<Choice> = choices::collect(completions).await?;
+    let usage = choices::combined_usage(choices.iter().map(|c| c.usage), answer.n);
     let vocab = ready.model.vocab();
     Ok(match kind {
         Kind::Text { echoes, logprobs } => {
@@ -429,7 +433,7 @@ fn sse(frames: Frames, completions: Vec<Completion>) -> Response {
             Kind::Text { .. } => None,
         })
         .collect();
-    let body = engine_io::merged(completions).flat_map({
+    let body = choices::merged(completions).flat_map({
         let (frames, usages) = (frames.clone(), usages.clone());
         move |(index, delta)| {
             let reader = readers.get_mut(index).and_then(Option::as_mut);
@@ -441,7 +445,7 @@ fn sse(frames: Frames, completions: Vec<Completion>) -> Response {
                 }
                 (Delta::Done(Ok(finish)), reader) => {
                     usages.lock().unwrap_or_else(PoisonError::into_inner).push((index, Usage::from(finish.usage)));
-                    let reason = engine_io::finish_reason(&finish.reason).unwrap_or("stop");
+                    let reason = choices::finish_reason(&finish.reason).unwrap_or("stop");
                     let mut chunks = Vec::new();
                     let mut called = false;
                     if let Some(reader) = reader {
@@ -461,7 +465,7 @@ fn sse(frames: Frames, completions: Vec<Completion>) -> Response {
         frames.answer.include_usage.then(|| {
             let mut all = usages.lock().unwrap_or_else(PoisonError::into_inner).clone();
             all.sort_by_key(|&(index, _)| index);
-            data(frames.total(engine_io::combined_usage(all.into_iter().map(|(_, u)| u), frames.answer.n)))
+            data(frames.total(choices::combined_usage(all.into_iter().map(|(_, u)| u), frames.answer.n)))
         })
     })
     .filter_map(|chunk| async move { chunk });
@@ -475,13 +479,12 @@ fn text_logprobs(vocab: &Vocab, lps: &[(Token, TokenLogprob)], offset: usize) ->
     let mut out = TextLogprobs::default();
     let mut at = offset;
     for (t, lp) in lps {
-        let (text, _) = engine_io::token_text(vocab, *t);
+        let (text, _) = choices::token_text(vocab, *t);
         out.text_offset.push(at);
         at += text.len();
         out.tokens.push(text);
         out.token_logprobs.push(lp.logprob);
-        out.top_logprobs
-            .push(lp.top.iter().map(|&(t, l)| (engine_io::token_text(vocab, t).0, Value::from(l))).collect());
+        out.top_logprobs.push(lp.top.iter().map(|&(t, l)| (choices::token_text(vocab, t).0, Value::from(l))).collect());
     }
     out
 }
@@ -489,7 +492,7 @@ fn text_logprobs(vocab: &Vocab, lps: &[(Token, TokenLogprob)], offset: usize) ->
 /// The chat `logprobs` object.
 fn chat_logprobs(vocab: &Vocab, lps: &[(Token, TokenLogprob)]) -> ChatLogprobs {
     let entry = |t: Token, logprob: f32| {
-        let (token, bytes) = engine_io::token_text(vocab, t);
+        let (token, bytes) = choices::token_text(vocab, t);
         Logprob { token, logprob, bytes }
     };
     let content = lps

@@ -8,10 +8,8 @@ use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 
 use super::{open, ready};
-use crate::engine_io;
-use crate::openai::{
-    ApiError, EmbeddingData, EmbeddingInput, EmbeddingList, EmbeddingRequest, EmbeddingUsage, EmbeddingVector,
-};
+use crate::error::{ApiError, engine_error};
+use crate::openai::{EmbeddingData, EmbeddingInput, EmbeddingList, EmbeddingRequest, EmbeddingUsage, EmbeddingVector};
 use crate::state::AppState;
 
 /// Texts per embeddings request, as OpenAI allows: the body limit alone
@@ -50,7 +48,7 @@ pub async fn embeddings(
         ))
         .param("input"));
     }
-    let (vectors, tokens) = worker.embed(texts).await.map_err(engine_io::engine_error)?;
+    let (vectors, tokens) = worker.embed(texts).await.map_err(engine_error)?;
     let data = vectors
         .into_iter()
         .enumerate()

@@ -16,8 +16,8 @@ use serde_json::{Value, json};
 use super::completion::{count_chat_prompt, submit_chat};
 use super::{open, ready};
 use crate::anthropic::{AnthropicError, MessageResponse, MessageUsage, MessagesRequest, OutBlock, stop_reason};
-use crate::engine_io::{self, Delta};
-use crate::openai::ApiError;
+use crate::choices::{self, Delta};
+use crate::error::ApiError;
 use crate::state::AppState;
 
 /// `max_tokens`, which the Messages API requires.
@@ -36,13 +36,13 @@ pub async fn messages(
     let req: MessagesRequest = open(&state, "messages", request).await?;
     let max_tokens = required_max_tokens(req.max_tokens)?;
     let chat = req.to_chat(Some(max_tokens))?;
-    ready(&state)?;
-    let submitted = submit_chat(&state, chat, 1, None).await?;
+    let ready = ready(&state)?;
+    let submitted = submit_chat(&state, &ready, chat, 1, None).await?;
     let id = state.id("msg");
     if req.stream {
         return Ok(stream(state, id, submitted.prompt_tokens, submitted.parser, submitted.completions));
     }
-    let choice = engine_io::collect(submitted.completions)
+    let choice = choices::collect(submitted.completions)
         .await?
         .pop()
         .ok_or_else(|| ApiError::internal("no choice was collected"))?;
@@ -85,8 +85,8 @@ pub async fn count_tokens(
 ) -> Result<Response, AnthropicError> {
     let req: MessagesRequest = open(&state, "count_tokens", request).await?;
     let chat = req.to_chat(None)?;
-    ready(&state)?;
-    let n = count_chat_prompt(&state, chat).await?;
+    let ready = ready(&state)?;
+    let n = count_chat_prompt(&state, &ready, chat).await?;
     Ok(axum::Json(json!({"input_tokens": n})).into_response())
 }
 
@@ -206,14 +206,14 @@ fn stream(
     let head = futures::stream::iter([Ok::<_, Infallible>(event("message_start", start))]);
     let mut reader = ReplyReader::new(parser);
     let mut writer = Writer { open: Open::None, index: 0, called: false };
-    let body = engine_io::merged(completions).flat_map(move |(_, delta)| {
+    let body = choices::merged(completions).flat_map(move |(_, delta)| {
         let events = match delta {
             Delta::Piece { text, .. } => writer.write(reader.push(&text)),
             Delta::Done(Ok(finish)) => {
                 let mut out = writer.write(reader.finish(finish.reason.clone(), finish.usage));
                 writer.close(&mut out);
-                let finish_reason = engine_io::finish_reason(&finish.reason).unwrap_or("stop");
-                let stop = engine_io::stop_string(&finish.reason);
+                let finish_reason = choices::finish_reason(&finish.reason).unwrap_or("stop");
+                let stop = choices::stop_string(&finish.reason);
                 let reason = stop_reason(finish_reason, stop.as_deref(), writer.called);
                 let delta = json!({"type": "message_delta",
                     "delta": {"stop_reason": reason, "stop_sequence": stop.filter(|_| reason == "stop_sequence")},

@@ -19,8 +19,9 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 
-use crate::engine_io::MAX_CHOICES;
-use crate::openai::{ApiError, Health, ModelCard, ModelList};
+use crate::choices::MAX_CHOICES;
+use crate::error::ApiError;
+use crate::openai::{Health, ModelCard, ModelList};
 use crate::state::{AppState, Lifecycle, Ready};
 use crate::{body, guard};
 
@@ -45,9 +46,11 @@ pub fn router(state: Arc<AppState>) -> Router {
 }
 
 /// The model and engine, or the error a request gets while there are none.
-fn ready(state: &AppState) -> Result<&Ready, ApiError> {
+/// A handler asks once and hands the result on (to the blocking pool's
+/// preparation too), so one request sees one model.
+fn ready(state: &AppState) -> Result<Arc<Ready>, ApiError> {
     match state.lifecycle() {
-        Lifecycle::Ready(ready) => Ok(ready),
+        Lifecycle::Ready(ready) => Ok(ready.clone()),
         Lifecycle::Loading => {
             Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the model is loading").code("loading").retry_after(1))
         }
@@ -102,7 +105,7 @@ fn count(endpoint: &'static str) {
 }
 
 /// `n`, checked.
-fn choices(n: Option<usize>) -> Result<usize, ApiError> {
+fn choice_count(n: Option<usize>) -> Result<usize, ApiError> {
     match n.unwrap_or(1) {
         0 => Err(ApiError::bad_request("n must be at least 1").param("n")),
         n if n > MAX_CHOICES => Err(ApiError::bad_request(format!("n must be at most {MAX_CHOICES}")).param("n")),

@@ -10,8 +10,9 @@ use llamacpp::engine::{Prompt, Request};
 use llamacpp::{AddBos, Special, Token, Vocab};
 use serde_json::{Value, json};
 
-use crate::engine_io::{self, MAX_CHOICES};
-use crate::openai::{ApiError, ChatRequest, CompletionRequest, PromptInput, ResponseFormat};
+use crate::choices::MAX_CHOICES;
+use crate::error::{ApiError, engine_error};
+use crate::openai::{ChatRequest, CompletionRequest, PromptInput, ResponseFormat};
 use crate::state::{Config, Ready};
 
 /// A completion request's prompts, and each one's echo (empty without
@@ -40,7 +41,7 @@ pub(super) fn completion_prompts(
             .iter()
             .map(|p| match p {
                 Prompt::Text { text, .. } => Ok(text.clone()),
-                Prompt::Tokens(t) => vocab.detokenize(t, AddBos::No, Special::Plain).map_err(engine_io::engine_error),
+                Prompt::Tokens(t) => vocab.detokenize(t, AddBos::No, Special::Plain).map_err(engine_error),
                 _ => Ok(String::new()),
             })
             .collect::<Result<_, _>>()?
@@ -135,7 +136,7 @@ pub(super) fn chat_prompt(
     // unless the operator asked for llama.cpp's behaviour.
     let options = options.control_tokens_in_text(config.special_in_content);
     let messages = Value::Array(req.messages.clone());
-    let prompt = ready.chat.prompt_json(&ready.model, &messages, &options).map_err(engine_io::engine_error)?;
+    let prompt = ready.chat.prompt_json(&ready.model, &messages, &options).map_err(engine_error)?;
     let media = crate::media::decode(ready, &messages, config.max_media)?;
     let prompt_tokens = prompt.tokens.len() + media.tokens;
     Ok(ChatSetup {

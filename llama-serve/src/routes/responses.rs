@@ -15,8 +15,9 @@ use serde_json::{Value, json};
 
 use super::completion::{count_chat_prompt, submit_chat};
 use super::{open, ready};
-use crate::engine_io::{self, Delta};
-use crate::openai::{ApiError, ResponsesRequest, Usage};
+use crate::choices::{self, Delta};
+use crate::error::ApiError;
+use crate::openai::{ResponsesRequest, Usage};
 use crate::state::{AppState, now};
 
 /// What the answer echoes of its request.
@@ -67,7 +68,7 @@ pub async fn responses(
 ) -> Result<Response, ApiError> {
     let req: ResponsesRequest = open(&state, "responses", request).await?;
     let chat = req.to_chat()?;
-    ready(&state)?;
+    let ready = ready(&state)?;
     let echo = Echo {
         id: state.id("resp"),
         model: state.config.model_name.clone(),
@@ -79,11 +80,11 @@ pub async fn responses(
         max_output_tokens: req.max_output_tokens,
         text_format: req.text.as_ref().and_then(|t| t.format.clone()).unwrap_or_else(|| json!({"type": "text"})),
     };
-    let submitted = submit_chat(&state, chat, 1, None).await?;
+    let submitted = submit_chat(&state, &ready, chat, 1, None).await?;
     if req.stream {
         return Ok(stream(state, echo, submitted.parser, submitted.completions));
     }
-    let choice = engine_io::collect(submitted.completions)
+    let choice = choices::collect(submitted.completions)
         .await?
         .pop()
         .ok_or_else(|| ApiError::internal("no choice was collected"))?;
@@ -115,8 +116,8 @@ pub async fn input_tokens(
 ) -> Result<Response, ApiError> {
     let req: ResponsesRequest = open(&state, "input_tokens", request).await?;
     let chat = req.to_chat()?;
-    ready(&state)?;
-    let n = count_chat_prompt(&state, chat).await?;
+    let ready = ready(&state)?;
+    let n = count_chat_prompt(&state, &ready, chat).await?;
     Ok(axum::Json(json!({"object": "response.input_tokens", "input_tokens": n})).into_response())
 }
 
@@ -284,13 +285,13 @@ fn stream(
     ];
     let head = futures::stream::iter(head.into_iter().map(Ok::<_, Infallible>).collect::<Vec<_>>());
     let mut reader = ReplyReader::new(parser);
-    let body = engine_io::merged(completions).flat_map(move |(_, delta)| {
+    let body = choices::merged(completions).flat_map(move |(_, delta)| {
         let events = match delta {
             Delta::Piece { text, .. } => writer.write(reader.push(&text)),
             Delta::Done(Ok(finish)) => {
                 let mut out = writer.write(reader.finish(finish.reason.clone(), finish.usage));
                 writer.close(&mut out);
-                let reason = engine_io::finish_reason(&finish.reason).unwrap_or("stop");
+                let reason = choices::finish_reason(&finish.reason).unwrap_or("stop");
                 let usage = Usage::from(finish.usage);
                 let response = writer.echo.response(writer.done.clone(), Some(reason), Some(&usage));
                 let kind = if reason == "length" { "response.incomplete" } else { "response.completed" };
