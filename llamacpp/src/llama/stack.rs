@@ -16,7 +16,7 @@
 //! committed as the recursion touches them.
 //!
 //! The stack estimates per input element live beside their inputs (the
-//! grammar's in `crate::sampling::sampler`), except [`REGEX_STACK_PER_BYTE`], which
+//! grammar's in the sampler module), except [`REGEX_STACK_PER_BYTE`], which
 //! both the vocabulary and the samplers use. The kept helper thread is a
 //! [`CallThread`] of `crate::llama::thread`.
 
@@ -40,7 +40,7 @@ pub(crate) const MAX_STACK: usize = 16 << 30;
 /// on x86-64 (libstdc++'s matcher, with deepseek-llm's regex
 /// pre-tokenizer: 3,203 characters survive a 1 MiB stack), times 4 for
 /// other compilers and targets. Used for the regex pre-tokenizers
-/// (`crate::llama::vocab`) and lazy-grammar trigger patterns (`crate::sampling::sampler`).
+/// (`crate::llama::vocab`) and lazy-grammar trigger patterns (the sampler module).
 pub(crate) const REGEX_STACK_PER_BYTE: usize = 4 * 330;
 
 /// Runs `f`, on a helper thread with a stack of at least `needed` bytes

@@ -77,10 +77,10 @@ pub enum FinishReason {
     Stop(String),
     /// The model sampled an end-of-generation token.
     EndOfGeneration,
-    /// Cancelled: the context's [`AbortHandle`](crate::AbortHandle), [`Generation::cancel`](crate::generate::Generation::cancel), or
-    /// a callback of [`Generation::stream`](crate::generate::Generation::stream).
+    /// Cancelled: the context's [`AbortHandle`](crate::AbortHandle), `Generation::cancel`, or
+    /// a callback of `Generation::stream`.
     Cancelled,
-    /// The context was full and the overflow policy was [`Overflow::Error`](crate::generate::Overflow::Error)
+    /// The context was full and the overflow policy was `Overflow::Error`
     /// (or a shift could free nothing); in the
     /// [engine](crate::engine), the request reached its `max_context` or
     /// could not get room in the KV pool even alone.

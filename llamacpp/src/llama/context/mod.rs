@@ -57,11 +57,11 @@ pub struct PerfCounters {
 ///
 /// The request stays set, so every later decode is aborted too, until
 /// [`AbortHandle::reset`] — except that a
-/// [`Generation`](crate::generate::Generation) it cancels consumes it: the
-/// generation ends as [`FinishReason::Cancelled`](crate::generate::FinishReason::Cancelled)
+/// `Generation` it cancels consumes it: the
+/// generation ends as `FinishReason::Cancelled`
 /// and clears the request, so the next generation (after the next Ctrl-C,
 /// say) starts un-aborted. One request ends one generation; a generation
-/// that ends otherwise ([`Generation::cancel`](crate::generate::Generation::cancel),
+/// that ends otherwise (`Generation::cancel`,
 /// a stream callback that breaks) leaves a request made meanwhile set.
 #[derive(Clone, Debug)]
 pub struct AbortHandle(Arc<AtomicBool>);
@@ -215,7 +215,7 @@ impl<'m> Context<'m> {
     }
 
     /// The model, for values that live inside a borrow of this context
-    /// (a [`Generation`](crate::generate::Generation) holds `&'a mut` of
+    /// (a `Generation` holds `&'a mut` of
     /// the context and a detokenizer over the model's vocabulary).
     pub(crate) fn model_for<'a>(&'a mut self) -> (&'a mut Context<'m>, &'a Model) {
         let model: *const Model = &*self.model;
@@ -347,7 +347,7 @@ impl<'m> Context<'m> {
     /// How often the cached tokens of `seq` were changed other than by
     /// appending to them: removed, shifted, overwritten by a copy, cleared
     /// or loaded from saved state. A caller that remembers what the cache
-    /// holds (like [`generate::Session`](crate::generate::Session)) can
+    /// holds (like `generate::Session`) can
     /// trust its record only while this number is unchanged.
     ///
     /// # Errors

@@ -145,7 +145,7 @@ impl Context<'_> {
     /// last cached token, or at 0), decoding them in batches of at most
     /// [`n_batch`](Context::n_batch) tokens with logits for the last token
     /// only: read them with [`Context::logits`]`(Output::Last)`, or sample
-    /// with [`Sampler::sample`](crate::Sampler::sample)`(&mut ctx, Output::Last)`.
+    /// with `Sampler::sample(&mut ctx, Output::Last)`.
     ///
     /// ```no_run
     /// # fn main() -> Result<(), llamacpp::Error> {

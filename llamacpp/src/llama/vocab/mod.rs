@@ -263,7 +263,7 @@ impl Vocab {
     }
 
     /// Tokenizes a prompt rendered by a chat template
-    /// ([`ChatFormat::render`](crate::ChatFormat::render)): control-token
+    /// (`ChatFormat::render`): control-token
     /// text becomes control tokens ([`Special::Markup`]: the template is
     /// trusted, the messages inside it are not checked), and the model's
     /// BOS is added unless the template already wrote it (most templates

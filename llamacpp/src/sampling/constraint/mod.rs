@@ -156,7 +156,7 @@ impl Constraint {
     }
 
     /// Whether its text is JSON or holds JSON values: a JSON Schema, or
-    /// a Lark grammar with `%json` (as [`Tools::forcing_constraint`](crate::chat::Tools::forcing_constraint)
+    /// a Lark grammar with `%json` (as `Tools::forcing_constraint`
     /// writes). The closing rule of [`Sampler::close_within`](crate::Sampler::close_within)
     /// applies to these.
     pub fn writes_json(&self) -> bool {

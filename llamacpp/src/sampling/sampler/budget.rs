@@ -11,7 +11,7 @@ use crate::llama::vocab::{AddBos, Vocab};
 /// A limit on a reply's thoughts ([`SamplingParams::reasoning_budget`](super::SamplingParams::reasoning_budget)):
 /// after `tokens` tokens of thought, the closing text is forced. Made for a
 /// template's markers by
-/// [`ReasoningFormat::budget`](crate::chat::ReasoningFormat::budget).
+/// `ReasoningFormat::budget`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ReasoningBudget {
     pub(crate) open: String,

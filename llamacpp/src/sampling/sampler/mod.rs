@@ -336,7 +336,7 @@ impl<'m> Sampler<'m> {
     /// the constraint steers toward closing: it allows only the tokens
     /// that end the open string, close an object or array, or end the
     /// document, where it allows any of them (the rule in full:
-    /// docs/json-output.md). Generation ([`Session`](crate::generate::Session),
+    /// docs/json-output.md). Generation (`Session`,
     /// the engine) sets this from `max_tokens`; a chain without such a
     /// constraint ignores it.
     pub fn close_within(&mut self, budget: Option<usize>) {

@@ -10,7 +10,7 @@ use crate::sampling::constraint::Constraint;
 use super::{MAX_PENALTY_WINDOW, Sampler, SamplerChain};
 
 /// Sampling as a plain value: [`SamplingParams::sampler`] builds the
-/// usual chain from it, and the [`Engine`](crate::engine::Engine) builds
+/// usual chain from it, and the `Engine` builds
 /// each request's own chain from it (logit bias → penalties → grammar → greedy,
 /// or top-k → top-p → min-p → temperature → a seeded random pick).
 ///
@@ -128,7 +128,7 @@ impl SamplingParams {
 
     /// Reports each sampled token's log-probability under the model (the
     /// log-softmax of its logits, before any sampler filters them) with the
-    /// `top` most likely tokens, in [`Piece::logprob`](crate::engine::Piece::logprob);
+    /// `top` most likely tokens, in `Piece::logprob`;
     /// `top` at most [`MAX_TOP_LOGPROBS`] (0: only the sampled token's).
     #[must_use]
     pub fn logprobs(mut self, top: usize) -> Self {
@@ -204,7 +204,7 @@ impl SamplingParams {
 
     /// Holds the reply's thoughts to a budget: once it has written
     /// `budget.tokens` tokens of thought, the closing marker is forced
-    /// (usually set by [`ChatPrompt::sampling`](crate::chat::ChatPrompt::sampling)).
+    /// (usually set by `ChatPrompt::sampling`).
     #[must_use]
     pub fn reasoning_budget(mut self, budget: super::ReasoningBudget) -> Self {
         self.reasoning_budget = Some(budget);

@@ -6,8 +6,8 @@
 //! the prompt, code being edited, an answer quoting its sources), the
 //! tokens that followed the last occurrence of the current n-gram are a
 //! good guess for what follows now. [`Speculation`] turns that on for a
-//! [`Session`](crate::generate::Session) run
-//! ([`GenerateOptions::speculation`](crate::generate::GenerateOptions::speculation))
+//! `Session` run
+//! (`GenerateOptions::speculation`)
 //! or a one-call [`Model::complete`](crate::Model::complete):
 //!
 //! * **Drafting.** The sequence's history (prompt and generated tokens) is
