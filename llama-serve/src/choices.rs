@@ -15,7 +15,8 @@ use llamacpp::generate::FinishReason;
 use llamacpp::{Special, Token, Vocab};
 
 use crate::error::{ApiError, engine_error};
-use crate::openai::{Sampling, Usage};
+use crate::openai::Usage;
+use crate::request::Sampling;
 
 /// At most this many choices per request (`n`, times the prompts of a
 /// completion request).
@@ -126,13 +127,15 @@ pub struct Choice {
     pub usage: Usage,
     /// The engine's end of it.
     pub end: Option<Finish>,
+    /// A chat choice's reply ([`crate::respond`] reads it).
+    pub reply: Option<Reply>,
 }
 
 impl Choice {
     /// The choice read as a chat reply by `parser`'s formats: thoughts,
     /// text and tool calls (with their ids), the one fold of the library
     /// ([`ReplyReader`]).
-    pub fn reply(&self, parser: ChatParser) -> Reply {
+    pub fn read(&self, parser: ChatParser) -> Reply {
         let mut reader = ReplyReader::new(parser);
         reader.push(&self.text);
         if let Some(end) = &self.end {

@@ -26,6 +26,8 @@ mod guard;
 mod media;
 mod openai;
 mod rate;
+mod request;
+mod respond;
 mod routes;
 mod state;
 

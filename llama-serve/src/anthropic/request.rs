@@ -6,11 +6,12 @@
 
 use std::collections::HashSet;
 
+use llamacpp::chat::{self, ChatMessage, ContentPart, MessageContent};
 use serde::Deserialize;
-use serde_json::{Map, Value, json};
+use serde_json::Value;
 
 use crate::error::ApiError;
-use crate::openai::ChatRequest;
+use crate::request::{self, Chat, Sampling, Stop};
 
 /// `POST /v1/messages` (and `/v1/messages/count_tokens`, which has no
 /// `max_tokens`). Unknown fields are ignored.
@@ -105,7 +106,7 @@ pub struct ImageSource {
 
 impl ImageSource {
     /// The image as a chat `image_url` part.
-    fn to_part(&self) -> Result<Value, String> {
+    fn to_part(&self) -> Result<ContentPart, String> {
         let url = match (self.kind.as_str(), &self.data, &self.url) {
             ("base64", Some(data), _) => {
                 format!("data:{};base64,{data}", self.media_type.as_deref().unwrap_or("image/jpeg"))
@@ -113,7 +114,7 @@ impl ImageSource {
             ("url", _, Some(url)) => url.clone(),
             (kind, ..) => return Err(format!("an image source of type {kind:?} without its data or url")),
         };
-        Ok(json!({"type": "image_url", "image_url": {"url": url}}))
+        Ok(ContentPart::image_url(url))
     }
 }
 
@@ -167,26 +168,24 @@ fn text_of(blocks: &[Block], what: &str) -> Result<String, ApiError> {
 }
 
 impl MessagesRequest {
-    /// The same request as a chat completion request (OpenAI's shape, which
-    /// the chat layer reads): `system` as a system message, `tool_use`
-    /// blocks as an assistant's `tool_calls`, `tool_result` blocks as `tool`
-    /// messages, `tools`/`tool_choice` as function tools, `thinking` as the
-    /// reasoning budget. `max_tokens` is the caller's (checked there).
+    /// The typed chat request every chat API makes: `system` as a system
+    /// message, `tool_use` blocks as an assistant's tool calls,
+    /// `tool_result` blocks as `tool` messages, `tools`/`tool_choice` as
+    /// function tools, `thinking` as the reasoning budget. `max_tokens` is
+    /// the caller's (checked there).
     ///
     /// # Errors
     /// A 400 for what the Messages API forbids: no messages, a role other
     /// than `user` or `assistant`, a `tool_result` whose `tool_use` is not
     /// in an earlier assistant turn, a block kind this server cannot read.
-    pub fn to_chat(&self, max_tokens: Option<usize>) -> Result<ChatRequest, ApiError> {
+    pub fn to_chat(&self, max_tokens: Option<usize>) -> Result<Chat, ApiError> {
         if self.messages.is_empty() {
             return Err(bad("messages: at least one message is required").param("messages"));
         }
         let mut messages = Vec::new();
         match &self.system {
-            Some(System::Text(text)) => messages.push(json!({"role": "system", "content": text})),
-            Some(System::Blocks(blocks)) => {
-                messages.push(json!({"role": "system", "content": text_of(blocks, "system")?}));
-            }
+            Some(System::Text(text)) => messages.push(ChatMessage::system(text.clone())),
+            Some(System::Blocks(blocks)) => messages.push(ChatMessage::system(text_of(blocks, "system")?)),
             None => {}
         }
         let mut called = HashSet::new();
@@ -197,18 +196,18 @@ impl MessagesRequest {
                     if m.role != "user" && m.role != "assistant" {
                         return Err(at(format!("role {:?} is not user or assistant", m.role)));
                     }
-                    messages.push(json!({"role": m.role, "content": text}));
+                    messages.push(ChatMessage::new(m.role.clone(), text.clone()));
                     continue;
                 }
                 Content::Blocks(blocks) => blocks.iter().collect(),
             };
             match m.role.as_str() {
                 "user" => {
-                    let mut text = Vec::new();
+                    let mut parts = Vec::new();
                     for block in blocks {
                         match block {
-                            Block::Text { text: t } => text.push(json!({"type": "text", "text": t})),
-                            Block::Image { source } => text.push(source.to_part().map_err(at)?),
+                            Block::Text { text: t } => parts.push(ContentPart::text(t.clone())),
+                            Block::Image { source } => parts.push(source.to_part().map_err(at)?),
                             Block::ToolResult { tool_use_id, content, is_error } => {
                                 if !called.contains(tool_use_id.as_str()) {
                                     return Err(at(format!(
@@ -224,7 +223,7 @@ impl MessagesRequest {
                                 if *is_error {
                                     result = format!("Error: {result}");
                                 }
-                                messages.push(json!({"role": "tool", "tool_call_id": tool_use_id, "content": result}));
+                                messages.push(ChatMessage::tool(tool_use_id.clone(), result));
                             }
                             Block::Thinking {} | Block::RedactedThinking {} => {}
                             Block::ToolUse { .. } => return Err(at("a user message cannot hold tool_use".into())),
@@ -235,8 +234,8 @@ impl MessagesRequest {
                             }
                         }
                     }
-                    if !text.is_empty() {
-                        messages.push(json!({"role": "user", "content": text}));
+                    if !parts.is_empty() {
+                        messages.push(ChatMessage::parts("user", parts));
                     }
                 }
                 "assistant" => {
@@ -247,8 +246,14 @@ impl MessagesRequest {
                             Block::Text { text: t } => text.push_str(t),
                             Block::ToolUse { id, name, input } => {
                                 called.insert(id.as_str());
-                                calls.push(json!({"id": id, "type": "function",
-                                                  "function": {"name": name, "arguments": input.to_string()}}));
+                                calls.push(chat::ToolCall {
+                                    id: Some(id.clone()),
+                                    kind: "function".to_owned(),
+                                    function: chat::FunctionCall {
+                                        name: name.clone(),
+                                        arguments: input.to_string().into(),
+                                    },
+                                });
                             }
                             Block::Thinking {} | Block::RedactedThinking {} => {}
                             Block::ToolResult { .. } => {
@@ -262,88 +267,68 @@ impl MessagesRequest {
                             }
                         }
                     }
-                    let mut message = Map::new();
-                    message.insert("role".into(), "assistant".into());
-                    message.insert(
-                        "content".into(),
-                        if calls.is_empty() || !text.is_empty() { text.into() } else { Value::Null },
-                    );
-                    if !calls.is_empty() {
-                        message.insert("tool_calls".into(), calls.into());
-                    }
-                    messages.push(Value::Object(message));
+                    let content = (calls.is_empty() || !text.is_empty()).then_some(MessageContent::Text(text));
+                    messages.push(ChatMessage { content, tool_calls: calls, ..ChatMessage::assistant("") });
                 }
                 role => return Err(at(format!("role {role:?} is not user or assistant"))),
             }
         }
-        let mut chat = Map::new();
-        chat.insert("messages".into(), messages.into());
-        if let Some(n) = max_tokens {
-            chat.insert("max_tokens".into(), n.into());
-        }
-        if !self.stop_sequences.is_empty() {
-            chat.insert("stop".into(), json!(self.stop_sequences));
-        }
-        for (key, value) in [("temperature", self.temperature.map(Value::from)), ("top_p", self.top_p.map(Value::from))]
-        {
-            if let Some(v) = value {
-                chat.insert(key.into(), v);
+        let mut chat = Chat::new(messages);
+        chat.max_tokens = max_tokens;
+        chat.sampling = Sampling {
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            stop: Stop::Many(self.stop_sequences.clone()),
+            stream: self.stream,
+            ..Sampling::default()
+        };
+        let functions = self
+            .tools
+            .iter()
+            .map(|t| chat::Tool {
+                name: t.name.clone(),
+                description: t.description.clone(),
+                parameters: t.input_schema.clone(),
+            })
+            .collect();
+        let (choice, parallel) = match &self.tool_choice {
+            None => (chat::ToolChoice::Auto, true),
+            Some(choice) => {
+                let kind = match (choice.kind.as_str(), &choice.name) {
+                    ("auto", _) => chat::ToolChoice::Auto,
+                    ("any", _) => chat::ToolChoice::Required,
+                    ("none", _) => chat::ToolChoice::None,
+                    ("tool", Some(name)) => chat::ToolChoice::Named(name.clone()),
+                    ("tool", None) => return Err(bad("tool_choice: type tool needs a name").param("tool_choice")),
+                    (other, _) => {
+                        return Err(bad(format!("tool_choice: type {other:?} is not auto, any, tool or none"))
+                            .param("tool_choice"));
+                    }
+                };
+                (kind, !choice.disable_parallel_tool_use)
             }
-        }
-        if let Some(k) = self.top_k {
-            chat.insert("top_k".into(), k.into());
-        }
-        chat.insert("stream".into(), self.stream.into());
-        if !self.tools.is_empty() {
-            let tools: Vec<Value> = self
-                .tools
-                .iter()
-                .map(|t| {
-                    json!({"type": "function", "function": {"name": t.name, "description": t.description,
-                                                            "parameters": t.input_schema}})
-                })
-                .collect();
-            chat.insert("tools".into(), tools.into());
-        }
-        if let Some(choice) = &self.tool_choice {
-            let openai = match (choice.kind.as_str(), &choice.name) {
-                ("auto", _) => json!("auto"),
-                ("any", _) => json!("required"),
-                ("none", _) => json!("none"),
-                ("tool", Some(name)) => json!({"type": "function", "function": {"name": name}}),
-                ("tool", None) => return Err(bad("tool_choice: type tool needs a name").param("tool_choice")),
-                (other, _) => {
-                    return Err(
-                        bad(format!("tool_choice: type {other:?} is not auto, any, tool or none")).param("tool_choice")
-                    );
-                }
-            };
-            chat.insert("tool_choice".into(), openai);
-            if choice.disable_parallel_tool_use {
-                chat.insert("parallel_tool_calls".into(), false.into());
-            }
-        }
-        match &self.thinking {
-            None => {}
+        };
+        chat.tools = request::tools(functions, choice, parallel)?;
+        chat.reasoning_budget = match &self.thinking {
+            None => None,
             Some(t) if t.kind == "enabled" => match t.budget_tokens {
-                Some(n) if n >= 1 => {
-                    chat.insert("reasoning_budget".into(), n.into());
-                }
+                Some(n) if n >= 1 => Some(n),
                 _ => return Err(bad("thinking: budget_tokens must be at least 1").param("thinking")),
             },
-            Some(t) if t.kind == "disabled" => {
-                chat.insert("reasoning_budget".into(), 0.into());
-            }
+            Some(t) if t.kind == "disabled" => Some(0),
             Some(t) => {
                 return Err(bad(format!("thinking: type {:?} is not enabled or disabled", t.kind)).param("thinking"));
             }
-        }
-        serde_json::from_value(Value::Object(chat)).map_err(|e| bad(format!("invalid request: {e}")))
+        };
+        Ok(chat)
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
 
     fn request(body: Value) -> MessagesRequest {
@@ -372,7 +357,7 @@ mod tests {
         }));
         let chat = req.to_chat(Some(64)).unwrap();
         assert_eq!(
-            Value::Array(chat.messages.clone()),
+            serde_json::to_value(&chat.messages).unwrap(),
             json!([
                 {"role": "system", "content": "Be brief."},
                 {"role": "user", "content": "Weather in Paris?"},
@@ -382,12 +367,13 @@ mod tests {
                 {"role": "user", "content": [{"type": "text", "text": "And tomorrow?"}]},
             ])
         );
-        assert_eq!(chat.tool_choice, Some(json!("required")));
-        assert_eq!(chat.parallel_tool_calls, Some(false));
+        let tools = chat.tools.as_ref().unwrap();
+        assert_eq!(tools.tool_choice(), &chat::ToolChoice::Required);
+        assert!(!tools.is_parallel());
+        assert_eq!(tools.functions().len(), 1);
         assert_eq!(chat.reasoning_budget, Some(32));
         assert_eq!(chat.max_tokens, Some(64));
         assert_eq!(chat.sampling.stop_list(), ["END"]);
-        assert_eq!(chat.tools.as_ref().map(Vec::len), Some(1));
     }
 
     #[test]

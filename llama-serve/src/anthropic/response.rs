@@ -73,10 +73,16 @@ pub fn error_type(status: StatusCode) -> &'static str {
     }
 }
 
+/// `{"type": "error", "error": {"type", "message"}}`: an error in
+/// Anthropic's shape (a response's body, a stream's `error` event).
+pub fn error_body(e: &ApiError) -> Value {
+    json!({"type": "error", "error": {"type": error_type(e.status), "message": e.message}})
+}
+
 impl AnthropicError {
     /// The JSON body.
     pub fn body(&self) -> Value {
-        json!({"type": "error", "error": {"type": error_type(self.0.status), "message": self.0.message}})
+        error_body(&self.0)
     }
 }
 

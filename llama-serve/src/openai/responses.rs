@@ -2,11 +2,12 @@
 //! into the chat request every chat endpoint of this server runs through.
 //! Stateless: `previous_response_id` and `store: true` are refused.
 
+use llamacpp::chat::{ChatMessage, ContentPart, FunctionCall, MessageContent, Tool, ToolCall, ToolChoice};
 use serde::Deserialize;
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 
-use super::ChatRequest;
-use crate::error::ApiError;
+use crate::error::{ApiError, engine_error};
+use crate::request::{self, Chat, Format, Sampling};
 
 #[derive(Debug, Deserialize)]
 pub struct ResponsesRequest {
@@ -69,10 +70,10 @@ fn bad(message: impl Into<String>, param: &str) -> ApiError {
 /// A message item's content as chat content: a string, or the text of its
 /// `input_text`/`output_text` parts, or with `input_image` parts a list of
 /// chat parts (`text` and `image_url`, in order).
-fn message_content(content: &Value, at: &str) -> Result<Value, ApiError> {
-    let Value::Array(parts) = content else { return content_text(content, at).map(Value::String) };
+fn message_content(content: &Value, at: &str) -> Result<MessageContent, ApiError> {
+    let Value::Array(parts) = content else { return content_text(content, at).map(MessageContent::Text) };
     if !parts.iter().any(|p| p.get("type").and_then(Value::as_str) == Some("input_image")) {
-        return content_text(content, at).map(Value::String);
+        return content_text(content, at).map(MessageContent::Text);
     }
     let mut out = Vec::with_capacity(parts.len());
     for part in parts {
@@ -83,12 +84,12 @@ fn message_content(content: &Value, at: &str) -> Result<Value, ApiError> {
                     "input",
                 ));
             };
-            out.push(json!({"type": "image_url", "image_url": {"url": url}}));
+            out.push(ContentPart::image_url(url));
         } else {
-            out.push(json!({"type": "text", "text": part_text(part, at)?}));
+            out.push(ContentPart::text(part_text(part, at)?));
         }
     }
-    Ok(Value::Array(out))
+    Ok(MessageContent::Parts(out))
 }
 
 /// A content's text: a string, or the text of its `input_text`/
@@ -130,7 +131,7 @@ impl ResponsesRequest {
     /// no responses), an empty `input`, an item or tool kind it cannot read,
     /// a `function_call_output` without its `function_call`, or
     /// `max_output_tokens` below 1.
-    pub fn to_chat(&self) -> Result<ChatRequest, ApiError> {
+    pub fn to_chat(&self) -> Result<Chat, ApiError> {
         if self.previous_response_id.is_some() {
             return Err(bad(
                 "previous_response_id: this server keeps no responses (it is stateless); send the whole conversation in input",
@@ -140,13 +141,13 @@ impl ResponsesRequest {
         if self.store == Some(true) {
             return Err(bad("store: this server keeps no responses (it is stateless); send store: false", "store"));
         }
-        let mut messages: Vec<Value> = Vec::new();
+        let mut messages: Vec<ChatMessage> = Vec::new();
         if let Some(instructions) = &self.instructions {
-            messages.push(json!({"role": "system", "content": instructions}));
+            messages.push(ChatMessage::system(instructions.clone()));
         }
         let mut called = std::collections::HashSet::new();
         match &self.input {
-            Input::Text(text) => messages.push(json!({"role": "user", "content": text})),
+            Input::Text(text) => messages.push(ChatMessage::user(text.clone())),
             Input::Items(items) => {
                 if items.is_empty() {
                     return Err(bad("input: at least one item is required", "input"));
@@ -164,7 +165,7 @@ impl ResponsesRequest {
                                 ));
                             }
                             let content = message_content(item.get("content").unwrap_or(&Value::Null), &at)?;
-                            messages.push(json!({"role": role, "content": content}));
+                            messages.push(ChatMessage { content: Some(content), ..ChatMessage::new(role, "") });
                         }
                         "function_call" => {
                             let (Some(call_id), Some(name)) =
@@ -174,16 +175,21 @@ impl ResponsesRequest {
                             };
                             let arguments = item.get("arguments").and_then(Value::as_str).unwrap_or("{}");
                             called.insert(call_id.to_owned());
-                            let call = json!({"id": call_id, "type": "function",
-                                              "function": {"name": name, "arguments": arguments}});
+                            let call = ToolCall {
+                                id: Some(call_id.to_owned()),
+                                kind: "function".to_owned(),
+                                function: FunctionCall { name: name.to_owned(), arguments: arguments.into() },
+                            };
                             // Consecutive calls are one assistant turn.
                             match messages.last_mut() {
-                                Some(last) if last["role"] == "assistant" && last.get("tool_calls").is_some() => {
-                                    if let Some(Value::Array(calls)) = last.get_mut("tool_calls") {
-                                        calls.push(call);
-                                    }
+                                Some(last) if last.role == "assistant" && !last.tool_calls.is_empty() => {
+                                    last.tool_calls.push(call);
                                 }
-                                _ => messages.push(json!({"role": "assistant", "content": null, "tool_calls": [call]})),
+                                _ => messages.push(ChatMessage {
+                                    content: None,
+                                    tool_calls: vec![call],
+                                    ..ChatMessage::assistant("")
+                                }),
                             }
                         }
                         "function_call_output" => {
@@ -201,7 +207,7 @@ impl ResponsesRequest {
                                 Some(other) => content_text(other, &at)?,
                                 None => String::new(),
                             };
-                            messages.push(json!({"role": "tool", "tool_call_id": call_id, "content": output}));
+                            messages.push(ChatMessage::tool(call_id, output));
                         }
                         // Earlier thoughts are not part of the prompt.
                         "reasoning" => {}
@@ -210,62 +216,50 @@ impl ResponsesRequest {
                 }
             }
         }
-        let mut chat = Map::new();
-        chat.insert("messages".into(), messages.into());
+        let mut chat = Chat::new(messages);
         match self.max_output_tokens {
             Some(n) if n < 1 => return Err(bad("max_output_tokens must be at least 1", "max_output_tokens")),
-            Some(n) => {
-                chat.insert("max_tokens".into(), n.into());
-            }
+            Some(n) => chat.max_tokens = Some(usize::try_from(n).unwrap_or(usize::MAX)),
             None => {}
         }
-        if let Some(t) = self.temperature {
-            chat.insert("temperature".into(), t.into());
-        }
-        if let Some(p) = self.top_p {
-            chat.insert("top_p".into(), p.into());
-        }
-        if !self.tools.is_empty() {
-            let mut tools = Vec::new();
-            for (i, tool) in self.tools.iter().enumerate() {
-                if tool.get("type").and_then(Value::as_str) != Some("function") {
-                    return Err(bad(format!("tools[{i}]: only function tools are supported"), "tools"));
-                }
-                tools.push(json!({"type": "function", "function": {
-                    "name": tool.get("name"), "description": tool.get("description"),
-                    "parameters": tool.get("parameters").cloned().unwrap_or_else(|| json!({"type": "object"}))}}));
+        chat.sampling =
+            Sampling { temperature: self.temperature, top_p: self.top_p, stream: self.stream, ..Sampling::default() };
+        let mut functions = Vec::new();
+        for (i, tool) in self.tools.iter().enumerate() {
+            if tool.get("type").and_then(Value::as_str) != Some("function") {
+                return Err(bad(format!("tools[{i}]: only function tools are supported"), "tools"));
             }
-            chat.insert("tools".into(), tools.into());
+            let text = |key: &str| tool.get(key).and_then(Value::as_str).map(str::to_owned);
+            functions.push(Tool {
+                name: text("name").unwrap_or_default(),
+                description: text("description"),
+                parameters: tool.get("parameters").cloned().unwrap_or_else(|| json!({"type": "object"})),
+            });
         }
-        if let Some(choice) = &self.tool_choice {
-            let chat_choice = match choice {
-                Value::String(_) => choice.clone(),
-                Value::Object(o) if o.get("type").and_then(Value::as_str) == Some("function") => {
-                    json!({"type": "function", "function": {"name": o.get("name")}})
+        let choice = match &self.tool_choice {
+            None | Some(Value::Null) => ToolChoice::Auto,
+            Some(Value::String(s)) => s.parse().map_err(engine_error)?,
+            Some(Value::Object(o)) if o.get("type").and_then(Value::as_str) == Some("function") => {
+                match o.get("name").and_then(Value::as_str) {
+                    Some(name) => ToolChoice::Named(name.to_owned()),
+                    None => return Err(bad("tool_choice: a function choice needs a name", "tool_choice")),
                 }
-                other => return Err(bad(format!("tool_choice {other} is not supported"), "tool_choice")),
-            };
-            chat.insert("tool_choice".into(), chat_choice);
-        }
-        if let Some(p) = self.parallel_tool_calls {
-            chat.insert("parallel_tool_calls".into(), p.into());
-        }
+            }
+            Some(other) => return Err(bad(format!("tool_choice {other} is not supported"), "tool_choice")),
+        };
+        chat.tools = request::tools(functions, choice, self.parallel_tool_calls.unwrap_or(true))?;
         if let Some(format) = self.text.as_ref().and_then(|t| t.format.as_ref()) {
-            let response_format = match format.get("type").and_then(Value::as_str) {
-                Some("text") => json!({"type": "text"}),
-                Some("json_object") => json!({"type": "json_object"}),
-                Some("json_schema") => json!({"type": "json_schema", "json_schema": {"schema": format.get("schema")}}),
+            chat.format = match format.get("type").and_then(Value::as_str) {
+                Some("text") => Format::Text,
+                Some("json_object") => Format::JsonObject,
+                Some("json_schema") => Format::JsonSchema(format.get("schema").cloned().unwrap_or_else(|| json!({}))),
                 other => return Err(bad(format!("text.format type {other:?} is not supported"), "text.format")),
             };
-            chat.insert("response_format".into(), response_format);
         }
-        if let Some(effort) = self.reasoning.as_ref().and_then(|r| r.effort.as_deref())
-            && let Some(budget) = effort_budget(effort)?
-        {
-            chat.insert("reasoning_budget".into(), budget.into());
+        if let Some(effort) = self.reasoning.as_ref().and_then(|r| r.effort.as_deref()) {
+            chat.reasoning_budget = effort_budget(effort)?;
         }
-        chat.insert("stream".into(), self.stream.into());
-        serde_json::from_value(Value::Object(chat)).map_err(|e| ApiError::bad_request(format!("invalid request: {e}")))
+        Ok(chat)
     }
 }
 
@@ -298,7 +292,7 @@ mod tests {
         }));
         let chat = req.to_chat().unwrap();
         assert_eq!(
-            Value::Array(chat.messages.clone()),
+            serde_json::to_value(&chat.messages).unwrap(),
             json!([
                 {"role": "system", "content": "Be brief."},
                 {"role": "user", "content": "Weather in Paris and Rome?"},
@@ -310,10 +304,12 @@ mod tests {
                 {"role": "user", "content": "Thanks."},
             ])
         );
-        assert_eq!(chat.tool_choice, Some(json!({"type": "function", "function": {"name": "get_weather"}})));
+        let tools = chat.tools.as_ref().unwrap();
+        assert_eq!(tools.tool_choice(), &ToolChoice::Named("get_weather".into()));
+        assert_eq!(tools.functions()[0].parameters, json!({"type": "object"}));
         assert_eq!(chat.max_tokens, Some(64));
         assert_eq!(chat.reasoning_budget, Some(512));
-        assert!(chat.response_format.is_some());
+        assert!(matches!(chat.format, Format::JsonSchema(_)), "{:?}", chat.format);
     }
 
     #[test]

@@ -1,42 +1,41 @@
 //! `/v1/completions` and `/v1/chat/completions`: each endpoint turns its
 //! request into engine requests (on the blocking pool, see
-//! [`off_runtime`]), then one core ([`respond`]) answers with the choices,
-//! whole or streamed, in the endpoint's shape.
+//! [`off_runtime`]), then answers through the one loop
+//! ([`crate::respond`]) in its dialect ([`TextCompletions`],
+//! [`ChatCompletions`]). [`submit_chat`] is every chat API's way in.
 
-use std::convert::Infallible;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
 use axum::extract::State;
-use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::sse::Event as SseEvent;
 use axum::response::{IntoResponse, Response};
-use futures::StreamExt;
-use llamacpp::chat::{ChatEvent, ChatParser, ReplyReader, Tools};
+use llamacpp::chat::{ChatEvent, ChatParser, Reply, Tools};
 use llamacpp::engine::{Completion, Request, TokenLogprob};
 use llamacpp::{Model, Token, Vocab};
 use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::prompt::{chat_prompt, completion_prompts};
-use super::{choice_count, max_tokens, off_runtime, open, ready};
-use crate::choices::{self, Choice, Delta};
-use crate::error::{ApiError, engine_error};
+use super::{choice_count, max_tokens, off_runtime, open};
+use crate::choices::{self, Choice};
+use crate::error::ApiError;
 use crate::openai::{
     AssistantMessage, ChatChoice, ChatChunk, ChatChunkChoice, ChatCompletion, ChatDelta, ChatLogprobs, ChatRequest,
     CompletionRequest, FunctionCall, FunctionDelta, Header, Logprob, LogprobEntry, TextChoice, TextCompletion,
     TextLogprobs, ToolCall, ToolCallDelta, Usage,
 };
+use crate::request::{Chat, Format};
+use crate::respond::{Answer, Dialect, Ended, respond};
 use crate::state::{AppState, Ready, now};
 
 pub async fn completions(
     State(state): State<Arc<AppState>>,
     request: axum::extract::Request,
 ) -> Result<Response, ApiError> {
-    let req: CompletionRequest = open(&state, "completions", request).await?;
-    let ready = ready(&state)?;
+    let (req, ready): (CompletionRequest, _) = open(&state, "completions", request).await?;
     let n = choice_count(req.sampling.n)?;
     let max_tokens = max_tokens(&state, req.max_tokens, 16)?;
-    let answer = Answer::asked_by(&req.sampling, n);
-    let logprobs = req.logprobs.is_some();
+    let (stream, include_usage, logprobs) = (req.sampling.stream, req.sampling.include_usage(), req.logprobs.is_some());
     let (completions, echoes) = {
         let (state, ready) = (state.clone(), ready.clone());
         off_runtime(move || {
@@ -59,12 +58,13 @@ pub async fn completions(
         })
         .await?
     };
-    respond(&state, &ready, completions, Kind::Text { echoes, logprobs }, answer).await
+    let common = Common::new(&state, &ready, "cmpl", n, include_usage);
+    let dialect = TextCompletions { common, echoes, logprobs };
+    respond(dialect, Answer { completions, parser: None, n, stream }).await
 }
 
 pub async fn chat(State(state): State<Arc<AppState>>, request: axum::extract::Request) -> Result<Response, ApiError> {
-    let req: ChatRequest = open(&state, "chat", request).await?;
-    let ready = ready(&state)?;
+    let (req, ready): (ChatRequest, _) = open(&state, "chat", request).await?;
     let n = choice_count(req.sampling.n)?;
     let top = match (req.logprobs, req.top_logprobs) {
         (true, top) => Some(top.unwrap_or(0)),
@@ -73,9 +73,13 @@ pub async fn chat(State(state): State<Arc<AppState>>, request: axum::extract::Re
         }
         (false, None) => None,
     };
-    let answer = Answer::asked_by(&req.sampling, n);
-    let chat = submit_chat(&state, &ready, req, n, top).await?;
-    respond(&state, &ready, chat.completions, Kind::Chat { logprobs: top.is_some(), parser: chat.parser }, answer).await
+    let chat = req.into_chat()?;
+    let (stream, include_usage) = (chat.sampling.stream, chat.sampling.include_usage());
+    let submitted = submit_chat(&state, &ready, chat, n, top).await?;
+    let common = Common::new(&state, &ready, "chatcmpl", n, include_usage);
+    let dialect = ChatCompletions { common, logprobs: top.is_some(), calls: vec![0; n] };
+    let answer = Answer { completions: submitted.completions, parser: Some(submitted.parser), n, stream };
+    respond(dialect, answer).await
 }
 
 /// The prompt's length in tokens of a chat request, as [`submit_chat`]
@@ -83,12 +87,10 @@ pub async fn chat(State(state): State<Arc<AppState>>, request: axum::extract::Re
 pub(super) async fn count_chat_prompt(
     state: &Arc<AppState>,
     ready: &Arc<Ready>,
-    req: ChatRequest,
+    chat: Chat,
 ) -> Result<usize, ApiError> {
-    let tools = Tools::from_openai(req.tools.as_deref(), req.tool_choice.as_ref(), req.parallel_tool_calls)
-        .map_err(engine_error)?;
     let (state, ready) = (state.clone(), ready.clone());
-    off_runtime(move || Ok(chat_prompt(&ready, &state.config, &req, tools)?.prompt_tokens)).await
+    off_runtime(move || Ok(chat_prompt(&ready, &state.config, &chat)?.prompt_tokens)).await
 }
 
 /// A chat request in the engine: its choices, the reader of each one's
@@ -99,31 +101,28 @@ pub(super) struct SubmittedChat {
     pub prompt_tokens: usize,
 }
 
-/// The one path of every chat endpoint (Chat Completions, and Messages
-/// through its translation): tools, the prompt through the template with
-/// its constraints, `n` engine requests (`top` logprobs each).
+/// The one path of every chat API: the prompt through the template with
+/// its tools and constraints, `n` engine requests (`top` logprobs each).
 pub(super) async fn submit_chat(
     state: &Arc<AppState>,
     ready: &Arc<Ready>,
-    req: ChatRequest,
+    chat: Chat,
     n: usize,
     top: Option<usize>,
 ) -> Result<SubmittedChat, ApiError> {
-    let max_tokens = max_tokens(state, req.max_completion_tokens.or(req.max_tokens), state.config.max_tokens_cap)?;
-    let tools = Tools::from_openai(req.tools.as_deref(), req.tool_choice.as_ref(), req.parallel_tool_calls)
-        .map_err(engine_error)?;
-    if tools.as_ref().is_some_and(Tools::forced) && req.response_format.is_some() {
+    let max_tokens = max_tokens(state, chat.max_tokens, state.config.max_tokens_cap)?;
+    if chat.tools.as_ref().is_some_and(Tools::forced) && chat.format != Format::Text {
         return Err(ApiError::bad_request("tool_choice that requires a call cannot be combined with response_format")
             .param("tool_choice"));
     }
     let (state, ready) = (state.clone(), ready.clone());
     off_runtime(move || {
-        let setup = chat_prompt(&ready, &state.config, &req, tools)?;
-        let stops = req.sampling.stop_list();
+        let setup = chat_prompt(&ready, &state.config, &chat)?;
+        let stops = chat.sampling.stop_list();
         let requests = (0..n)
             .map(|j| {
                 let sampling = choices::sampling_params(
-                    &req.sampling,
+                    &chat.sampling,
                     ready.model.vocab(),
                     top,
                     setup.response_constraint.as_ref(),
@@ -134,9 +133,9 @@ pub(super) async fn submit_chat(
                     .clone()
                     .max_tokens(max_tokens)
                     .stop(stops.clone())
-                    .stop_at_eog(!req.sampling.ignore_eos)
+                    .stop_at_eog(!chat.sampling.ignore_eos)
                     .sampling(sampling);
-                Ok(choices::with_speculation(request, &req.sampling, state.config.speculation))
+                Ok(choices::with_speculation(request, &chat.sampling, state.config.speculation))
             })
             .collect::<Result<Vec<_>, ApiError>>()?;
         Ok(SubmittedChat {
@@ -148,261 +147,246 @@ pub(super) async fn submit_chat(
     .await
 }
 
-/// Which endpoint answers, and what its answer needs besides the
-/// engine's output.
-enum Kind {
-    /// `/v1/completions`: each prompt's echo (empty without `echo`), and
-    /// whether `logprobs` was asked for.
-    Text { echoes: Vec<String>, logprobs: bool },
-    /// `/v1/chat/completions`, with or without `logprobs`, and the reader
-    /// of each choice's output (thoughts, text, tool calls).
-    Chat { logprobs: bool, parser: ChatParser },
-}
-
-/// How the client wants its choices.
-#[derive(Clone, Copy)]
-struct Answer {
+/// What both OpenAI dialects share: the header each chunk repeats, the
+/// usage chunk the client may ask for, `[DONE]`, the error object.
+struct Common {
+    header: Header,
     /// Choices per prompt.
     n: usize,
-    stream: bool,
     include_usage: bool,
-}
-
-impl Answer {
-    fn asked_by(sampling: &crate::openai::Sampling, n: usize) -> Answer {
-        let include_usage = sampling.stream_options.as_ref().is_some_and(|o| o.include_usage);
-        Answer { n, stream: sampling.stream, include_usage }
-    }
-}
-
-/// The core both endpoints share: the submitted choices as one response,
-/// or as a stream of chunks.
-async fn respond(
-    state: &Arc<AppState>,
-    ready: &Ready,
-    completions: Vec<Completion>,
-    kind: Kind,
-    answer: Answer,
-) -> Result<Response, ApiError> {
-    let prefix = match kind {
-        Kind::Text { .. } => "cmpl",
-        Kind::Chat { .. } => "chatcmpl",
-    };
-    let header = Header { id: state.id(prefix), object: "", created: now(), model: state.config.model_name.clone() };
-    if answer.stream {
-        let frames = Frames { header, kind, answer, model: ready.model.clone() };
-        return Ok(sse(frames, completions));
-    }
-    let choices: Vec<Choice> = choices::collect(completions).await?;
-    let usage = choices::combined_usage(choices.iter().map(|c| c.usage), answer.n);
-    let vocab = ready.model.vocab();
-    Ok(match kind {
-        Kind::Text { echoes, logprobs } => {
-            let choices = choices
-                .iter()
-                .enumerate()
-                .map(|(index, c)| {
-                    let echo = &echoes[index / answer.n];
-                    TextChoice {
-                        index,
-                        text: format!("{echo}{}", c.text),
-                        logprobs: logprobs.then(|| text_logprobs(vocab, &c.logprobs, echo.len())),
-                        finish_reason: Some(c.finish_reason),
-                    }
-                })
-                .collect();
-            let header = Header { object: "text_completion", ..header };
-            axum::Json(TextCompletion { header, choices, usage: Some(Some(usage)) }).into_response()
-        }
-        Kind::Chat { logprobs, parser } => {
-            let choices = choices
-                .iter()
-                .enumerate()
-                .map(|(index, c)| {
-                    let reply = c.reply(parser.clone());
-                    let tool_calls = reply
-                        .tool_calls()
-                        .into_iter()
-                        .map(|call| ToolCall {
-                            id: call.id.clone().unwrap_or_default(),
-                            kind: "function",
-                            function: FunctionCall {
-                                name: call.function.name.clone(),
-                                arguments: call.function.arguments.to_string(),
-                            },
-                        })
-                        .collect();
-                    let reasoning = reply.reasoning();
-                    ChatChoice {
-                        index,
-                        message: AssistantMessage {
-                            role: "assistant",
-                            content: reply.content(),
-                            reasoning_content: (!reasoning.is_empty()).then_some(reasoning),
-                            tool_calls,
-                        },
-                        logprobs: logprobs.then(|| chat_logprobs(vocab, &c.logprobs)),
-                        finish_reason: if reply.called_tools() { "tool_calls" } else { c.finish_reason },
-                    }
-                })
-                .collect();
-            let header = Header { object: "chat.completion", ..header };
-            axum::Json(ChatCompletion { header, choices, usage }).into_response()
-        }
-    })
-}
-
-/// A stream's chunks in the endpoint's shape.
-struct Frames {
-    header: Header,
-    kind: Kind,
-    answer: Answer,
     /// The stream outlives the handler: it holds the model itself.
     model: Arc<Model>,
 }
 
-impl Frames {
+impl Common {
+    fn new(state: &AppState, ready: &Ready, prefix: &str, n: usize, include_usage: bool) -> Common {
+        let header =
+            Header { id: state.id(prefix), object: "", created: now(), model: state.config.model_name.clone() };
+        Common { header, n, include_usage, model: ready.model.clone() }
+    }
+
+    fn header(&self, object: &'static str) -> Header {
+        Header { object, ..self.header.clone() }
+    }
+
     /// `null` in every chunk when the client asked for a usage chunk.
     fn usage(&self) -> Option<Option<Usage>> {
-        self.answer.include_usage.then_some(None)
+        self.include_usage.then_some(None)
     }
 
-    fn text(&self, choices: Vec<TextChoice>, usage: Option<Option<Usage>>) -> String {
-        json_text(&TextCompletion {
-            header: Header { object: "text_completion", ..self.header.clone() },
-            choices,
-            usage,
-        })
-    }
-
-    fn chat(&self, choices: Vec<ChatChunkChoice>, usage: Option<Option<Usage>>) -> String {
-        json_text(&ChatChunk {
-            header: Header { object: "chat.completion.chunk", ..self.header.clone() },
-            choices,
-            usage,
-        })
-    }
-
-    /// What comes before the engine's output: an echoed prompt is its
-    /// choices' first chunk; a chat choice opens with the assistant role.
-    fn head(&self) -> Vec<String> {
-        let n = self.answer.n;
-        match &self.kind {
-            Kind::Text { echoes, .. } => echoes
-                .iter()
-                .enumerate()
-                .flat_map(|(p, echo)| (0..n).map(move |j| (p * n + j, echo)))
-                .filter(|(_, echo)| !echo.is_empty())
-                .map(|(index, echo)| {
-                    let choice = TextChoice { index, text: echo.clone(), logprobs: None, finish_reason: None };
-                    self.text(vec![choice], self.usage())
-                })
-                .collect(),
-            Kind::Chat { .. } => (0..n)
-                .map(|index| {
-                    let delta = ChatDelta {
-                        role: Some("assistant"),
-                        content: Some(String::new()),
-                        reasoning_content: None,
-                        tool_calls: None,
-                    };
-                    self.chat(vec![ChatChunkChoice { index, delta, logprobs: None, finish_reason: None }], self.usage())
-                })
-                .collect(),
+    /// The usage chunk (when asked for; `usage_chunk` makes it), then
+    /// `data: [DONE]`.
+    fn tail(&self, usage_chunk: impl FnOnce() -> SseEvent) -> Vec<SseEvent> {
+        let mut events = Vec::new();
+        if self.include_usage {
+            events.push(usage_chunk());
         }
+        events.push(SseEvent::default().data("[DONE]"));
+        events
+    }
+}
+
+/// An SSE event whose data is `body`.
+fn data(body: &impl Serialize) -> SseEvent {
+    SseEvent::default().data(json_text(body))
+}
+
+/// `/v1/completions`: each prompt's echo (empty without `echo`), and
+/// whether `logprobs` was asked for.
+struct TextCompletions {
+    common: Common,
+    echoes: Vec<String>,
+    logprobs: bool,
+}
+
+impl TextCompletions {
+    fn chunk(&self, choices: Vec<TextChoice>) -> SseEvent {
+        let header = self.common.header("text_completion");
+        data(&TextCompletion { header, choices, usage: self.common.usage() })
+    }
+}
+
+impl Dialect for TextCompletions {
+    /// An echoed prompt is its choices' first chunk.
+    fn head(&mut self) -> Vec<SseEvent> {
+        let n = self.common.n;
+        self.echoes
+            .iter()
+            .enumerate()
+            .flat_map(|(p, echo)| (0..n).map(move |j| (p * n + j, echo)))
+            .filter(|(_, echo)| !echo.is_empty())
+            .map(|(index, echo)| {
+                self.chunk(vec![TextChoice { index, text: echo.clone(), logprobs: None, finish_reason: None }])
+            })
+            .collect()
     }
 
-    /// Choice `index`'s next piece of text.
-    fn piece(&self, index: usize, text: String, logprob: Option<TokenLogprob>) -> String {
-        let vocab = self.model.vocab();
-        match &self.kind {
-            Kind::Text { .. } => {
-                let logprobs = logprob.map(|lp| text_logprobs(vocab, &[(lp.token, lp)], 0));
-                self.text(vec![TextChoice { index, text, logprobs, finish_reason: None }], self.usage())
-            }
-            Kind::Chat { .. } => {
-                let logprobs = logprob.map(|lp| chat_logprobs(vocab, &[(lp.token, lp)]));
-                let delta = ChatDelta { role: None, content: Some(text), reasoning_content: None, tool_calls: None };
-                self.chat(vec![ChatChunkChoice { index, delta, logprobs, finish_reason: None }], self.usage())
-            }
-        }
+    fn text(&mut self, index: usize, text: String, logprob: Option<TokenLogprob>) -> Vec<SseEvent> {
+        let logprobs = logprob.map(|lp| text_logprobs(self.common.model.vocab(), &[(lp.token, lp)], 0));
+        vec![self.chunk(vec![TextChoice { index, text, logprobs, finish_reason: None }])]
     }
 
-    /// Chunks for what choice `index`'s reader released: thoughts as
-    /// reasoning content, text as content, each call as its id and name,
-    /// then its arguments (calls numbered from `calls`, the count before
-    /// these events). A token's logprob rides on the first chunk (or on an
-    /// empty one).
-    fn read(
-        &self,
-        index: usize,
-        events: Vec<ChatEvent>,
-        mut calls: usize,
-        logprob: Option<TokenLogprob>,
-    ) -> Vec<String> {
-        let vocab = self.model.vocab();
-        let mut logprobs = logprob.map(|lp| chat_logprobs(vocab, &[(lp.token, lp)]));
+    fn end(&mut self, index: usize, ended: Ended<'_>) -> Vec<SseEvent> {
+        let choice = TextChoice { index, text: String::new(), logprobs: None, finish_reason: Some(ended.reason) };
+        vec![self.chunk(vec![choice])]
+    }
+
+    fn tail(&mut self, usage: Usage) -> Vec<SseEvent> {
+        let header = self.common.header("text_completion");
+        self.common.tail(|| data(&TextCompletion { header, choices: Vec::new(), usage: Some(Some(usage)) }))
+    }
+
+    fn error(&mut self, error: &ApiError) -> SseEvent {
+        data(&error.body())
+    }
+
+    fn whole(self, choices: Vec<Choice>, usage: Usage) -> Response {
+        let vocab = self.common.model.vocab();
+        let n = self.common.n;
+        let choices = choices
+            .iter()
+            .enumerate()
+            .map(|(index, c)| {
+                let echo = &self.echoes[index / n];
+                TextChoice {
+                    index,
+                    text: format!("{echo}{}", c.text),
+                    logprobs: self.logprobs.then(|| text_logprobs(vocab, &c.logprobs, echo.len())),
+                    finish_reason: Some(c.finish_reason),
+                }
+            })
+            .collect();
+        let header = self.common.header("text_completion");
+        axum::Json(TextCompletion { header, choices, usage: Some(Some(usage)) }).into_response()
+    }
+}
+
+/// `/v1/chat/completions`, with or without `logprobs`; the tool calls
+/// each choice has streamed so far (their chunks are numbered).
+struct ChatCompletions {
+    common: Common,
+    logprobs: bool,
+    calls: Vec<usize>,
+}
+
+impl ChatCompletions {
+    fn chunk(&self, choice: ChatChunkChoice) -> SseEvent {
+        let header = self.common.header("chat.completion.chunk");
+        data(&ChatChunk { header, choices: vec![choice], usage: self.common.usage() })
+    }
+}
+
+impl Dialect for ChatCompletions {
+    /// Each choice opens with the assistant role.
+    fn head(&mut self) -> Vec<SseEvent> {
+        (0..self.common.n)
+            .map(|index| {
+                let delta = ChatDelta { role: Some("assistant"), content: Some(String::new()), ..ChatDelta::default() };
+                self.chunk(ChatChunkChoice { index, delta, logprobs: None, finish_reason: None })
+            })
+            .collect()
+    }
+
+    /// Thoughts as reasoning content, text as content, each call as its
+    /// id and name, then its arguments. A token's logprob rides on the
+    /// first chunk (or on an empty one).
+    fn chat(&mut self, index: usize, events: Vec<ChatEvent>, logprob: Option<TokenLogprob>) -> Vec<SseEvent> {
+        let mut logprobs = logprob.map(|lp| chat_logprobs(self.common.model.vocab(), &[(lp.token, lp)]));
         let with_logprob = logprobs.is_some();
-        let mut chunk = |delta: ChatDelta| {
-            let choice = ChatChunkChoice { index, delta, logprobs: logprobs.take(), finish_reason: None };
-            self.chat(vec![choice], self.usage())
-        };
-        let mut chunks = Vec::new();
+        let mut deltas = Vec::new();
         for event in events {
             match event {
-                ChatEvent::Text(text) => chunks.push(chunk(ChatDelta { content: Some(text), ..ChatDelta::default() })),
+                ChatEvent::Text(text) => deltas.push(ChatDelta { content: Some(text), ..ChatDelta::default() }),
                 ChatEvent::Reasoning(text) => {
-                    chunks.push(chunk(ChatDelta { reasoning_content: Some(text), ..ChatDelta::default() }));
+                    deltas.push(ChatDelta { reasoning_content: Some(text), ..ChatDelta::default() });
                 }
                 ChatEvent::ToolCall(call) => {
+                    let Some(calls) = self.calls.get_mut(index) else { continue };
                     let opening = ToolCallDelta {
-                        index: calls,
+                        index: *calls,
                         id: call.id,
                         kind: Some("function"),
                         function: FunctionDelta { name: Some(call.function.name), arguments: String::new() },
                     };
                     let arguments = ToolCallDelta {
-                        index: calls,
+                        index: *calls,
                         id: None,
                         kind: None,
                         function: FunctionDelta { name: None, arguments: call.function.arguments.to_string() },
                     };
-                    calls += 1;
+                    *calls += 1;
                     for delta in [opening, arguments] {
-                        chunks.push(chunk(ChatDelta { tool_calls: Some(vec![delta]), ..ChatDelta::default() }));
+                        deltas.push(ChatDelta { tool_calls: Some(vec![delta]), ..ChatDelta::default() });
                     }
                 }
-                // The end is the choice's last chunk (`done`).
+                // The end is the choice's last chunk (`end`).
                 _ => {}
             }
         }
-        if chunks.is_empty() && with_logprob {
-            chunks.push(chunk(ChatDelta { content: Some(String::new()), ..ChatDelta::default() }));
+        if deltas.is_empty() && with_logprob {
+            deltas.push(ChatDelta { content: Some(String::new()), ..ChatDelta::default() });
         }
-        chunks
+        deltas
+            .into_iter()
+            .map(|delta| self.chunk(ChatChunkChoice { index, delta, logprobs: logprobs.take(), finish_reason: None }))
+            .collect()
     }
 
-    /// Choice `index`'s last chunk.
-    fn done(&self, index: usize, reason: &'static str) -> String {
-        match &self.kind {
-            Kind::Text { .. } => {
-                let choice = TextChoice { index, text: String::new(), logprobs: None, finish_reason: Some(reason) };
-                self.text(vec![choice], self.usage())
-            }
-            Kind::Chat { .. } => {
-                let choice =
-                    ChatChunkChoice { index, delta: ChatDelta::default(), logprobs: None, finish_reason: Some(reason) };
-                self.chat(vec![choice], self.usage())
-            }
-        }
+    fn end(&mut self, index: usize, ended: Ended<'_>) -> Vec<SseEvent> {
+        let reason = if ended.called() { "tool_calls" } else { ended.reason };
+        vec![self.chunk(ChatChunkChoice {
+            index,
+            delta: ChatDelta::default(),
+            logprobs: None,
+            finish_reason: Some(reason),
+        })]
     }
 
-    /// The usage chunk (no choices) after every choice ended.
-    fn total(&self, usage: Usage) -> String {
-        match &self.kind {
-            Kind::Text { .. } => self.text(Vec::new(), Some(Some(usage))),
-            Kind::Chat { .. } => self.chat(Vec::new(), Some(Some(usage))),
-        }
+    fn tail(&mut self, usage: Usage) -> Vec<SseEvent> {
+        let header = self.common.header("chat.completion.chunk");
+        self.common.tail(|| data(&ChatChunk { header, choices: Vec::new(), usage: Some(Some(usage)) }))
+    }
+
+    fn error(&mut self, error: &ApiError) -> SseEvent {
+        data(&error.body())
+    }
+
+    fn whole(self, choices: Vec<Choice>, usage: Usage) -> Response {
+        let vocab = self.common.model.vocab();
+        let empty = Reply::default();
+        let choices = choices
+            .iter()
+            .enumerate()
+            .map(|(index, c)| {
+                let reply = c.reply.as_ref().unwrap_or(&empty);
+                let tool_calls = reply
+                    .tool_calls()
+                    .into_iter()
+                    .map(|call| ToolCall {
+                        id: call.id.clone().unwrap_or_default(),
+                        kind: "function",
+                        function: FunctionCall {
+                            name: call.function.name.clone(),
+                            arguments: call.function.arguments.to_string(),
+                        },
+                    })
+                    .collect();
+                let reasoning = reply.reasoning();
+                ChatChoice {
+                    index,
+                    message: AssistantMessage {
+                        role: "assistant",
+                        content: reply.content(),
+                        reasoning_content: (!reasoning.is_empty()).then_some(reasoning),
+                        tool_calls,
+                    },
+                    logprobs: self.logprobs.then(|| chat_logprobs(vocab, &c.logprobs)),
+                    finish_reason: if reply.called_tools() { "tool_calls" } else { c.finish_reason },
+                }
+            })
+            .collect();
+        let header = self.common.header("chat.completion");
+        axum::Json(ChatCompletion { header, choices, usage }).into_response()
     }
 }
 
@@ -415,62 +399,6 @@ fn json_text(body: &impl Serialize) -> String {
                          "param": null, "code": null}})
         .to_string()
     })
-}
-
-/// The SSE response: the head chunks, a chunk per piece and a last one
-/// per choice as they arrive, the usage chunk (when asked for) once every
-/// choice ended, then `data: [DONE]`; keep-alive comments while idle. A
-/// failure after the 200 is an error object in the stream.
-fn sse(frames: Frames, completions: Vec<Completion>) -> Response {
-    let data = |text: String| Ok::<_, Infallible>(SseEvent::default().data(text));
-    let frames = Arc::new(frames);
-    let head = futures::stream::iter(frames.head().into_iter().map(data).collect::<Vec<_>>());
-    let usages = Arc::new(Mutex::new(Vec::<(usize, Usage)>::new()));
-    // Each choice's reader.
-    let mut readers: Vec<Option<ReplyReader>> = (0..completions.len())
-        .map(|_| match &frames.kind {
-            Kind::Chat { parser, .. } => Some(ReplyReader::new(parser.clone())),
-            Kind::Text { .. } => None,
-        })
-        .collect();
-    let body = choices::merged(completions).flat_map({
-        let (frames, usages) = (frames.clone(), usages.clone());
-        move |(index, delta)| {
-            let reader = readers.get_mut(index).and_then(Option::as_mut);
-            let chunks = match (delta, reader) {
-                (Delta::Piece { text, logprob }, None) => vec![frames.piece(index, text, logprob)],
-                (Delta::Piece { text, logprob }, Some(reader)) => {
-                    let calls = reader.reply().tool_calls().len();
-                    frames.read(index, reader.push(&text), calls, logprob)
-                }
-                (Delta::Done(Ok(finish)), reader) => {
-                    usages.lock().unwrap_or_else(PoisonError::into_inner).push((index, Usage::from(finish.usage)));
-                    let reason = choices::finish_reason(&finish.reason).unwrap_or("stop");
-                    let mut chunks = Vec::new();
-                    let mut called = false;
-                    if let Some(reader) = reader {
-                        let calls = reader.reply().tool_calls().len();
-                        chunks = frames.read(index, reader.finish(finish.reason.clone(), finish.usage), calls, None);
-                        called = reader.reply().called_tools();
-                    }
-                    chunks.push(frames.done(index, if called { "tool_calls" } else { reason }));
-                    chunks
-                }
-                (Delta::Done(Err(e)), _) => vec![json_text(&e.body())],
-            };
-            futures::stream::iter(chunks.into_iter().map(data).collect::<Vec<_>>())
-        }
-    });
-    let tail = futures::stream::once(async move {
-        frames.answer.include_usage.then(|| {
-            let mut all = usages.lock().unwrap_or_else(PoisonError::into_inner).clone();
-            all.sort_by_key(|&(index, _)| index);
-            data(frames.total(choices::combined_usage(all.into_iter().map(|(_, u)| u), frames.answer.n)))
-        })
-    })
-    .filter_map(|chunk| async move { chunk });
-    let done = futures::stream::once(async move { data("[DONE]".to_owned()) });
-    Sse::new(head.chain(body).chain(tail).chain(done)).keep_alive(KeepAlive::default()).into_response()
 }
 
 /// The legacy completions `logprobs` object; text offsets start at

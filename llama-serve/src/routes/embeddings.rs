@@ -7,7 +7,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 
-use super::{open, ready};
+use super::open;
 use crate::error::{ApiError, engine_error};
 use crate::openai::{EmbeddingData, EmbeddingInput, EmbeddingList, EmbeddingRequest, EmbeddingUsage, EmbeddingVector};
 use crate::state::AppState;
@@ -20,8 +20,7 @@ pub async fn embeddings(
     State(state): State<Arc<AppState>>,
     request: axum::extract::Request,
 ) -> Result<Response, ApiError> {
-    let req: EmbeddingRequest = open(&state, "embeddings", request).await?;
-    let ready = ready(&state)?;
+    let (req, ready): (EmbeddingRequest, _) = open(&state, "embeddings", request).await?;
     let Some(worker) = &ready.embeddings else {
         return Err(ApiError::new(StatusCode::NOT_FOUND, "embeddings are off: start the server with --embeddings")
             .code("not_found"));

@@ -1,23 +1,27 @@
 //! `/v1/messages` and `/v1/messages/count_tokens`: Anthropic's Messages
-//! API, translated into the chat request of `/v1/chat/completions` and run
-//! through the same path ([`super::completion::submit_chat`]); only the
-//! answer's shape and its stream events are this API's own.
+//! API, read into the typed chat request every chat API makes
+//! ([`MessagesRequest::to_chat`]) and run through the same path
+//! ([`super::completion::submit_chat`], [`crate::respond`]); only the
+//! answer's shape and its stream events are this API's own ([`Writer`]).
 
-use std::convert::Infallible;
 use std::sync::Arc;
 
 use axum::extract::State;
-use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::sse::Event as SseEvent;
 use axum::response::{IntoResponse, Response};
-use futures::StreamExt;
-use llamacpp::chat::{ChatEvent, ChatParser, ReplyPart, ReplyReader};
+use llamacpp::chat::{ChatEvent, ReplyPart};
+use llamacpp::engine::TokenLogprob;
 use serde_json::{Value, json};
 
 use super::completion::{count_chat_prompt, submit_chat};
-use super::{open, ready};
-use crate::anthropic::{AnthropicError, MessageResponse, MessageUsage, MessagesRequest, OutBlock, stop_reason};
-use crate::choices::{self, Delta};
+use super::open;
+use crate::anthropic::{
+    AnthropicError, MessageResponse, MessageUsage, MessagesRequest, OutBlock, error_body, stop_reason,
+};
+use crate::choices::Choice;
 use crate::error::ApiError;
+use crate::openai::Usage;
+use crate::respond::{Answer, Dialect, Ended, respond};
 use crate::state::AppState;
 
 /// `max_tokens`, which the Messages API requires.
@@ -33,48 +37,20 @@ pub async fn messages(
     State(state): State<Arc<AppState>>,
     request: axum::extract::Request,
 ) -> Result<Response, AnthropicError> {
-    let req: MessagesRequest = open(&state, "messages", request).await?;
+    let (req, ready): (MessagesRequest, _) = open(&state, "messages", request).await?;
     let max_tokens = required_max_tokens(req.max_tokens)?;
     let chat = req.to_chat(Some(max_tokens))?;
-    let ready = ready(&state)?;
     let submitted = submit_chat(&state, &ready, chat, 1, None).await?;
-    let id = state.id("msg");
-    if req.stream {
-        return Ok(stream(state, id, submitted.prompt_tokens, submitted.parser, submitted.completions));
-    }
-    let choice = choices::collect(submitted.completions)
-        .await?
-        .pop()
-        .ok_or_else(|| ApiError::internal("no choice was collected"))?;
-    let reply = choice.reply(submitted.parser);
-    let called = !reply.tool_calls().is_empty();
-    let content = reply
-        .listed_parts()
-        .filter_map(|part| match part {
-            ReplyPart::Text(text) => Some(OutBlock::Text { text: text.clone() }),
-            ReplyPart::Reasoning(thinking) => {
-                Some(OutBlock::Thinking { thinking: thinking.clone(), signature: String::new() })
-            }
-            ReplyPart::ToolCall(call) => Some(OutBlock::ToolUse {
-                id: call.id.clone().unwrap_or_default(),
-                name: call.function.name.clone(),
-                input: tool_input(call.function.arguments.clone()),
-            }),
-            _ => None,
-        })
-        .collect();
-    let reason = stop_reason(choice.finish_reason, choice.stop.as_deref(), called);
-    Ok(axum::Json(MessageResponse {
-        id,
-        kind: "message",
-        role: "assistant",
+    let writer = Writer {
+        id: state.id("msg"),
         model: state.config.model_name.clone(),
-        content,
-        stop_reason: Some(reason),
-        stop_sequence: choice.stop.filter(|_| reason == "stop_sequence"),
-        usage: MessageUsage { input_tokens: choice.usage.prompt_tokens, output_tokens: choice.usage.completion_tokens },
-    })
-    .into_response())
+        prompt_tokens: submitted.prompt_tokens,
+        open: Open::None,
+        index: 0,
+    };
+    let answer =
+        Answer { completions: submitted.completions, parser: Some(submitted.parser), n: 1, stream: req.stream };
+    Ok(respond(writer, answer).await?)
 }
 
 /// `/v1/messages/count_tokens`: the prompt's length in tokens, as
@@ -83,9 +59,8 @@ pub async fn count_tokens(
     State(state): State<Arc<AppState>>,
     request: axum::extract::Request,
 ) -> Result<Response, AnthropicError> {
-    let req: MessagesRequest = open(&state, "count_tokens", request).await?;
+    let (req, ready): (MessagesRequest, _) = open(&state, "count_tokens", request).await?;
     let chat = req.to_chat(None)?;
-    let ready = ready(&state)?;
     let n = count_chat_prompt(&state, &ready, chat).await?;
     Ok(axum::Json(json!({"input_tokens": n})).into_response())
 }
@@ -107,11 +82,14 @@ enum Open {
     Thinking,
 }
 
-/// The stream's state: the open block and the next block's index.
+/// The answer's shape: what `message_start` and the whole answer repeat,
+/// and the stream's state (the open block and the next block's index).
 struct Writer {
+    id: String,
+    model: String,
+    prompt_tokens: usize,
     open: Open,
     index: usize,
-    called: bool,
 }
 
 fn event(name: &str, data: Value) -> SseEvent {
@@ -166,7 +144,6 @@ impl Writer {
                 }
                 ChatEvent::ToolCall(call) => {
                     self.close(&mut out);
-                    self.called = true;
                     let block = json!({"type": "tool_use", "id": call.id, "name": call.function.name, "input": {}});
                     out.push(event(
                         "content_block_start",
@@ -191,42 +168,69 @@ impl Writer {
 /// The SSE answer: `message_start`, the blocks' start, delta and stop
 /// events as the reader releases them, `message_delta` with the stop
 /// reason and usage, `message_stop`. A failure after the 200 is an
-/// `error` event.
-fn stream(
-    state: Arc<AppState>,
-    id: String,
-    prompt_tokens: usize,
-    parser: ChatParser,
-    completions: Vec<llamacpp::engine::Completion>,
-) -> Response {
-    let start = json!({"type": "message_start", "message": {
-        "id": id, "type": "message", "role": "assistant", "model": state.config.model_name, "content": [],
-        "stop_reason": null, "stop_sequence": null,
-        "usage": {"input_tokens": prompt_tokens, "output_tokens": 0}}});
-    let head = futures::stream::iter([Ok::<_, Infallible>(event("message_start", start))]);
-    let mut reader = ReplyReader::new(parser);
-    let mut writer = Writer { open: Open::None, index: 0, called: false };
-    let body = choices::merged(completions).flat_map(move |(_, delta)| {
-        let events = match delta {
-            Delta::Piece { text, .. } => writer.write(reader.push(&text)),
-            Delta::Done(Ok(finish)) => {
-                let mut out = writer.write(reader.finish(finish.reason.clone(), finish.usage));
-                writer.close(&mut out);
-                let finish_reason = choices::finish_reason(&finish.reason).unwrap_or("stop");
-                let stop = choices::stop_string(&finish.reason);
-                let reason = stop_reason(finish_reason, stop.as_deref(), writer.called);
-                let delta = json!({"type": "message_delta",
-                    "delta": {"stop_reason": reason, "stop_sequence": stop.filter(|_| reason == "stop_sequence")},
-                    "usage": {"output_tokens": finish.usage.completion_tokens}});
-                out.push(event("message_delta", delta));
-                out.push(event("message_stop", json!({"type": "message_stop"})));
-                out
-            }
-            Delta::Done(Err(e)) => vec![event("error", AnthropicError(e).body())],
+/// `error` event. Whole: the message with its content blocks.
+impl Dialect for Writer {
+    fn head(&mut self) -> Vec<SseEvent> {
+        let start = json!({"type": "message_start", "message": {
+            "id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": [],
+            "stop_reason": null, "stop_sequence": null,
+            "usage": {"input_tokens": self.prompt_tokens, "output_tokens": 0}}});
+        vec![event("message_start", start)]
+    }
+
+    fn chat(&mut self, _: usize, events: Vec<ChatEvent>, _: Option<TokenLogprob>) -> Vec<SseEvent> {
+        self.write(events)
+    }
+
+    fn end(&mut self, _: usize, ended: Ended<'_>) -> Vec<SseEvent> {
+        let mut out = Vec::new();
+        self.close(&mut out);
+        let reason = stop_reason(ended.reason, ended.stop.as_deref(), ended.called());
+        let delta = json!({"type": "message_delta",
+            "delta": {"stop_reason": reason, "stop_sequence": ended.stop.filter(|_| reason == "stop_sequence")},
+            "usage": {"output_tokens": ended.usage.completion_tokens}});
+        out.push(event("message_delta", delta));
+        out.push(event("message_stop", json!({"type": "message_stop"})));
+        out
+    }
+
+    fn error(&mut self, e: &ApiError) -> SseEvent {
+        event("error", error_body(e))
+    }
+
+    fn whole(self, mut choices: Vec<Choice>, usage: Usage) -> Response {
+        let Some(choice) = choices.pop() else {
+            return AnthropicError(ApiError::internal("no choice was collected")).into_response();
         };
-        futures::stream::iter(events.into_iter().map(Ok::<_, Infallible>).collect::<Vec<_>>())
-    });
-    Sse::new(head.chain(body)).keep_alive(KeepAlive::default()).into_response()
+        let reply = choice.reply.unwrap_or_default();
+        let content = reply
+            .listed_parts()
+            .filter_map(|part| match part {
+                ReplyPart::Text(text) => Some(OutBlock::Text { text: text.clone() }),
+                ReplyPart::Reasoning(thinking) => {
+                    Some(OutBlock::Thinking { thinking: thinking.clone(), signature: String::new() })
+                }
+                ReplyPart::ToolCall(call) => Some(OutBlock::ToolUse {
+                    id: call.id.clone().unwrap_or_default(),
+                    name: call.function.name.clone(),
+                    input: tool_input(call.function.arguments.clone()),
+                }),
+                _ => None,
+            })
+            .collect();
+        let reason = stop_reason(choice.finish_reason, choice.stop.as_deref(), reply.called_tools());
+        axum::Json(MessageResponse {
+            id: self.id,
+            kind: "message",
+            role: "assistant",
+            model: self.model,
+            content,
+            stop_reason: Some(reason),
+            stop_sequence: choice.stop.filter(|_| reason == "stop_sequence"),
+            usage: MessageUsage { input_tokens: usage.prompt_tokens, output_tokens: usage.completion_tokens },
+        })
+        .into_response()
+    }
 }
 
 #[cfg(test)]

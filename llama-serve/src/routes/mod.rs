@@ -3,7 +3,9 @@
 //! `/v1/responses/input_tokens` ([`responses`]), Anthropic's
 //! `/v1/messages` and `/v1/messages/count_tokens` ([`messages`]),
 //! `/v1/embeddings` ([`embeddings`]), `/v1/models`, `/health`, `/metrics`.
-//! Each model endpoint starts the same way ([`open`]).
+//! Each model endpoint starts the same way ([`open`]), reads its request
+//! into the server's typed form ([`crate::request`]) and answers through
+//! one loop in its API's dialect ([`crate::respond`]).
 
 mod completion;
 mod embeddings;
@@ -87,17 +89,20 @@ async fn models(State(state): State<Arc<AppState>>) -> Response {
     axum::Json(ModelList { object: "list", data: vec![card] }).into_response()
 }
 
-/// What every model endpoint does first: counts the request and reads its
-/// JSON body within the size and time limits (`--body-limit`,
-/// `--body-timeout`). The handler then checks what its API forbids (a
-/// 400) and that the model is [`ready`] (a 503 while it loads).
+/// What every model endpoint does first (the key and the rate were
+/// checked by [`guard::guard`]): counts the request, reads its JSON body
+/// within the size and time limits (`--body-limit`, `--body-timeout`),
+/// and asks for the model once (a 503 while it loads, [`ready`]). The
+/// handler then reads the body in its API's terms (a 400 for what the API
+/// forbids) and hands the model on.
 async fn open<T: serde::de::DeserializeOwned>(
     state: &AppState,
     endpoint: &'static str,
     request: axum::extract::Request,
-) -> Result<T, ApiError> {
+) -> Result<(T, Arc<Ready>), ApiError> {
     count(endpoint);
-    body::read_json(request, state.config.body_limit, state.config.body_timeout).await
+    let body = body::read_json(request, state.config.body_limit, state.config.body_timeout).await?;
+    Ok((body, ready(state)?))
 }
 
 fn count(endpoint: &'static str) {

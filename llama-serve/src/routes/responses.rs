@@ -1,23 +1,25 @@
 //! `/v1/responses` and `/v1/responses/input_tokens`: OpenAI's Responses
-//! API, translated into the chat request of `/v1/chat/completions` and
-//! run through the same path ([`super::completion::submit_chat`]); only
-//! the answer's items and stream events are this API's own.
+//! API, read into the typed chat request every chat API makes
+//! ([`ResponsesRequest::to_chat`]) and run through the same path
+//! ([`super::completion::submit_chat`], [`crate::respond`]); only the
+//! answer's items and stream events are this API's own ([`Writer`]).
 
-use std::convert::Infallible;
 use std::sync::Arc;
 
 use axum::extract::State;
-use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::sse::Event as SseEvent;
 use axum::response::{IntoResponse, Response};
-use futures::StreamExt;
-use llamacpp::chat::{ChatEvent, ChatParser, ReplyPart, ReplyReader};
+use llamacpp::chat::{ChatEvent, ReplyPart};
+use llamacpp::engine::TokenLogprob;
 use serde_json::{Value, json};
 
 use super::completion::{count_chat_prompt, submit_chat};
-use super::{open, ready};
-use crate::choices::{self, Delta};
+use super::open;
+use crate::choices::Choice;
 use crate::error::ApiError;
 use crate::openai::{ResponsesRequest, Usage};
+use crate::request::arguments_text;
+use crate::respond::{Answer, Dialect, Ended, respond};
 use crate::state::{AppState, now};
 
 /// What the answer echoes of its request.
@@ -66,9 +68,8 @@ pub async fn responses(
     State(state): State<Arc<AppState>>,
     request: axum::extract::Request,
 ) -> Result<Response, ApiError> {
-    let req: ResponsesRequest = open(&state, "responses", request).await?;
+    let (req, ready): (ResponsesRequest, _) = open(&state, "responses", request).await?;
     let chat = req.to_chat()?;
-    let ready = ready(&state)?;
     let echo = Echo {
         id: state.id("resp"),
         model: state.config.model_name.clone(),
@@ -81,31 +82,10 @@ pub async fn responses(
         text_format: req.text.as_ref().and_then(|t| t.format.clone()).unwrap_or_else(|| json!({"type": "text"})),
     };
     let submitted = submit_chat(&state, &ready, chat, 1, None).await?;
-    if req.stream {
-        return Ok(stream(state, echo, submitted.parser, submitted.completions));
-    }
-    let choice = choices::collect(submitted.completions)
-        .await?
-        .pop()
-        .ok_or_else(|| ApiError::internal("no choice was collected"))?;
-    let output = choice
-        .reply(submitted.parser)
-        .listed_parts()
-        .map(|part| match part {
-            ReplyPart::Text(t) => message_item(&state.id("msg"), t, "completed"),
-            ReplyPart::Reasoning(t) => reasoning_item(&state.id("rs"), t, "completed"),
-            ReplyPart::ToolCall(call) => call_item(
-                &state.id("fc"),
-                call.id.as_deref().unwrap_or_default(),
-                &call.function.name,
-                &arguments_text(call.function.arguments.clone()),
-                "completed",
-            ),
-            _ => Value::Null,
-        })
-        .filter(|item| !item.is_null())
-        .collect();
-    Ok(axum::Json(echo.response(output, Some(choice.finish_reason), Some(&choice.usage))).into_response())
+    let writer = Writer { echo, state, sequence: 0, done: Vec::new(), open: None };
+    let answer =
+        Answer { completions: submitted.completions, parser: Some(submitted.parser), n: 1, stream: req.stream };
+    respond(writer, answer).await
 }
 
 /// `/v1/responses/input_tokens`: the prompt's length in tokens, as
@@ -114,9 +94,8 @@ pub async fn input_tokens(
     State(state): State<Arc<AppState>>,
     request: axum::extract::Request,
 ) -> Result<Response, ApiError> {
-    let req: ResponsesRequest = open(&state, "input_tokens", request).await?;
+    let (req, ready): (ResponsesRequest, _) = open(&state, "input_tokens", request).await?;
     let chat = req.to_chat()?;
-    let ready = ready(&state)?;
     let n = count_chat_prompt(&state, &ready, chat).await?;
     Ok(axum::Json(json!({"object": "response.input_tokens", "input_tokens": n})).into_response())
 }
@@ -133,14 +112,6 @@ fn reasoning_item(id: &str, text: &str, status: &str) -> Value {
 
 fn call_item(id: &str, call_id: &str, name: &str, arguments: &str, status: &str) -> Value {
     json!({"type": "function_call", "id": id, "call_id": call_id, "name": name, "arguments": arguments, "status": status})
-}
-
-/// A call's arguments as the JSON text `arguments` holds.
-fn arguments_text(arguments: Value) -> String {
-    match arguments {
-        Value::String(s) => s,
-        v => v.to_string(),
-    }
 }
 
 /// The stream's state: the open item (its index, id, kind and text so
@@ -229,6 +200,7 @@ impl Writer {
         out.push(self.event(delta));
     }
 
+    /// The events for what the reader released.
     fn write(&mut self, events: Vec<ChatEvent>) -> Vec<SseEvent> {
         let mut out = Vec::new();
         for e in events {
@@ -239,7 +211,7 @@ impl Writer {
                     self.close(&mut out);
                     let index = self.done.len();
                     let (id, call_id) = (self.state.id("fc"), call.id.unwrap_or_default());
-                    let arguments = arguments_text(call.function.arguments);
+                    let arguments = arguments_text(&call.function.arguments);
                     let name = call.function.name;
                     let added = call_item(&id, &call_id, &name, "", "in_progress");
                     out.push(
@@ -270,40 +242,54 @@ fn item_of(id: &str, kind: &str, text: &str) -> Value {
 /// item's added, delta and done events as the reader releases them, then
 /// `response.completed` (or `response.incomplete` at `max_output_tokens`)
 /// with every item and the usage. A failure after the 200 is an `error`
-/// event.
-fn stream(
-    state: Arc<AppState>,
-    echo: Echo,
-    parser: ChatParser,
-    completions: Vec<llamacpp::engine::Completion>,
-) -> Response {
-    let mut writer = Writer { echo, state, sequence: 0, done: Vec::new(), open: None };
-    let created = writer.echo.response(Vec::new(), None, None);
-    let head = vec![
-        writer.event(json!({"type": "response.created", "response": created.clone()})),
-        writer.event(json!({"type": "response.in_progress", "response": created})),
-    ];
-    let head = futures::stream::iter(head.into_iter().map(Ok::<_, Infallible>).collect::<Vec<_>>());
-    let mut reader = ReplyReader::new(parser);
-    let body = choices::merged(completions).flat_map(move |(_, delta)| {
-        let events = match delta {
-            Delta::Piece { text, .. } => writer.write(reader.push(&text)),
-            Delta::Done(Ok(finish)) => {
-                let mut out = writer.write(reader.finish(finish.reason.clone(), finish.usage));
-                writer.close(&mut out);
-                let reason = choices::finish_reason(&finish.reason).unwrap_or("stop");
-                let usage = Usage::from(finish.usage);
-                let response = writer.echo.response(writer.done.clone(), Some(reason), Some(&usage));
-                let kind = if reason == "length" { "response.incomplete" } else { "response.completed" };
-                out.push(writer.event(json!({"type": kind, "response": response})));
-                out
-            }
-            Delta::Done(Err(e)) => {
-                let body = json!({"type": "error", "code": e.code, "message": e.message, "param": e.param});
-                vec![writer.event(body)]
-            }
+/// event. Whole: the response object with its items.
+impl Dialect for Writer {
+    fn head(&mut self) -> Vec<SseEvent> {
+        let created = self.echo.response(Vec::new(), None, None);
+        vec![
+            self.event(json!({"type": "response.created", "response": created.clone()})),
+            self.event(json!({"type": "response.in_progress", "response": created})),
+        ]
+    }
+
+    fn chat(&mut self, _: usize, events: Vec<ChatEvent>, _: Option<TokenLogprob>) -> Vec<SseEvent> {
+        self.write(events)
+    }
+
+    fn end(&mut self, _: usize, ended: Ended<'_>) -> Vec<SseEvent> {
+        let mut out = Vec::new();
+        self.close(&mut out);
+        let response = self.echo.response(self.done.clone(), Some(ended.reason), Some(&ended.usage));
+        let kind = if ended.reason == "length" { "response.incomplete" } else { "response.completed" };
+        out.push(self.event(json!({"type": kind, "response": response})));
+        out
+    }
+
+    fn error(&mut self, e: &ApiError) -> SseEvent {
+        self.event(json!({"type": "error", "code": e.code, "message": e.message, "param": e.param}))
+    }
+
+    fn whole(self, mut choices: Vec<Choice>, usage: Usage) -> Response {
+        let Some(choice) = choices.pop() else {
+            return ApiError::internal("no choice was collected").into_response();
         };
-        futures::stream::iter(events.into_iter().map(Ok::<_, Infallible>).collect::<Vec<_>>())
-    });
-    Sse::new(head.chain(body)).keep_alive(KeepAlive::default()).into_response()
+        let output = choice
+            .reply
+            .iter()
+            .flat_map(|reply| reply.listed_parts())
+            .filter_map(|part| match part {
+                ReplyPart::Text(t) => Some(message_item(&self.state.id("msg"), t, "completed")),
+                ReplyPart::Reasoning(t) => Some(reasoning_item(&self.state.id("rs"), t, "completed")),
+                ReplyPart::ToolCall(call) => Some(call_item(
+                    &self.state.id("fc"),
+                    call.id.as_deref().unwrap_or_default(),
+                    &call.function.name,
+                    &arguments_text(&call.function.arguments),
+                    "completed",
+                )),
+                _ => None,
+            })
+            .collect();
+        axum::Json(self.echo.response(output, Some(choice.finish_reason), Some(&usage))).into_response()
+    }
 }

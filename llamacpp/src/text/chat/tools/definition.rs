@@ -50,6 +50,26 @@ pub enum ToolChoice {
     Named(String),
 }
 
+impl std::str::FromStr for ToolChoice {
+    type Err = Error;
+
+    /// `none`, `auto` or `required` (OpenAI's words; a named choice has no
+    /// word).
+    ///
+    /// # Errors
+    /// [`Error::InvalidParameter`] (`tool_choice`) for any other word.
+    fn from_str(s: &str) -> Result<ToolChoice> {
+        match s {
+            "none" => Ok(ToolChoice::None),
+            "auto" => Ok(ToolChoice::Auto),
+            "required" => Ok(ToolChoice::Required),
+            other => {
+                Err(invalid("tool_choice", format!("tool_choice {other:?} is not none, auto, required or a function")))
+            }
+        }
+    }
+}
+
 /// The tools of a conversation, checked: names valid and unique, a named
 /// choice among them.
 #[derive(Clone, Debug, PartialEq)]
@@ -162,17 +182,7 @@ impl Tools {
         }
         let choice = match tool_choice {
             None | Some(Value::Null) => ToolChoice::Auto,
-            Some(Value::String(s)) => match s.as_str() {
-                "none" => ToolChoice::None,
-                "auto" => ToolChoice::Auto,
-                "required" => ToolChoice::Required,
-                other => {
-                    return Err(invalid(
-                        "tool_choice",
-                        format!("tool_choice {other:?} is not none, auto, required or a function"),
-                    ));
-                }
-            },
+            Some(Value::String(s)) => s.parse()?,
             Some(object) => {
                 let name = object
                     .get("function")

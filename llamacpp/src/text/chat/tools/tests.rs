@@ -3,7 +3,8 @@
 
 use super::stream::gather;
 use super::stream::parse;
-use super::{ParsedCall, ToolEvent, ToolFormat, ToolStream};
+use super::{ParsedCall, ToolChoice, ToolEvent, ToolFormat, ToolStream};
+use crate::error::Error;
 
 fn weather() -> ParsedCall {
     ParsedCall { name: "get_weather".into(), arguments: r#"{"city":"Paris"}"#.into() }
@@ -196,4 +197,13 @@ fn templates_choose_their_syntax() {
         assert_eq!(ToolFormat::from_template(Some(&source)), format, "{name}");
     }
     assert_eq!(ToolFormat::from_template(None), Generic);
+}
+
+#[test]
+fn tool_choice_words_parse() {
+    assert_eq!("none".parse::<ToolChoice>().unwrap(), ToolChoice::None);
+    assert_eq!("auto".parse::<ToolChoice>().unwrap(), ToolChoice::Auto);
+    assert_eq!("required".parse::<ToolChoice>().unwrap(), ToolChoice::Required);
+    let e = "any".parse::<ToolChoice>().unwrap_err();
+    assert!(matches!(e, Error::InvalidParameter { name: "tool_choice", .. }), "{e}");
 }
