@@ -28,7 +28,11 @@
 #    with no C or C++ compiler and no cmake reachable: a `cc` that only
 #    links (rustc needs one for build scripts) and refuses to compile.
 #
-# Usage: scripts/package.sh [--keep] [--no-verify]
+# Usage: scripts/package.sh [--keep] [--no-verify] [--release] [--server-out DIR]
+# --release builds the consumer in the release profile (as `cargo install`
+# builds llama-serve); --server-out DIR keeps the packaged server: DIR/
+# consumer and DIR/llama-serve, a script that runs `consumer serve ARGS`
+# (CI runs the official SDKs' checks against it).
 # Environment: CMAKE (the cmake the offline build uses; default: cmake on
 # PATH, else the wheel a checkout build fetched into target/llamacpp-sys/),
 # LLAMA_MODEL (the model to run; default: the cached default model).
@@ -49,13 +53,20 @@ CPU_VARIANT="${CPU_VARIANT:-haswell}"
 
 keep=0
 verify=1
-for arg in "$@"; do
-    case "$arg" in
+profile=debug
+server_out=
+while (($# > 0)); do
+    case "$1" in
         --keep) keep=1 ;;
         --no-verify) verify=0 ;;
-        *) echo "usage: scripts/package.sh [--keep] [--no-verify]" >&2; exit 2 ;;
+        --release) profile=release ;;
+        --server-out) server_out="${2:?--server-out needs a folder}"; shift ;;
+        *) echo "usage: scripts/package.sh [--keep] [--no-verify] [--release] [--server-out DIR]" >&2; exit 2 ;;
     esac
+    shift
 done
+release=()
+[[ $profile == release ]] && release=(--release)
 
 say() { printf 'package: %s\n' "$*" >&2; }
 die() { say "error: $*"; exit 1; }
@@ -261,16 +272,16 @@ build_status=0
     env -u LLAMA_SYS_FETCH_CMAKE -u LLAMA_CPP_DIR -u LLAMA_SYS_LIB_DIR -u LLAMA_SYS_USE_PKG_CONFIG \
         CMAKE="$cmake_bin" PYTHON=/nonexistent/python3 CARGO_TARGET_DIR="$check_dir/target" \
         LLAMA_SYS_CPU_VARIANTS="$CPU_VARIANT" \
-        "${offline[@]}" cargo build --offline >"$check_dir/build.log" 2>&1) || build_status=$?
+        "${offline[@]}" cargo build --offline "${release[@]}" >"$check_dir/build.log" 2>&1) || build_status=$?
 grep -E '^(warning: consumer|error)' "$check_dir/build.log" >&2 || true
 [[ $build_status == 0 ]] || die "the offline build failed ($build_status): $(tail -30 "$check_dir/build.log")"
 grep -q 'warning: consumer.*DEP_LLAMA_INCLUDE=' "$check_dir/build.log" || die "the dependent's build script saw no DEP_LLAMA_INCLUDE"
-say "offline build of the packaged crates: $(( $(date +%s) - start )) s"
+say "offline build of the packaged crates ($profile): $(( $(date +%s) - start )) s"
 snapshot > "$check_dir/after.sha256"
 cmp -s "$check_dir/before.sha256" "$check_dir/after.sha256" \
     || die "the build changed the unpacked packages: $(diff "$check_dir/before.sha256" "$check_dir/after.sha256" | head -5)"
 
-consumer="$check_dir/target/debug/consumer"
+consumer="$check_dir/target/$profile/consumer"
 text="$(LLAMA_CPU_VARIANT="$CPU_VARIANT" "$consumer" "$model" 2>"$check_dir/consumer.log")" \
     || die "the packaged crates' example failed: $(tail -20 "$check_dir/consumer.log")"
 say "the packaged crates generate: ${text@Q}"
@@ -306,6 +317,15 @@ kill -TERM "$serve_pid"
 wait "$serve_pid" || die "the packaged server did not exit cleanly on SIGTERM: $(tail -5 "$serve_log")"
 say "the packaged server completes: ${served@Q}"
 [[ -n "$served" ]] || die "the packaged server's completion is empty"
+if [[ -n "$server_out" ]]; then
+    mkdir -p "$server_out"
+    server_out="$(cd "$server_out" && pwd)"
+    cp "$consumer" "$server_out/consumer"
+    printf '#!/bin/sh\n# llama-serve as the packaged crates build it (scripts/package.sh).\nexec "%s/consumer" serve "$@"\n' \
+        "$server_out" > "$server_out/llama-serve"
+    chmod +x "$server_out/llama-serve"
+    say "the packaged server kept: $server_out/llama-serve"
+fi
 
 # 4. As docs.rs builds them: DOCS_RS set, the features docs.rs reads from
 #    each crate's metadata, no network, no native library, and no C/C++
