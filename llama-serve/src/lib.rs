@@ -260,6 +260,13 @@ fn allowed_hosts(args: &Args) -> Option<Vec<String>> {
     loopback.then(|| vec!["localhost".to_owned(), "127.0.0.1".to_owned(), "::1".to_owned()])
 }
 
+/// A server's state before its model loads, for the unit tests.
+#[cfg(test)]
+pub(crate) fn test_state() -> Arc<AppState> {
+    let args = Args::try_parse_from(["llama-serve", "--model", "m.gguf"]).expect("the default arguments parse");
+    new_state(&args, std::path::Path::new("m.gguf"), PrometheusBuilder::new().build_recorder().handle())
+}
+
 /// The handlers' shared state for `args`, before the model has loaded.
 fn new_state(args: &Args, model_path: &std::path::Path, prometheus: PrometheusHandle) -> Arc<AppState> {
     let model_name = args.model_name.clone().unwrap_or_else(|| {

@@ -18,6 +18,36 @@ use crate::choices::{self, Choice, Delta};
 use crate::error::ApiError;
 use crate::openai::Usage;
 
+/// One message of a streamed answer: a server-sent event, named where the
+/// API names its events, whose data is `data`. Dialects make frames, the
+/// loop writes them (so a dialect's output can be read in a test, and
+/// another framing is the loop's business alone).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Frame {
+    pub name: Option<String>,
+    pub data: String,
+}
+
+impl Frame {
+    /// An unnamed event (OpenAI's chunks).
+    pub fn data(data: impl Into<String>) -> Frame {
+        Frame { name: None, data: data.into() }
+    }
+
+    /// A named event (`event: NAME`).
+    pub fn named(name: impl Into<String>, data: impl Into<String>) -> Frame {
+        Frame { name: Some(name.into()), data: data.into() }
+    }
+
+    fn into_sse(self) -> SseEvent {
+        let event = SseEvent::default().data(self.data);
+        match self.name {
+            Some(name) => event.event(name),
+            None => event,
+        }
+    }
+}
+
 /// How a choice ended.
 pub struct Ended<'a> {
     /// OpenAI's finish reason: `stop`, `length` or `cancelled`.
@@ -42,13 +72,13 @@ impl Ended<'_> {
 /// `tail` once every choice ended.
 pub trait Dialect: Send + 'static {
     /// The events before any output.
-    fn head(&mut self) -> Vec<SseEvent> {
+    fn head(&mut self) -> Vec<Frame> {
         Vec::new()
     }
 
     /// A completion's next piece of choice `index`, as generated;
     /// `logprob` is its token's, when asked for.
-    fn text(&mut self, index: usize, text: String, logprob: Option<TokenLogprob>) -> Vec<SseEvent> {
+    fn text(&mut self, index: usize, text: String, logprob: Option<TokenLogprob>) -> Vec<Frame> {
         let _ = (index, text, logprob);
         Vec::new()
     }
@@ -56,23 +86,23 @@ pub trait Dialect: Send + 'static {
     /// What the reader of chat choice `index` made of its next piece:
     /// thoughts, text, tool calls (possibly nothing yet); `logprob` as in
     /// [`Dialect::text`].
-    fn chat(&mut self, index: usize, events: Vec<ChatEvent>, logprob: Option<TokenLogprob>) -> Vec<SseEvent> {
+    fn chat(&mut self, index: usize, events: Vec<ChatEvent>, logprob: Option<TokenLogprob>) -> Vec<Frame> {
         let _ = (index, events, logprob);
         Vec::new()
     }
 
     /// Choice `index` ended.
-    fn end(&mut self, index: usize, ended: Ended<'_>) -> Vec<SseEvent>;
+    fn end(&mut self, index: usize, ended: Ended<'_>) -> Vec<Frame>;
 
     /// After every choice ended, with their usage summed (each prompt
     /// counted once).
-    fn tail(&mut self, usage: Usage) -> Vec<SseEvent> {
+    fn tail(&mut self, usage: Usage) -> Vec<Frame> {
         let _ = usage;
         Vec::new()
     }
 
     /// A failure after the 200, in this API's shape.
-    fn error(&mut self, error: &ApiError) -> SseEvent;
+    fn error(&mut self, error: &ApiError) -> Frame;
 
     /// The whole answer (not streamed): the choices, in order, each chat
     /// choice with its reply, and their usage summed.
@@ -117,7 +147,7 @@ struct Run<D> {
 }
 
 impl<D: Dialect> Run<D> {
-    fn step(&mut self, index: usize, delta: Delta) -> Vec<SseEvent> {
+    fn step(&mut self, index: usize, delta: Delta) -> Vec<Frame> {
         let reader = self.readers.get_mut(index).and_then(Option::as_mut);
         let dialect = &mut self.dialect;
         match (delta, reader) {
@@ -146,7 +176,7 @@ impl<D: Dialect> Run<D> {
         }
     }
 
-    fn tail(&mut self) -> Vec<SseEvent> {
+    fn tail(&mut self) -> Vec<Frame> {
         let usage = choices::combined_usage(self.usages.iter().map(|u| u.unwrap_or_default()), self.n);
         self.dialect.tail(usage)
     }
@@ -171,6 +201,6 @@ fn stream(mut dialect: impl Dialect, answer: Answer) -> Response {
     let events = futures::stream::iter([head])
         .chain(body)
         .chain(tail)
-        .flat_map(|events| futures::stream::iter(events.into_iter().map(Ok::<_, Infallible>)));
+        .flat_map(|frames| futures::stream::iter(frames.into_iter().map(|f| Ok::<_, Infallible>(f.into_sse()))));
     Sse::new(events).keep_alive(KeepAlive::default()).into_response()
 }

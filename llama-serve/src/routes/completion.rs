@@ -7,7 +7,6 @@
 use std::sync::Arc;
 
 use axum::extract::State;
-use axum::response::sse::Event as SseEvent;
 use axum::response::{IntoResponse, Response};
 use llamacpp::chat::{ChatEvent, ChatParser, Reply, Tools};
 use llamacpp::engine::{Completion, Request, TokenLogprob};
@@ -25,7 +24,7 @@ use crate::openai::{
     TextLogprobs, ToolCall, ToolCallDelta, Usage,
 };
 use crate::request::{Chat, Format};
-use crate::respond::{Answer, Dialect, Ended, respond};
+use crate::respond::{Answer, Dialect, Ended, Frame, respond};
 use crate::state::{AppState, Ready, now};
 
 pub async fn completions(
@@ -176,19 +175,19 @@ impl Common {
 
     /// The usage chunk (when asked for; `usage_chunk` makes it), then
     /// `data: [DONE]`.
-    fn tail(&self, usage_chunk: impl FnOnce() -> SseEvent) -> Vec<SseEvent> {
+    fn tail(&self, usage_chunk: impl FnOnce() -> Frame) -> Vec<Frame> {
         let mut events = Vec::new();
         if self.include_usage {
             events.push(usage_chunk());
         }
-        events.push(SseEvent::default().data("[DONE]"));
+        events.push(Frame::data("[DONE]"));
         events
     }
 }
 
 /// An SSE event whose data is `body`.
-fn data(body: &impl Serialize) -> SseEvent {
-    SseEvent::default().data(json_text(body))
+fn data(body: &impl Serialize) -> Frame {
+    Frame::data(json_text(body))
 }
 
 /// `/v1/completions`: each prompt's echo (empty without `echo`), and
@@ -200,7 +199,7 @@ struct TextCompletions {
 }
 
 impl TextCompletions {
-    fn chunk(&self, choices: Vec<TextChoice>) -> SseEvent {
+    fn chunk(&self, choices: Vec<TextChoice>) -> Frame {
         let header = self.common.header("text_completion");
         data(&TextCompletion { header, choices, usage: self.common.usage() })
     }
@@ -208,7 +207,7 @@ impl TextCompletions {
 
 impl Dialect for TextCompletions {
     /// An echoed prompt is its choices' first chunk.
-    fn head(&mut self) -> Vec<SseEvent> {
+    fn head(&mut self) -> Vec<Frame> {
         let n = self.common.n;
         self.echoes
             .iter()
@@ -221,22 +220,22 @@ impl Dialect for TextCompletions {
             .collect()
     }
 
-    fn text(&mut self, index: usize, text: String, logprob: Option<TokenLogprob>) -> Vec<SseEvent> {
+    fn text(&mut self, index: usize, text: String, logprob: Option<TokenLogprob>) -> Vec<Frame> {
         let logprobs = logprob.map(|lp| text_logprobs(self.common.model.vocab(), &[(lp.token, lp)], 0));
         vec![self.chunk(vec![TextChoice { index, text, logprobs, finish_reason: None }])]
     }
 
-    fn end(&mut self, index: usize, ended: Ended<'_>) -> Vec<SseEvent> {
+    fn end(&mut self, index: usize, ended: Ended<'_>) -> Vec<Frame> {
         let choice = TextChoice { index, text: String::new(), logprobs: None, finish_reason: Some(ended.reason) };
         vec![self.chunk(vec![choice])]
     }
 
-    fn tail(&mut self, usage: Usage) -> Vec<SseEvent> {
+    fn tail(&mut self, usage: Usage) -> Vec<Frame> {
         let header = self.common.header("text_completion");
         self.common.tail(|| data(&TextCompletion { header, choices: Vec::new(), usage: Some(Some(usage)) }))
     }
 
-    fn error(&mut self, error: &ApiError) -> SseEvent {
+    fn error(&mut self, error: &ApiError) -> Frame {
         data(&error.body())
     }
 
@@ -270,7 +269,7 @@ struct ChatCompletions {
 }
 
 impl ChatCompletions {
-    fn chunk(&self, choice: ChatChunkChoice) -> SseEvent {
+    fn chunk(&self, choice: ChatChunkChoice) -> Frame {
         let header = self.common.header("chat.completion.chunk");
         data(&ChatChunk { header, choices: vec![choice], usage: self.common.usage() })
     }
@@ -278,7 +277,7 @@ impl ChatCompletions {
 
 impl Dialect for ChatCompletions {
     /// Each choice opens with the assistant role.
-    fn head(&mut self) -> Vec<SseEvent> {
+    fn head(&mut self) -> Vec<Frame> {
         (0..self.common.n)
             .map(|index| {
                 let delta = ChatDelta { role: Some("assistant"), content: Some(String::new()), ..ChatDelta::default() };
@@ -290,7 +289,7 @@ impl Dialect for ChatCompletions {
     /// Thoughts as reasoning content, text as content, each call as its
     /// id and name, then its arguments. A token's logprob rides on the
     /// first chunk (or on an empty one).
-    fn chat(&mut self, index: usize, events: Vec<ChatEvent>, logprob: Option<TokenLogprob>) -> Vec<SseEvent> {
+    fn chat(&mut self, index: usize, events: Vec<ChatEvent>, logprob: Option<TokenLogprob>) -> Vec<Frame> {
         let mut logprobs = logprob.map(|lp| chat_logprobs(self.common.model.vocab(), &[(lp.token, lp)]));
         let with_logprob = logprobs.is_some();
         let mut deltas = Vec::new();
@@ -332,7 +331,7 @@ impl Dialect for ChatCompletions {
             .collect()
     }
 
-    fn end(&mut self, index: usize, ended: Ended<'_>) -> Vec<SseEvent> {
+    fn end(&mut self, index: usize, ended: Ended<'_>) -> Vec<Frame> {
         let reason = if ended.called() { "tool_calls" } else { ended.reason };
         vec![self.chunk(ChatChunkChoice {
             index,
@@ -342,12 +341,12 @@ impl Dialect for ChatCompletions {
         })]
     }
 
-    fn tail(&mut self, usage: Usage) -> Vec<SseEvent> {
+    fn tail(&mut self, usage: Usage) -> Vec<Frame> {
         let header = self.common.header("chat.completion.chunk");
         self.common.tail(|| data(&ChatChunk { header, choices: Vec::new(), usage: Some(Some(usage)) }))
     }
 
-    fn error(&mut self, error: &ApiError) -> SseEvent {
+    fn error(&mut self, error: &ApiError) -> Frame {
         data(&error.body())
     }
 

@@ -7,7 +7,6 @@
 use std::sync::Arc;
 
 use axum::extract::State;
-use axum::response::sse::Event as SseEvent;
 use axum::response::{IntoResponse, Response};
 use llamacpp::chat::{ChatEvent, ReplyPart};
 use llamacpp::engine::TokenLogprob;
@@ -21,7 +20,7 @@ use crate::anthropic::{
 use crate::choices::Choice;
 use crate::error::ApiError;
 use crate::openai::Usage;
-use crate::respond::{Answer, Dialect, Ended, respond};
+use crate::respond::{Answer, Dialect, Ended, Frame, respond};
 use crate::state::AppState;
 
 /// `max_tokens`, which the Messages API requires.
@@ -92,12 +91,12 @@ struct Writer {
     index: usize,
 }
 
-fn event(name: &str, data: Value) -> SseEvent {
-    SseEvent::default().event(name).data(data.to_string())
+fn event(name: &str, data: Value) -> Frame {
+    Frame::named(name, data.to_string())
 }
 
 impl Writer {
-    fn close(&mut self, out: &mut Vec<SseEvent>) {
+    fn close(&mut self, out: &mut Vec<Frame>) {
         if self.open != Open::None {
             out.push(event("content_block_stop", json!({"type": "content_block_stop", "index": self.index})));
             self.index += 1;
@@ -105,7 +104,7 @@ impl Writer {
         }
     }
 
-    fn open(&mut self, kind: Open, out: &mut Vec<SseEvent>) {
+    fn open(&mut self, kind: Open, out: &mut Vec<Frame>) {
         if self.open == kind {
             return;
         }
@@ -122,7 +121,7 @@ impl Writer {
     }
 
     /// The events for what the reader released.
-    fn write(&mut self, events: Vec<ChatEvent>) -> Vec<SseEvent> {
+    fn write(&mut self, events: Vec<ChatEvent>) -> Vec<Frame> {
         let mut out = Vec::new();
         for e in events {
             match e {
@@ -170,7 +169,7 @@ impl Writer {
 /// reason and usage, `message_stop`. A failure after the 200 is an
 /// `error` event. Whole: the message with its content blocks.
 impl Dialect for Writer {
-    fn head(&mut self) -> Vec<SseEvent> {
+    fn head(&mut self) -> Vec<Frame> {
         let start = json!({"type": "message_start", "message": {
             "id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": [],
             "stop_reason": null, "stop_sequence": null,
@@ -178,11 +177,11 @@ impl Dialect for Writer {
         vec![event("message_start", start)]
     }
 
-    fn chat(&mut self, _: usize, events: Vec<ChatEvent>, _: Option<TokenLogprob>) -> Vec<SseEvent> {
+    fn chat(&mut self, _: usize, events: Vec<ChatEvent>, _: Option<TokenLogprob>) -> Vec<Frame> {
         self.write(events)
     }
 
-    fn end(&mut self, _: usize, ended: Ended<'_>) -> Vec<SseEvent> {
+    fn end(&mut self, _: usize, ended: Ended<'_>) -> Vec<Frame> {
         let mut out = Vec::new();
         self.close(&mut out);
         let reason = stop_reason(ended.reason, ended.stop.as_deref(), ended.called());
@@ -194,7 +193,7 @@ impl Dialect for Writer {
         out
     }
 
-    fn error(&mut self, e: &ApiError) -> SseEvent {
+    fn error(&mut self, e: &ApiError) -> Frame {
         event("error", error_body(e))
     }
 
@@ -242,5 +241,66 @@ mod tests {
         assert!(required_max_tokens(None).unwrap_err().message.contains("required"));
         assert!(required_max_tokens(Some(0)).unwrap_err().message.contains("at least 1"));
         assert_eq!(required_max_tokens(Some(12)).unwrap(), 12);
+    }
+
+    /// The frames of a streamed answer with thoughts, text in two pieces
+    /// and a tool call, as the loop calls the dialect.
+    #[test]
+    fn a_stream_opens_and_closes_each_block_in_order() {
+        let call = llamacpp::chat::ToolCall {
+            id: Some("toolu_1".into()),
+            kind: "function".into(),
+            function: llamacpp::chat::FunctionCall { name: "f".into(), arguments: json!({"a": 1}) },
+        };
+        let mut reply = llamacpp::chat::Reply::default();
+        reply.parts.push(ReplyPart::ToolCall(call.clone()));
+        let mut w = Writer { id: "msg-1".into(), model: "m".into(), prompt_tokens: 5, open: Open::None, index: 0 };
+        let mut frames = w.head();
+        let events = vec![
+            ChatEvent::Reasoning("hmm".into()),
+            ChatEvent::Text("Hi".into()),
+            ChatEvent::Text("!".into()),
+            ChatEvent::ToolCall(call),
+        ];
+        frames.extend(w.chat(0, events, None));
+        let usage = Usage { completion_tokens: 3, ..Usage::default() };
+        frames.extend(w.end(0, Ended { reason: "stop", stop: None, usage, reply: Some(&reply) }));
+        let names: Vec<&str> = frames.iter().map(|f| f.name.as_deref().unwrap_or_default()).collect();
+        let (start, delta, stop) = ("content_block_start", "content_block_delta", "content_block_stop");
+        assert_eq!(
+            names,
+            [
+                "message_start",
+                start,
+                delta,
+                stop,
+                start,
+                delta,
+                delta,
+                stop,
+                start,
+                delta,
+                stop,
+                "message_delta",
+                "message_stop"
+            ]
+        );
+        let data: Vec<Value> = frames.iter().map(|f| serde_json::from_str(&f.data).unwrap()).collect();
+        assert_eq!(data[0]["message"]["usage"]["input_tokens"], 5);
+        assert_eq!(data[1]["content_block"]["type"], "thinking");
+        assert_eq!(data[2]["delta"], json!({"type": "thinking_delta", "thinking": "hmm"}));
+        assert_eq!((data[4]["index"].clone(), data[4]["content_block"]["type"].clone()), (json!(1), json!("text")));
+        assert_eq!(data[6]["delta"]["text"], "!");
+        assert_eq!(data[8]["content_block"], json!({"type": "tool_use", "id": "toolu_1", "name": "f", "input": {}}));
+        assert_eq!(data[9]["delta"]["partial_json"], r#"{"a":1}"#);
+        assert_eq!(data[10]["index"], 2);
+        assert_eq!(data[11]["delta"]["stop_reason"], "tool_use");
+        assert_eq!(data[11]["usage"]["output_tokens"], 3);
+        let error = w.error(&ApiError::bad_request("no"));
+        assert_eq!(error.name.as_deref(), Some("error"));
+        assert_eq!(
+            serde_json::from_str::<Value>(&error.data).unwrap(),
+            json!({"type": "error", "error": {"type": "invalid_request_error", "message": "no"}})
+        );
     }
 }

@@ -7,7 +7,6 @@
 use std::sync::Arc;
 
 use axum::extract::State;
-use axum::response::sse::Event as SseEvent;
 use axum::response::{IntoResponse, Response};
 use llamacpp::chat::{ChatEvent, ReplyPart};
 use llamacpp::engine::TokenLogprob;
@@ -19,7 +18,7 @@ use crate::choices::Choice;
 use crate::error::ApiError;
 use crate::openai::{ResponsesRequest, Usage};
 use crate::request::arguments_text;
-use crate::respond::{Answer, Dialect, Ended, respond};
+use crate::respond::{Answer, Dialect, Ended, Frame, respond};
 use crate::state::{AppState, now};
 
 /// What the answer echoes of its request.
@@ -125,15 +124,15 @@ struct Writer {
 }
 
 impl Writer {
-    fn event(&mut self, mut data: Value) -> SseEvent {
+    fn event(&mut self, mut data: Value) -> Frame {
         data["sequence_number"] = self.sequence.into();
         self.sequence += 1;
         let name = data["type"].as_str().unwrap_or_default().to_owned();
-        SseEvent::default().event(name).data(data.to_string())
+        Frame::named(name, data.to_string())
     }
 
     /// Ends the open message or reasoning item.
-    fn close(&mut self, out: &mut Vec<SseEvent>) {
+    fn close(&mut self, out: &mut Vec<Frame>) {
         let Some((id, kind, text)) = self.open.take() else { return };
         let index = self.done.len();
         let (part, item, done_type, done_field) = if kind == "message" {
@@ -164,7 +163,7 @@ impl Writer {
     }
 
     /// Adds `piece` to an open item of `kind`, opening one if needed.
-    fn piece(&mut self, kind: &'static str, piece: &str, out: &mut Vec<SseEvent>) {
+    fn piece(&mut self, kind: &'static str, piece: &str, out: &mut Vec<Frame>) {
         if self.open.as_ref().is_some_and(|(_, k, _)| *k != kind) {
             self.close(out);
         }
@@ -201,7 +200,7 @@ impl Writer {
     }
 
     /// The events for what the reader released.
-    fn write(&mut self, events: Vec<ChatEvent>) -> Vec<SseEvent> {
+    fn write(&mut self, events: Vec<ChatEvent>) -> Vec<Frame> {
         let mut out = Vec::new();
         for e in events {
             match e {
@@ -244,7 +243,7 @@ fn item_of(id: &str, kind: &str, text: &str) -> Value {
 /// with every item and the usage. A failure after the 200 is an `error`
 /// event. Whole: the response object with its items.
 impl Dialect for Writer {
-    fn head(&mut self) -> Vec<SseEvent> {
+    fn head(&mut self) -> Vec<Frame> {
         let created = self.echo.response(Vec::new(), None, None);
         vec![
             self.event(json!({"type": "response.created", "response": created.clone()})),
@@ -252,11 +251,11 @@ impl Dialect for Writer {
         ]
     }
 
-    fn chat(&mut self, _: usize, events: Vec<ChatEvent>, _: Option<TokenLogprob>) -> Vec<SseEvent> {
+    fn chat(&mut self, _: usize, events: Vec<ChatEvent>, _: Option<TokenLogprob>) -> Vec<Frame> {
         self.write(events)
     }
 
-    fn end(&mut self, _: usize, ended: Ended<'_>) -> Vec<SseEvent> {
+    fn end(&mut self, _: usize, ended: Ended<'_>) -> Vec<Frame> {
         let mut out = Vec::new();
         self.close(&mut out);
         let response = self.echo.response(self.done.clone(), Some(ended.reason), Some(&ended.usage));
@@ -265,7 +264,7 @@ impl Dialect for Writer {
         out
     }
 
-    fn error(&mut self, e: &ApiError) -> SseEvent {
+    fn error(&mut self, e: &ApiError) -> Frame {
         self.event(json!({"type": "error", "code": e.code, "message": e.message, "param": e.param}))
     }
 
@@ -291,5 +290,78 @@ impl Dialect for Writer {
             })
             .collect();
         axum::Json(self.echo.response(output, Some(choice.finish_reason), Some(&usage))).into_response()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The events of a streamed answer with thoughts, text and a call:
+    /// each item added, its deltas, done; numbered in order; then the
+    /// response with every item.
+    #[test]
+    fn a_stream_adds_and_finishes_each_item_in_order() {
+        let state = crate::test_state();
+        let echo = Echo {
+            id: "resp-1".into(),
+            model: "m".into(),
+            created_at: 0,
+            tools: Vec::new(),
+            tool_choice: json!("auto"),
+            parallel_tool_calls: true,
+            instructions: None,
+            max_output_tokens: Some(8),
+            text_format: json!({"type": "text"}),
+        };
+        let mut w = Writer { echo, state, sequence: 0, done: Vec::new(), open: None };
+        let call = llamacpp::chat::ToolCall {
+            id: Some("call_1".into()),
+            kind: "function".into(),
+            function: llamacpp::chat::FunctionCall { name: "f".into(), arguments: json!({"a": 1}) },
+        };
+        let mut frames = w.head();
+        let events = vec![ChatEvent::Reasoning("hmm".into()), ChatEvent::Text("Hi".into()), ChatEvent::ToolCall(call)];
+        frames.extend(w.chat(0, events, None));
+        let usage = Usage { prompt_tokens: 4, completion_tokens: 8, ..Usage::default() };
+        frames.extend(w.end(0, Ended { reason: "length", stop: None, usage, reply: None }));
+        let data: Vec<Value> = frames.iter().map(|f| serde_json::from_str(&f.data).unwrap()).collect();
+        let types: Vec<&str> = data.iter().map(|d| d["type"].as_str().unwrap()).collect();
+        let names: Vec<&str> = frames.iter().map(|f| f.name.as_deref().unwrap_or_default()).collect();
+        assert_eq!(names, types, "each event is named by its type");
+        assert_eq!(
+            types,
+            [
+                "response.created",
+                "response.in_progress",
+                "response.output_item.added",
+                "response.content_part.added",
+                "response.reasoning_text.delta",
+                "response.reasoning_text.done",
+                "response.content_part.done",
+                "response.output_item.done",
+                "response.output_item.added",
+                "response.content_part.added",
+                "response.output_text.delta",
+                "response.output_text.done",
+                "response.content_part.done",
+                "response.output_item.done",
+                "response.output_item.added",
+                "response.function_call_arguments.delta",
+                "response.function_call_arguments.done",
+                "response.output_item.done",
+                "response.incomplete",
+            ]
+        );
+        let numbers: Vec<u64> = data.iter().map(|d| d["sequence_number"].as_u64().unwrap()).collect();
+        assert_eq!(numbers, (0..19).collect::<Vec<_>>());
+        let response = &data[18]["response"];
+        assert_eq!(response["status"], "incomplete");
+        assert_eq!(response["incomplete_details"]["reason"], "max_output_tokens");
+        let kinds: Vec<&str> =
+            response["output"].as_array().unwrap().iter().map(|i| i["type"].as_str().unwrap()).collect();
+        assert_eq!(kinds, ["reasoning", "message", "function_call"]);
+        assert_eq!(response["output"][2]["arguments"], r#"{"a":1}"#);
+        assert_eq!(response["usage"]["total_tokens"], 12);
     }
 }
