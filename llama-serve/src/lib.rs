@@ -24,6 +24,7 @@ mod embeddings;
 mod error;
 mod guard;
 mod media;
+pub mod models;
 mod openai;
 mod rate;
 mod request;
