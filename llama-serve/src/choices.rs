@@ -202,16 +202,19 @@ pub fn merged(completions: Vec<Completion>) -> impl Stream<Item = (usize, Delta)
     futures::stream::select_all(streams)
 }
 
-/// The usage of choices in groups of `n` per prompt: each prompt counted
-/// once (as its first choice saw it), the completions summed.
-pub fn combined_usage(usages: impl IntoIterator<Item = Usage>, n: usize) -> Usage {
+/// The usage of choices in groups of `n` per prompt (`None`: a choice
+/// that failed): each prompt counted once, as the first of its choices
+/// that finished saw it; the completions summed.
+pub fn combined_usage(usages: &[Option<Usage>], n: usize) -> Usage {
     let mut total = Usage::default();
-    for (i, mut u) in usages.into_iter().enumerate() {
-        if i % n.max(1) != 0 {
-            u.prompt_tokens = 0;
-            u.prompt_tokens_details.cached_tokens = 0;
+    for group in usages.chunks(n.max(1)) {
+        for (k, mut u) in group.iter().flatten().copied().enumerate() {
+            if k > 0 {
+                u.prompt_tokens = 0;
+                u.prompt_tokens_details.cached_tokens = 0;
+            }
+            total += u;
         }
-        total += u;
     }
     total.total_tokens = total.prompt_tokens + total.completion_tokens;
     total
@@ -222,4 +225,24 @@ pub fn combined_usage(usages: impl IntoIterator<Item = Usage>, n: usize) -> Usag
 pub fn token_text(vocab: &Vocab, token: Token) -> (String, Vec<u8>) {
     let bytes = vocab.token_to_piece(token, Special::Plain).unwrap_or_default();
     (String::from_utf8_lossy(&bytes).into_owned(), bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn usage(prompt: usize, completion: usize) -> Usage {
+        Usage { prompt_tokens: prompt, completion_tokens: completion, ..Usage::default() }
+    }
+
+    #[test]
+    fn each_prompt_is_counted_once_even_when_its_first_choice_failed() {
+        // Two prompts (10 and 20 tokens), two choices each.
+        let all = [Some(usage(10, 3)), Some(usage(10, 4)), Some(usage(20, 5)), Some(usage(20, 6))];
+        let u = combined_usage(&all, 2);
+        assert_eq!((u.prompt_tokens, u.completion_tokens, u.total_tokens), (30, 18, 48));
+        let first_failed = [None, Some(usage(10, 4)), Some(usage(20, 5)), None];
+        let u = combined_usage(&first_failed, 2);
+        assert_eq!((u.prompt_tokens, u.completion_tokens), (30, 9));
+    }
 }

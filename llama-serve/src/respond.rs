@@ -133,7 +133,8 @@ pub async fn respond(dialect: impl Dialect, answer: Answer) -> Result<Response, 
             c.reply = Some(c.read(parser.clone()));
         }
     }
-    let usage = choices::combined_usage(choices.iter().map(|c| c.usage), answer.n);
+    let usages: Vec<Option<Usage>> = choices.iter().map(|c| Some(c.usage)).collect();
+    let usage = choices::combined_usage(&usages, answer.n);
     Ok(dialect.whole(choices, usage))
 }
 
@@ -177,7 +178,7 @@ impl<D: Dialect> Run<D> {
     }
 
     fn tail(&mut self) -> Vec<Frame> {
-        let usage = choices::combined_usage(self.usages.iter().map(|u| u.unwrap_or_default()), self.n);
+        let usage = choices::combined_usage(&self.usages, self.n);
         self.dialect.tail(usage)
     }
 }

@@ -289,7 +289,10 @@ impl MessagesRequest {
             .map(|t| chat::Tool {
                 name: t.name.clone(),
                 description: t.description.clone(),
-                parameters: t.input_schema.clone(),
+                parameters: match &t.input_schema {
+                    Value::Null => serde_json::json!({"type": "object"}),
+                    schema => schema.clone(),
+                },
             })
             .collect();
         let (choice, parallel) = match &self.tool_choice {

@@ -89,10 +89,13 @@ impl ChatRequest {
             .messages
             .into_iter()
             .enumerate()
-            .map(|(i, m)| {
+            .map(|(i, mut m)| {
                 check_message(i, &m)?;
-                serde_json::from_value::<ChatMessage>(m)
-                    .map_err(|e| ApiError::bad_request(format!("messages[{i}]: {e}")).param("messages"))
+                without_nulls(&mut m);
+                serde_json::from_value::<ChatMessage>(m).map_err(|e| {
+                    ApiError::bad_request(format!("messages[{i}]: not a chat message as this API writes one: {e}"))
+                        .param("messages")
+                })
             })
             .collect::<Result<Vec<_>, _>>()?;
         let tools = Tools::from_openai(self.tools.as_deref(), self.tool_choice.as_ref(), self.parallel_tool_calls)
@@ -117,6 +120,21 @@ impl ChatRequest {
             max_tokens: self.max_completion_tokens.or(self.max_tokens),
             sampling: self.sampling,
         })
+    }
+}
+
+/// A message with its `null` fields dropped (but `content`): clients
+/// that send back a reply as the SDK gave it write `"tool_calls": null`,
+/// `"name": null`, … for what is absent; a tool call's `null` fields too.
+fn without_nulls(message: &mut Value) {
+    let Value::Object(fields) = message else { return };
+    fields.retain(|k, v| k == "content" || !v.is_null());
+    if let Some(Value::Array(calls)) = fields.get_mut("tool_calls") {
+        for call in calls {
+            if let Value::Object(call) = call {
+                call.retain(|_, v| !v.is_null());
+            }
+        }
     }
 }
 
@@ -211,6 +229,30 @@ mod tests {
         assert_eq!(chat.sampling.stop_list(), ["END"]);
     }
 
+    /// What SDKs send back as they got it: `null` for absent fields, an
+    /// image URL as a string, a call without arguments.
+    #[test]
+    fn nulls_and_the_short_forms_clients_send_are_read() {
+        let chat = chat(json!({"messages": [
+            {"role": "user", "content": [{"type": "image_url", "image_url": "data:image/png;base64,AA=="}], "name": null},
+            {"role": "assistant", "content": "ok", "tool_calls": null, "refusal": null, "thinking": "hm"},
+            {"role": "assistant", "content": null, "tool_calls": [
+                {"id": "c1", "type": null, "function": {"name": "f"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "1"},
+        ]}))
+        .unwrap();
+        assert_eq!(
+            chat.messages[0].content,
+            Some(MessageContent::Parts(vec![ContentPart::image_url("data:image/png;base64,AA==")]))
+        );
+        assert_eq!(chat.messages[0].name, None);
+        assert!(chat.messages[1].tool_calls.is_empty());
+        assert_eq!(chat.messages[1].extra.get("thinking"), Some(&json!("hm")), "other fields reach the template");
+        assert!(!chat.messages[1].extra.contains_key("refusal"));
+        let call = &chat.messages[2].tool_calls[0];
+        assert_eq!((call.kind.as_str(), &call.function.arguments), ("function", &json!({})));
+    }
+
     #[test]
     fn a_message_of_the_wrong_shape_is_a_400_naming_it() {
         let err = |messages: Value| chat(json!({"messages": messages})).unwrap_err();
@@ -224,6 +266,7 @@ mod tests {
         assert!(e.message.starts_with("messages[1]: "), "{}", e.message);
         assert_eq!(e.param.as_deref(), Some("messages"));
         assert!(err(json!([{"role": "user"}])).message.contains("needs content"));
+        assert!(e.message.contains("not a chat message"), "{}", e.message);
         let e = chat(json!({"messages": [{"role": "user", "content": "x"}], "reasoning_budget": -2})).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("reasoning_budget"));
     }

@@ -233,7 +233,11 @@ impl ResponsesRequest {
             functions.push(Tool {
                 name: text("name").unwrap_or_default(),
                 description: text("description"),
-                parameters: tool.get("parameters").cloned().unwrap_or_else(|| json!({"type": "object"})),
+                parameters: tool
+                    .get("parameters")
+                    .filter(|p| !p.is_null())
+                    .cloned()
+                    .unwrap_or_else(|| json!({"type": "object"})),
             });
         }
         let choice = match &self.tool_choice {

@@ -32,6 +32,7 @@ pub async fn completions(
     request: axum::extract::Request,
 ) -> Result<Response, ApiError> {
     let (req, ready): (CompletionRequest, _) = open(&state, "completions", request).await?;
+    let ready = ready?;
     let n = choice_count(req.sampling.n)?;
     let max_tokens = max_tokens(&state, req.max_tokens, 16)?;
     let (stream, include_usage, logprobs) = (req.sampling.stream, req.sampling.include_usage(), req.logprobs.is_some());
@@ -64,6 +65,7 @@ pub async fn completions(
 
 pub async fn chat(State(state): State<Arc<AppState>>, request: axum::extract::Request) -> Result<Response, ApiError> {
     let (req, ready): (ChatRequest, _) = open(&state, "chat", request).await?;
+    let ready = ready?;
     let n = choice_count(req.sampling.n)?;
     let top = match (req.logprobs, req.top_logprobs) {
         (true, top) => Some(top.unwrap_or(0)),

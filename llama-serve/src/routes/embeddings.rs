@@ -21,6 +21,7 @@ pub async fn embeddings(
     request: axum::extract::Request,
 ) -> Result<Response, ApiError> {
     let (req, ready): (EmbeddingRequest, _) = open(&state, "embeddings", request).await?;
+    let ready = ready?;
     let Some(worker) = &ready.embeddings else {
         return Err(ApiError::new(StatusCode::NOT_FOUND, "embeddings are off: start the server with --embeddings")
             .code("not_found"));

@@ -39,6 +39,7 @@ pub async fn messages(
     let (req, ready): (MessagesRequest, _) = open(&state, "messages", request).await?;
     let max_tokens = required_max_tokens(req.max_tokens)?;
     let chat = req.to_chat(Some(max_tokens))?;
+    let ready = ready?;
     let submitted = submit_chat(&state, &ready, chat, 1, None).await?;
     let writer = Writer {
         id: state.id("msg"),
@@ -60,6 +61,7 @@ pub async fn count_tokens(
 ) -> Result<Response, AnthropicError> {
     let (req, ready): (MessagesRequest, _) = open(&state, "count_tokens", request).await?;
     let chat = req.to_chat(None)?;
+    let ready = ready?;
     let n = count_chat_prompt(&state, &ready, chat).await?;
     Ok(axum::Json(json!({"input_tokens": n})).into_response())
 }
@@ -184,7 +186,8 @@ impl Dialect for Writer {
     fn end(&mut self, _: usize, ended: Ended<'_>) -> Vec<Frame> {
         let mut out = Vec::new();
         self.close(&mut out);
-        let reason = stop_reason(ended.reason, ended.stop.as_deref(), ended.called());
+        let called = ended.reply.is_some_and(|r| !r.tool_calls().is_empty());
+        let reason = stop_reason(ended.reason, ended.stop.as_deref(), called);
         let delta = json!({"type": "message_delta",
             "delta": {"stop_reason": reason, "stop_sequence": ended.stop.filter(|_| reason == "stop_sequence")},
             "usage": {"output_tokens": ended.usage.completion_tokens}});
@@ -217,7 +220,7 @@ impl Dialect for Writer {
                 _ => None,
             })
             .collect();
-        let reason = stop_reason(choice.finish_reason, choice.stop.as_deref(), reply.called_tools());
+        let reason = stop_reason(choice.finish_reason, choice.stop.as_deref(), !reply.tool_calls().is_empty());
         axum::Json(MessageResponse {
             id: self.id,
             kind: "message",

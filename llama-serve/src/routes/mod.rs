@@ -92,17 +92,17 @@ async fn models(State(state): State<Arc<AppState>>) -> Response {
 /// What every model endpoint does first (the key and the rate were
 /// checked by [`guard::guard`]): counts the request, reads its JSON body
 /// within the size and time limits (`--body-limit`, `--body-timeout`),
-/// and asks for the model once (a 503 while it loads, [`ready`]). The
-/// handler then reads the body in its API's terms (a 400 for what the API
-/// forbids) and hands the model on.
+/// and asks for the model once ([`ready`]). The handler takes the model
+/// after its API's own checks of the body, so that a bad request is a 400
+/// even while the model loads (a 503).
 async fn open<T: serde::de::DeserializeOwned>(
     state: &AppState,
     endpoint: &'static str,
     request: axum::extract::Request,
-) -> Result<(T, Arc<Ready>), ApiError> {
+) -> Result<(T, Result<Arc<Ready>, ApiError>), ApiError> {
     count(endpoint);
     let body = body::read_json(request, state.config.body_limit, state.config.body_timeout).await?;
-    Ok((body, ready(state)?))
+    Ok((body, ready(state)))
 }
 
 fn count(endpoint: &'static str) {

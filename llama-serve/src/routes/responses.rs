@@ -69,6 +69,7 @@ pub async fn responses(
 ) -> Result<Response, ApiError> {
     let (req, ready): (ResponsesRequest, _) = open(&state, "responses", request).await?;
     let chat = req.to_chat()?;
+    let ready = ready?;
     let echo = Echo {
         id: state.id("resp"),
         model: state.config.model_name.clone(),
@@ -95,6 +96,7 @@ pub async fn input_tokens(
 ) -> Result<Response, ApiError> {
     let (req, ready): (ResponsesRequest, _) = open(&state, "input_tokens", request).await?;
     let chat = req.to_chat()?;
+    let ready = ready?;
     let n = count_chat_prompt(&state, &ready, chat).await?;
     Ok(axum::Json(json!({"object": "response.input_tokens", "input_tokens": n})).into_response())
 }

@@ -72,6 +72,10 @@ pub struct ChatMessage {
     /// An assistant turn's reasoning, for templates that render it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reasoning_content: Option<String>,
+    /// Any other field, passed to the template as it is (gpt-oss's
+    /// template reads an assistant turn's `thinking`, for one).
+    #[serde(flatten)]
+    pub extra: serde_json::Map<String, serde_json::Value>,
 }
 
 /// A message's content: one string, or a list of typed parts.
@@ -120,14 +124,37 @@ impl ContentPart {
     }
 }
 
-/// The URL of an [`ContentPart::ImageUrl`] part.
+/// The URL of an [`ContentPart::ImageUrl`] part: `{"url": …}`, or the
+/// URL alone as a string (which some clients send).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "ImageUrlForm")]
 pub struct ImageUrl {
     /// The URL (`data:image/png;base64,…`).
     pub url: String,
     /// OpenAI's `detail` (`auto`, `low`, `high`), passed through.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
+}
+
+/// The forms an [`ImageUrl`] is read from.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum ImageUrlForm {
+    Url(String),
+    Object {
+        url: String,
+        #[serde(default)]
+        detail: Option<String>,
+    },
+}
+
+impl From<ImageUrlForm> for ImageUrl {
+    fn from(form: ImageUrlForm) -> ImageUrl {
+        match form {
+            ImageUrlForm::Url(url) => ImageUrl { url, detail: None },
+            ImageUrlForm::Object { url, detail } => ImageUrl { url, detail },
+        }
+    }
 }
 
 /// The clip of an [`ContentPart::InputAudio`] part.
@@ -152,6 +179,10 @@ pub struct ToolCall {
     pub function: FunctionCall,
 }
 
+fn no_arguments() -> serde_json::Value {
+    serde_json::Value::Object(serde_json::Map::new())
+}
+
 fn function_type() -> String {
     "function".to_owned()
 }
@@ -163,7 +194,8 @@ pub struct FunctionCall {
     pub name: String,
     /// The arguments: a JSON object as Hugging Face templates expect
     /// (OpenAI clients send a string holding JSON; templates differ in
-    /// which they accept).
+    /// which they accept). Absent: an empty object.
+    #[serde(default = "no_arguments")]
     pub arguments: serde_json::Value,
 }
 
@@ -177,6 +209,7 @@ impl ChatMessage {
             tool_call_id: None,
             name: None,
             reasoning_content: None,
+            extra: serde_json::Map::new(),
         }
     }
     /// A `user` message.

@@ -28,10 +28,14 @@ impl Tool {
     /// The tool as OpenAI's API and Hugging Face templates write it:
     /// `{"type": "function", "function": {"name", "description", "parameters"}}`.
     pub fn to_json(&self) -> Value {
-        let mut function = json!({"name": self.name, "parameters": self.parameters});
+        // In OpenAI's order (templates that write the tool out with
+        // `tojson` keep it).
+        let mut function = serde_json::Map::new();
+        function.insert("name".into(), Value::String(self.name.clone()));
         if let Some(d) = &self.description {
-            function["description"] = Value::String(d.clone());
+            function.insert("description".into(), Value::String(d.clone()));
         }
+        function.insert("parameters".into(), self.parameters.clone());
         json!({"type": "function", "function": function})
     }
 }
