@@ -88,7 +88,7 @@ pub enum Format {
 }
 
 /// A chat request, whatever API sent it.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Chat {
     pub messages: Vec<ChatMessage>,
     pub tools: Option<Tools>,
@@ -108,7 +108,16 @@ pub struct Chat {
 impl Chat {
     /// `messages` with the defaults: thoughts split, no tools, free text.
     pub fn new(messages: Vec<ChatMessage>) -> Chat {
-        Chat { messages, split_reasoning: true, ..Chat::default() }
+        Chat {
+            messages,
+            tools: None,
+            format: Format::Text,
+            split_reasoning: true,
+            reasoning_budget: None,
+            template_vars: Map::new(),
+            max_tokens: None,
+            sampling: Sampling::default(),
+        }
     }
 }
 

@@ -82,12 +82,12 @@ pub enum FinishReason {
     Cancelled,
     /// The context was full and the overflow policy was `Overflow::Error`
     /// (or a shift could free nothing); in the
-    /// [engine](crate::engine), the request reached its `max_context` or
+    /// engine (`llamacpp::engine`), the request reached its `max_context` or
     /// could not get room in the KV pool even alone.
     ContextFull,
-    /// The [engine](crate::engine) shut down while the request ran.
+    /// The engine (`llamacpp::engine`) shut down while the request ran.
     Shutdown,
-    /// The [engine](crate::engine) could not run the request (a failed
+    /// The engine (`llamacpp::engine`) could not run the request (a failed
     /// decode, a sampler error): the message says why.
     Failed(String),
 }

@@ -167,7 +167,7 @@ impl Context<'_> {
     /// other sequences too (`kv_unified`) can still run out of cells
     /// ([`Error::NoKvSlot`]) after some batches. With pooled embeddings on,
     /// each batch is pooled by itself: evaluate a text for its pooled
-    /// embedding in one batch ([`crate::embed`] does).
+    /// embedding in one batch (`llamacpp::embed` does).
     pub fn eval(&mut self, tokens: &[Token], seq: SeqId) -> Result<()> {
         self.check_seq(seq)?;
         if tokens.is_empty() {
